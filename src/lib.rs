@@ -1,0 +1,25 @@
+//! awp-node: a peer-to-peer node for the Agent Wire Protocol (AWP v0).
+//!
+//! Each node holds an Ed25519 identity, speaks newline-delimited AWP lines to its peers
+//! over TLS (or plain TCP / Unix sockets), and keeps a durable outbox so that nothing
+//! acknowledged is lost when a peer sleeps or a process is killed.
+//!
+//! # Layout
+//! - [`wire`]: typed lines, strict parsing, exact encoding, keys, base64, timestamps,
+//!   monotonic ULID ids, the generated JSON Schema.
+//! - [`identity`]: the node's key file and the auth transcript.
+//! - [`net`]: addresses, TLS binding (mTLS, self-signed Ed25519 certificates), listeners,
+//!   dialers and line framing with the 1 MiB cap.
+//! - [`store`]: the only code that names the database (sled): outbox, message log, seen,
+//!   threads, peers, addresses; group commit.
+//! - [`session`]: the per-connection protocol state machine (handshake, resume, acks,
+//!   dedup, ping, bye), free of I/O and driven with an explicit clock.
+//! - [`node`]: wiring: listeners, dialers, one connection per peer, reconnects, events.
+//! - [`control`]: the local control socket protocol (NDJSON) between the CLI and the node.
+//! - [`cli`]: the `awp` command line.
+#![forbid(unsafe_code)]
+
+pub mod identity;
+pub mod net;
+pub mod store;
+pub mod wire;

@@ -1,0 +1,434 @@
+//! Typed AWP v0 lines (schema `$defs`), one struct per line type.
+//!
+//! Every struct carries the envelope fields first (`id`, `ts`, then `th`, `re` where they
+//! apply) so that encoding emits `t,id,ts,th,re` before the type's own fields
+//! (protocol-notes §Envelope). Unknown fields are ignored on decode.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// One AWP line, decoded. `Unknown` holds a line whose `t` is not a v0 type (ignored by
+/// receivers, protocol-notes §Framing).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    Hello(Hello),
+    Auth(Auth),
+    Resume(Resume),
+    State(State),
+    Msg(Msg),
+    Ack(Ack),
+    Chunk(Chunk),
+    Ping(Ping),
+    Pong(Pong),
+    Bye(Bye),
+    Err(ErrLine),
+    Grant(GrantMsg),
+    Introduce(Introduce),
+    Presence(PresenceMsg),
+    Mirror(Mirror),
+    Private(Private),
+    /// A line whose `t` is not one of ours; `id` when it had a string one.
+    Unknown { t: String, id: Option<String> },
+}
+
+/// hello (§7.1): first line on every connection, written by both sides at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Hello {
+    pub id: String,
+    pub ts: String,
+    /// Protocol major version; ours is 0.
+    pub v: u64,
+    /// `ed25519:` + unpadded base64url of 32 bytes. Kept as text: a bad key is `err auth`,
+    /// not `bad_frame`.
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// 32 random bytes, unpadded base64url.
+    pub nonce: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caps: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub about: Option<String>,
+    /// Extension: an address where the sender can be dialed back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<Vec<Value>>,
+}
+
+/// auth (§7.2): the second line; `sig` over the auth transcript
+/// (see [`crate::identity::auth_transcript`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Auth {
+    pub id: String,
+    pub ts: String,
+    /// Ed25519 signature, unpadded base64url (64 bytes).
+    pub sig: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<Grant>,
+}
+
+/// resume (§9.5): `seen` maps thread id → the largest content id received in it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Resume {
+    pub id: String,
+    pub ts: String,
+    pub seen: BTreeMap<String, String>,
+}
+
+/// state (§8.1): the sender's own soft view of a thread. Acked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct State {
+    pub id: String,
+    pub ts: String,
+    pub th: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub re: Option<String>,
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// msg (§9.1): content in a thread. Acked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Msg {
+    pub id: String,
+    pub ts: String,
+    pub th: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub re: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    pub parts: Vec<Part>,
+}
+
+/// One part of a msg. Unknown kinds are kept verbatim and ignored (§Framing).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text(TextPart),
+    Code(CodePart),
+    Data(DataPart),
+    Blob(BlobPart),
+    /// A part whose `k` is not one of ours (the whole object as received).
+    Unknown(Map<String, Value>),
+}
+
+/// `{"k":"text","text":…}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TextPart {
+    pub text: String,
+}
+
+/// `{"k":"code","text":…,"lang":…}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CodePart {
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lang: Option<String>,
+}
+
+/// `{"k":"data","data":<any JSON>,"mime":…}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DataPart {
+    pub data: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime: Option<String>,
+}
+
+/// `{"k":"blob","ref":…,"size":…,"name":…,"mime":…}`; data travels in chunk lines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BlobPart {
+    #[serde(rename = "ref")]
+    pub blob_ref: String,
+    /// Size in bytes before encoding.
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime: Option<String>,
+}
+
+/// ack (§9.2): `re` names the msg/state now durable at the receiver. Not acked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Ack {
+    pub id: String,
+    pub ts: String,
+    pub th: String,
+    pub re: String,
+}
+
+/// chunk (§9.3): blob data, standard base64 with padding in `data`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Chunk {
+    pub id: String,
+    pub ts: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub th: Option<String>,
+    #[serde(rename = "ref")]
+    pub blob_ref: String,
+    /// Chunk index from 0.
+    pub n: u64,
+    pub last: bool,
+    pub data: String,
+}
+
+/// ping (§9.4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Ping {
+    pub id: String,
+    pub ts: String,
+}
+
+/// pong (§9.4): `re` = the ping's id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Pong {
+    pub id: String,
+    pub ts: String,
+    pub re: String,
+}
+
+/// bye (§9.6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Bye {
+    pub id: String,
+    pub ts: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub re: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// err (§9.7). `code` is kept as text: unknown codes must be accepted (and never close).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ErrLine {
+    pub id: String,
+    pub ts: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub th: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub re: Option<String>,
+    pub code: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The blob ref, for `blob_refused`.
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub blob_ref: Option<String>,
+}
+
+/// Grant object (§10.2). `extra` keeps unknown fields: they are covered by `sig`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Grant {
+    pub iss: String,
+    pub sub: String,
+    pub caps: Vec<String>,
+    /// RFC 3339, whole seconds.
+    pub exp: String,
+    pub nonce: String,
+    pub sig: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aud: Option<String>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Map<String, Value>,
+}
+
+/// grant (§10.3): presents one grant object. Not acked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GrantMsg {
+    pub id: String,
+    pub ts: String,
+    pub grant: Grant,
+}
+
+/// The introduced peer of an introduce line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct IntroPeer {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+}
+
+/// introduce (§10.4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Introduce {
+    pub id: String,
+    pub ts: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub th: Option<String>,
+    pub peer: IntroPeer,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Grant>,
+}
+
+/// presence (extension): a signed document passed on with a hop count. `doc` is kept as
+/// received because its signature covers unknown fields; see [`Presence`] for its shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PresenceMsg {
+    pub id: String,
+    pub ts: String,
+    #[schemars(with = "Presence")]
+    pub doc: Map<String, Value>,
+    pub hops: u64,
+}
+
+/// Signed presence document (extension).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Presence {
+    pub origin: String,
+    pub seq: u64,
+    pub ts: String,
+    pub sig: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub about: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<bool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<PresencePeer>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<PresenceThread>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outbox: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unread: Option<u64>,
+}
+
+/// A peer entry of a presence document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PresencePeer {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up: Option<bool>,
+    /// Round trip in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt: Option<u64>,
+}
+
+/// A thread entry of a presence document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PresenceThread {
+    pub th: String,
+    pub peer: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mine: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub theirs: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unread: Option<u64>,
+}
+
+/// mirror (extension): a copy of a line exchanged with a third peer. Acked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Mirror {
+    pub id: String,
+    pub ts: String,
+    pub th: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub re: Option<String>,
+    pub of: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdraw: Option<bool>,
+}
+
+/// private (extension): a thread marked private. Acked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Private {
+    pub id: String,
+    pub ts: String,
+    pub th: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub re: Option<String>,
+}
+
+impl Serialize for Part {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        fn with_k<S: serde::Serializer, T: Serialize>(
+            s: S,
+            k: &str,
+            body: &T,
+        ) -> Result<S::Ok, S::Error> {
+            let v = serde_json::to_value(body).map_err(serde::ser::Error::custom)?;
+            let mut m = s.serialize_map(None)?;
+            m.serialize_entry("k", k)?;
+            if let Value::Object(o) = v {
+                for (key, val) in o {
+                    m.serialize_entry(&key, &val)?;
+                }
+            }
+            m.end()
+        }
+        match self {
+            Part::Text(p) => with_k(s, "text", p),
+            Part::Code(p) => with_k(s, "code", p),
+            Part::Data(p) => with_k(s, "data", p),
+            Part::Blob(p) => with_k(s, "blob", p),
+            Part::Unknown(m) => m.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let m = Map::<String, Value>::deserialize(d)?;
+        let k = match m.get("k") {
+            Some(Value::String(k)) => k.clone(),
+            Some(_) => return Err(D::Error::custom("part `k` must be a string")),
+            None => return Err(D::Error::custom("part without `k`")),
+        };
+        let v = Value::Object(m);
+        let conv = |e: serde_json::Error| D::Error::custom(e.to_string());
+        Ok(match k.as_str() {
+            "text" => Part::Text(serde_json::from_value(v).map_err(conv)?),
+            "code" => Part::Code(serde_json::from_value(v).map_err(conv)?),
+            "data" => Part::Data(serde_json::from_value(v).map_err(conv)?),
+            "blob" => Part::Blob(serde_json::from_value(v).map_err(conv)?),
+            _ => match v {
+                Value::Object(m) => Part::Unknown(m),
+                _ => unreachable!("constructed as an object above"),
+            },
+        })
+    }
+}
+
+impl JsonSchema for Part {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Part".into()
+    }
+    fn json_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let _ = gen;
+        schemars::json_schema!({ "type": "object", "required": ["k"] })
+    }
+}
