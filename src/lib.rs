@@ -22,5 +22,6 @@
 pub mod control;
 pub mod identity;
 pub mod net;
+pub mod node;
 pub mod store;
 pub mod wire;
