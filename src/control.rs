@@ -131,13 +131,20 @@ impl Response {
                 m
             }
         };
-        Response { ok: true, error: None, body }
+        Response {
+            ok: true,
+            error: None,
+            body,
+        }
     }
     /// A failure.
     pub fn err(code: &str, message: impl Into<String>) -> Response {
         Response {
             ok: false,
-            error: Some(ControlError { code: code.into(), message: message.into() }),
+            error: Some(ControlError {
+                code: code.into(),
+                message: message.into(),
+            }),
             body: serde_json::Map::new(),
         }
     }

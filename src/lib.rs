@@ -20,8 +20,10 @@
 #![forbid(unsafe_code)]
 
 pub mod control;
+pub mod daemon;
 pub mod identity;
 pub mod net;
 pub mod node;
+pub mod session;
 pub mod store;
 pub mod wire;

@@ -1,9 +1,39 @@
 //! The running node: listeners, dialers, one connection per peer, reconnects, the control
 //! socket server and the event stream.
+//!
+//! - `conn`: drives one [`crate::session::Session`] over a transport connection (reader
+//!   task, writer task, timers, group-committed acks).
+//! - `dialer`: per-peer redial with jittered exponential backoff (protocol-notes
+//!   §Liveness and close).
+//! - `server`: the control socket (see [`crate::control`]).
+
+mod conn;
+mod dialer;
+mod server;
 
 use crate::control::Event;
-use crate::net::Address;
+use crate::daemon::{Lock, LockError};
+use crate::identity::Identity;
+use crate::net::{self, Address, DialOptions, TlsConfig};
+use crate::store::Store;
+use crate::wire::{self, PeerKey};
+use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{broadcast, watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+/// Default TLS port.
+pub const DEFAULT_PORT: u16 = 7700;
+/// Handshake timeout, from accept (or dial) to auth verified (protocol-notes §Handshake).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A second connection within this age of the first is a simultaneous open (§Threads).
+pub const SIMULTANEOUS_OPEN: Duration = Duration::from_secs(5);
+/// Capability families we announce in hello.
+pub const CAPS: &[&str] = &[];
 
 /// How a node is started (`awp daemon`, `awp listen`, `awp up`).
 #[derive(Debug, Clone, Default)]
@@ -30,30 +60,293 @@ pub enum StartError {
     Other(String),
 }
 
+fn other<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> StartError + '_ {
+    move |e| StartError::Other(format!("{what}: {e}"))
+}
+
+/// One live, authenticated connection.
+pub(crate) struct ConnEntry {
+    pub conn_id: u64,
+    pub dialed: bool,
+    pub since: Instant,
+    pub up: bool,
+    pub remote: String,
+    pub outbox: Arc<Notify>,
+    pub stop: CancellationToken,
+    pub done: watch::Receiver<bool>,
+}
+
+/// State shared by all tasks of a node.
+pub(crate) struct Inner {
+    pub home: PathBuf,
+    pub identity: Arc<Identity>,
+    pub store: Arc<Store>,
+    pub tls: Arc<TlsConfig>,
+    pub name: String,
+    pub about: Option<String>,
+    pub dial_opts: DialOptions,
+    pub addresses: Mutex<Vec<Address>>,
+    pub events: broadcast::Sender<Event>,
+    pub conns: Mutex<HashMap<PeerKey, ConnEntry>>,
+    pub dialers: Mutex<HashMap<PeerKey, Arc<Notify>>>,
+    pub shutdown: CancellationToken,
+    pub next_conn: AtomicU64,
+    pub started: Instant,
+    pub tasks: tokio_util::task::TaskTracker,
+}
+
 /// A started node.
-pub struct NodeHandle {}
+pub struct NodeHandle {
+    inner: Arc<Inner>,
+    listening: Event,
+    _lock: Lock,
+}
 
 impl NodeHandle {
     /// Start: take the home lock, open identity and store, bind listeners and the control
     /// socket, start dialing peers with queued lines.
     pub async fn start(config: NodeConfig) -> Result<NodeHandle, StartError> {
-        let _ = config;
-        todo!()
+        let home = config.home.clone();
+        std::fs::create_dir_all(&home).map_err(other("home"))?;
+        let lock = Lock::acquire(&home).map_err(|e| match e {
+            LockError::Held { pid } => StartError::AlreadyRunning {
+                home: home.display().to_string(),
+                pid,
+            },
+            e => StartError::Other(format!("lock: {e}")),
+        })?;
+        let identity = Arc::new(Identity::load_or_create(&home).map_err(other("identity"))?);
+        let store = Arc::new(Store::open(&home.join("db")).map_err(other("store"))?);
+        let tls = Arc::new(TlsConfig::new(&identity).map_err(other("tls"))?);
+        let dial_opts = DialOptions {
+            allow_plaintext: config.allow_plaintext,
+        };
+        let name = config.name.clone().unwrap_or_else(default_name);
+        let (events, _) = broadcast::channel(4096);
+        let inner = Arc::new(Inner {
+            home: home.clone(),
+            identity,
+            store,
+            tls,
+            name,
+            about: config.about.clone(),
+            dial_opts,
+            addresses: Mutex::new(Vec::new()),
+            events,
+            conns: Mutex::new(HashMap::new()),
+            dialers: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+            next_conn: AtomicU64::new(1),
+            started: Instant::now(),
+            tasks: tokio_util::task::TaskTracker::new(),
+        });
+
+        // Listeners.
+        let mut listeners = Vec::new();
+        if config.listen.is_empty() {
+            let want: Address = format!("tls:0.0.0.0:{DEFAULT_PORT}")
+                .parse()
+                .map_err(other("listen"))?;
+            let l = match net::Listener::bind(&want, &inner.tls, &inner.dial_opts).await {
+                Ok(l) => l,
+                Err(_) => {
+                    let any: Address = "tls:0.0.0.0:0".parse().map_err(other("listen"))?;
+                    net::Listener::bind(&any, &inner.tls, &inner.dial_opts)
+                        .await
+                        .map_err(other("listen"))?
+                }
+            };
+            listeners.push(l);
+        } else {
+            for a in &config.listen {
+                let l = net::Listener::bind(a, &inner.tls, &inner.dial_opts)
+                    .await
+                    .map_err(|e| StartError::Other(format!("listen on {a}: {e}")))?;
+                listeners.push(l);
+            }
+        }
+        let key = inner.identity.key();
+        let mut addrs = Vec::new();
+        for l in &listeners {
+            addrs.extend(net::dialable_addresses(&l.local_address(), &key));
+        }
+        *inner.addresses.lock().unwrap_or_else(|p| p.into_inner()) = addrs.clone();
+        for l in listeners {
+            let inner2 = inner.clone();
+            inner.tasks.spawn(accept_loop(inner2, l));
+        }
+
+        // Control socket.
+        let sock = crate::daemon::socket_path(&home);
+        let control = server::bind(&sock)
+            .map_err(|e| StartError::Other(format!("control socket {}: {e}", sock.display())))?;
+        inner
+            .tasks
+            .spawn(server::serve(inner.clone(), control, sock));
+
+        // Housekeeping: retention, and redial peers with queued lines or open threads.
+        inner.tasks.spawn(housekeeping(inner.clone()));
+        for peer in dialer::wanted_peers(&inner) {
+            dialer::ensure(&inner, peer);
+        }
+
+        let addr_strings: Vec<Value> = addrs.iter().map(|a| json!(a.to_string())).collect();
+        let listening = json!({
+            "event": "listening",
+            "address": addr_strings.first().cloned().unwrap_or(Value::Null),
+            "addresses": addr_strings,
+            "key": key.to_string(),
+            "name": inner.name,
+            "fingerprint": key.fingerprint(),
+            "pid": std::process::id(),
+        });
+        let listening = match listening {
+            Value::Object(m) => m,
+            _ => Event::new(),
+        };
+        tracing::info!(key = %key, name = %inner.name, "node started");
+        Ok(NodeHandle {
+            inner,
+            listening,
+            _lock: lock,
+        })
     }
+
     /// The `{"event":"listening",…}` event (address, addresses, key, name).
     pub fn listening_event(&self) -> Event {
-        todo!()
+        self.listening.clone()
     }
+
     /// Live events (see [`crate::control::Event`]).
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
-        todo!()
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.inner.events.subscribe()
     }
-    /// Resolves when the node has stopped (shutdown request, `awp down`, or a signal).
+
+    /// Resolves when the node has stopped (shutdown request, `awp down`, or a signal) and its
+    /// connections have closed (bounded: 3 s).
     pub async fn stopped(&self) {
-        todo!()
+        self.inner.shutdown.cancelled().await;
+        self.inner.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(3), self.inner.tasks.wait()).await;
+        let _ = self.inner.store.flush().await;
     }
+
     /// Ask the node to stop.
     pub fn shutdown(&self) {
-        todo!()
+        self.inner.shutdown.cancel();
+    }
+
+    /// Our key.
+    pub fn key(&self) -> PeerKey {
+        self.inner.identity.key()
+    }
+}
+
+fn default_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into());
+    format!("awp@{host}")
+}
+
+async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
+    loop {
+        let incoming = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            r = listener.accept() => r,
+        };
+        match incoming {
+            Ok(inc) => {
+                let inner2 = inner.clone();
+                inner.tasks.spawn(async move {
+                    let remote = inc.remote();
+                    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+                    let conn = match tokio::time::timeout_at(deadline, inc.handshake()).await {
+                        Ok(Ok(c)) => c,
+                        Ok(Err(e)) => {
+                            tracing::info!(%remote, "inbound transport handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::info!(%remote, "inbound handshake timed out");
+                            return;
+                        }
+                    };
+                    conn::run(inner2, conn, conn::Dial::Inbound, deadline).await;
+                });
+            }
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn housekeeping(inner: Arc<Inner>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            _ = tick.tick() => {
+                match inner.store.prune(wire::time::now_ms()) {
+                    Ok(n) if n > 0 => tracing::info!("retention: dropped {n} entries older than 7 days"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("retention: {e}"),
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Emit an event to subscribers (dropped when nobody listens).
+    pub fn emit(&self, ev: Value) {
+        if let Value::Object(m) = ev {
+            let _ = self.events.send(m);
+        }
+    }
+
+    /// A peer's name, if known.
+    pub fn peer_name(&self, key: &PeerKey) -> Option<String> {
+        self.store.peer(key).ok().flatten().and_then(|p| p.name)
+    }
+
+    /// Whether `key` has a live authenticated connection.
+    pub fn connected(&self, key: &PeerKey) -> bool {
+        self.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(key)
+    }
+
+    /// Tell the connection to `key` (if any) that its outbox changed, or wake its dialer.
+    pub fn outbox_changed(self: &Arc<Self>, key: &PeerKey) {
+        let notify = self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .map(|c| c.outbox.clone());
+        match notify {
+            Some(n) => n.notify_one(),
+            None => dialer::ensure(self, *key),
+        }
+    }
+
+    /// A fresh connection id.
+    pub fn conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Our dialable addresses.
+    pub fn addresses(&self) -> Vec<Address> {
+        self.addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }

@@ -265,4 +265,9 @@ impl Store {
     pub fn last_id(&self) -> Result<Option<String>, StoreError> {
         todo!()
     }
+    /// A fresh id for a control line (hello, auth, resume, ack, ping, pong, bye, err) from
+    /// the same monotonic generator as queued lines; not persisted by itself.
+    pub fn next_control_id(&self) -> String {
+        todo!()
+    }
 }

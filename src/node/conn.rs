@@ -1,0 +1,485 @@
+//! Drives one session over one transport connection.
+//!
+//! A reader task frames lines into a bounded channel; a writer task writes batches of
+//! lines; this loop feeds the session, runs group-committed flushes before acks go out,
+//! fires timers, and turns session events into node events. One connection per peer is
+//! enforced at registration (protocol-notes §Threads, acks, resume: replacement and
+//! simultaneous-open tie break).
+
+use super::{ConnEntry, Inner, SIMULTANEOUS_OPEN};
+use crate::net::{self, ReadError};
+use crate::session::{CloseReason, Phase, Session, SessionConfig, SessionEvent};
+use crate::store::AddrSource;
+use crate::wire::{self, Line, PeerKey};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+/// Lines buffered between the reader task and the session.
+const READ_QUEUE: usize = 1024;
+/// Bytes per write batch.
+const WRITE_BATCH: usize = 256 * 1024;
+/// Lines fed to the session before one group-committed flush.
+const READ_BATCH: usize = 4096;
+/// After a write error, keep reading this long for the peer's closing err (§Errors).
+const ERROR_LINGER: Duration = Duration::from_millis(500);
+
+/// How the connection came about.
+#[derive(Debug, Clone)]
+pub enum Dial {
+    /// Accepted by a listener.
+    Inbound,
+    /// We dialed `address`; `expected` is the key we dialed for, if known.
+    Outbound {
+        address: String,
+        expected: Option<PeerKey>,
+        source: AddrSource,
+    },
+}
+
+/// What happened to a connection, for the dialer and `awp connect`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The authenticated peer, if the handshake got that far.
+    pub peer: Option<PeerKey>,
+    /// The peer sent its first non-err line after auth.
+    pub up: bool,
+    /// Why it ended.
+    pub reason: String,
+}
+
+enum ReadItem {
+    Line(Vec<u8>),
+    TooLarge,
+    Eof,
+}
+
+/// Run a connection to completion. `handshake_deadline` bounds the time to auth verified.
+/// `up_tx` (if given) learns the peer as soon as the connection counts as up (or the failure).
+pub async fn run(
+    inner: Arc<Inner>,
+    conn: net::Conn,
+    dial: Dial,
+    handshake_deadline: tokio::time::Instant,
+) -> Outcome {
+    run_with(inner, conn, dial, handshake_deadline, None).await
+}
+
+/// [`run`], reporting the moment the connection is up (or fails) on `up_tx`.
+pub async fn run_with(
+    inner: Arc<Inner>,
+    conn: net::Conn,
+    dial: Dial,
+    handshake_deadline: tokio::time::Instant,
+    mut up_tx: Option<tokio::sync::oneshot::Sender<Result<PeerKey, String>>>,
+) -> Outcome {
+    let net::Conn {
+        mut reader,
+        writer,
+        peer_cert_key,
+        transport: _,
+        remote,
+    } = conn;
+    let (dialed, expected, dial_addr) = match &dial {
+        Dial::Inbound => (false, None, None),
+        Dial::Outbound {
+            address,
+            expected,
+            source,
+        } => (true, *expected, Some((address.clone(), *source))),
+    };
+    let cfg = SessionConfig {
+        dialed,
+        name: Some(inner.name.clone()),
+        about: inner.about.clone(),
+        caps: super::CAPS.iter().map(|s| s.to_string()).collect(),
+        addr: inner.addresses().first().map(|a| a.to_string()),
+        cert_key: peer_cert_key,
+        expected_key: expected,
+    };
+    let mut session = Session::new(
+        cfg,
+        inner.identity.clone(),
+        inner.store.clone(),
+        Instant::now(),
+    );
+
+    // Reader task.
+    let (rtx, mut rrx) = mpsc::channel::<ReadItem>(READ_QUEUE);
+    let reader_task = tokio::spawn(async move {
+        loop {
+            let item = match reader.read_line().await {
+                Ok(Some(l)) => ReadItem::Line(l),
+                Ok(None) => ReadItem::Eof,
+                Err(ReadError::TooLarge) => ReadItem::TooLarge,
+                Err(ReadError::Io(_)) => ReadItem::Eof,
+            };
+            let end = !matches!(item, ReadItem::Line(_));
+            if rtx.send(item).await.is_err() || end {
+                return;
+            }
+        }
+    });
+    // Writer task.
+    let (wtx, mut wrx) = mpsc::channel::<Vec<u8>>(8);
+    let (werr_tx, mut werr_rx) = watch::channel(false);
+    let writer_task = tokio::spawn(async move {
+        let mut writer = writer;
+        while let Some(buf) = wrx.recv().await {
+            let r = async {
+                writer.write_all(&buf).await?;
+                writer.flush().await
+            }
+            .await;
+            if r.is_err() {
+                let _ = werr_tx.send(true);
+                return;
+            }
+        }
+        let _ = writer.shutdown().await;
+    });
+
+    let outbox = Arc::new(Notify::new());
+    let stop = CancellationToken::new();
+    let (done_tx, done_rx) = watch::channel(false);
+    let conn_id = inner.conn_id();
+    let mut registered: Option<PeerKey> = None;
+    let mut up = false;
+    let mut pending: Vec<u8> = Vec::new();
+    let mut write_failed = false;
+
+    loop {
+        // Fill the pending write batch.
+        while pending.len() < WRITE_BATCH {
+            match session.poll_transmit() {
+                Some(l) => {
+                    pending.extend_from_slice(&l);
+                    pending.push(b'\n');
+                }
+                None => break,
+            }
+        }
+        // Handle events.
+        while let Some(ev) = session.poll_event() {
+            match ev {
+                SessionEvent::Authenticated { key, hello } => {
+                    match register(
+                        &inner, key, conn_id, dialed, &remote, &outbox, &stop, &done_rx,
+                    )
+                    .await
+                    {
+                        true => {
+                            registered = Some(key);
+                            on_authenticated(&inner, key, &hello, dial_addr.as_ref());
+                        }
+                        false => session.close_local("simultaneous open", false, Instant::now()),
+                    }
+                }
+                SessionEvent::Up => {
+                    up = true;
+                    if let Some(key) = registered {
+                        if let Some((addr, _)) = &dial_addr {
+                            let _ = inner.store.address_result(
+                                &key,
+                                addr,
+                                Ok(()),
+                                wire::time::now_ms(),
+                            );
+                        }
+                        set_up(&inner, &key);
+                        inner.emit(json!({
+                            "event": "peer_up",
+                            "peer": key.to_string(),
+                            "peer_name": inner.peer_name(&key),
+                            "remote": remote,
+                            "dialed": dialed,
+                        }));
+                        if let Some(tx) = up_tx.take() {
+                            let _ = tx.send(Ok(key));
+                        }
+                    }
+                }
+                SessionEvent::Received { seq, line } => {
+                    if let Some(key) = registered {
+                        inner.emit(line_event(&inner, seq, "in", &key, &line));
+                    }
+                }
+                SessionEvent::Acked { th, re } => {
+                    if let Some(key) = registered {
+                        inner.emit(json!({"event":"ack","peer":key.to_string(),"th":th,"re":re}));
+                    }
+                }
+                SessionEvent::Grants(g) => {
+                    tracing::debug!(
+                        "peer presented {} grant(s); grants are not honored yet",
+                        g.len()
+                    );
+                }
+                SessionEvent::PeerError(e) => {
+                    tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
+                    inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
+                }
+                SessionEvent::Other(line) => {
+                    tracing::debug!(t = line.kind(), "line not acted on by this version");
+                }
+                SessionEvent::Closed(reason) => {
+                    log_close(&remote, registered.as_ref(), &reason);
+                }
+            }
+        }
+        if session.is_closed() {
+            break;
+        }
+        if !up
+            && session.phase() != Phase::Open
+            && tokio::time::Instant::now() >= handshake_deadline
+        {
+            session.close_local("handshake timeout", false, Instant::now());
+            continue;
+        }
+        let timeout = session.poll_timeout().map(tokio::time::Instant::from_std);
+        let hs_deadline = (session.phase() != Phase::Open && !up).then_some(handshake_deadline);
+        let wake = match (timeout, hs_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => {
+                session.close_local("replaced by a newer connection", false, Instant::now());
+            }
+            _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing => {
+                session.close_local("shutdown", true, Instant::now());
+            }
+            _ = werr_rx.changed() => {
+                write_failed = true;
+                break;
+            }
+            permit = wtx.reserve(), if !pending.is_empty() => {
+                match permit {
+                    Ok(p) => p.send(std::mem::take(&mut pending)),
+                    Err(_) => { write_failed = true; break; }
+                }
+            }
+            item = rrx.recv(), if !session.backlogged() => {
+                let now = Instant::now();
+                let mut next = item;
+                let mut n = 0;
+                loop {
+                    match next {
+                        Some(ReadItem::Line(l)) => session.handle_line(&l, now),
+                        Some(ReadItem::TooLarge) => session.handle_read_error(true),
+                        Some(ReadItem::Eof) | None => session.handle_eof(),
+                    }
+                    n += 1;
+                    if session.is_closed() || n >= READ_BATCH || session.backlogged() {
+                        break;
+                    }
+                    match rrx.try_recv() {
+                        Ok(i) => next = Some(i),
+                        Err(_) => break,
+                    }
+                }
+                if session.wants_flush() {
+                    match inner.store.flush().await {
+                        Ok(()) => session.flushed(),
+                        Err(e) => session.flush_failed(&e),
+                    }
+                }
+            }
+            _ = outbox.notified(), if registered.is_some() => session.outbox_changed(),
+            _ = sleep_until(wake) => session.handle_timeout(Instant::now()),
+        }
+    }
+
+    // Final writes (closing err, bye), then close.
+    while let Some(l) = session.poll_transmit() {
+        pending.extend_from_slice(&l);
+        pending.push(b'\n');
+    }
+    if !pending.is_empty() && !write_failed {
+        let _ = tokio::time::timeout(Duration::from_secs(2), wtx.send(pending)).await;
+    }
+    drop(wtx);
+    if write_failed {
+        // Give a closing err from the peer a chance to be read and logged.
+        let _ = tokio::time::timeout(ERROR_LINGER, async {
+            while let Some(item) = rrx.recv().await {
+                if let ReadItem::Line(l) = item {
+                    if let Ok(Line::Err(e)) = wire::parse_line(&l) {
+                        tracing::info!(code = %e.code, detail = ?e.detail, "peer's err before close");
+                    }
+                }
+            }
+        })
+        .await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer_task).await;
+    reader_task.abort();
+
+    let reason = session
+        .close_reason()
+        .map(|r| format!("{r:?}"))
+        .unwrap_or_else(|| "closed".into());
+    if let Some(key) = registered {
+        unregister(&inner, key, conn_id, &reason);
+    }
+    let _ = done_tx.send(true);
+    if let Some(tx) = up_tx.take() {
+        let _ = tx.send(Err(reason.clone()));
+    }
+    Outcome {
+        peer: session.peer(),
+        up,
+        reason,
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn log_close(remote: &str, peer: Option<&PeerKey>, reason: &CloseReason) {
+    match reason {
+        CloseReason::SentErr { code, detail } => {
+            tracing::info!(%remote, ?peer, %code, %detail, "closed: sent err")
+        }
+        CloseReason::PeerErr { code, detail } => {
+            tracing::info!(%remote, ?peer, %code, ?detail, "closed: peer sent err")
+        }
+        other => tracing::info!(%remote, ?peer, reason = ?other, "closed"),
+    }
+}
+
+/// Register the authenticated connection as the one for `key`. Returns false when a
+/// simultaneous open is decided against it (then it closes without an err).
+#[allow(clippy::too_many_arguments)]
+async fn register(
+    inner: &Arc<Inner>,
+    key: PeerKey,
+    conn_id: u64,
+    dialed: bool,
+    remote: &str,
+    outbox: &Arc<Notify>,
+    stop: &CancellationToken,
+    done: &watch::Receiver<bool>,
+) -> bool {
+    let me = inner.identity.key();
+    let old = {
+        let mut conns = inner.conns.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = conns.get(&key) {
+            if old.since.elapsed() < SIMULTANEOUS_OPEN && old.dialed != dialed {
+                // Keep the connection dialed by the smaller key (raw bytes).
+                let dialer_of_new = if dialed { me } else { key };
+                if dialer_of_new != me.min(key) {
+                    tracing::info!(peer = %key, "simultaneous open: keeping the other connection");
+                    return false;
+                }
+            }
+        }
+        let entry = ConnEntry {
+            conn_id,
+            dialed,
+            since: Instant::now(),
+            up: false,
+            remote: remote.to_string(),
+            outbox: outbox.clone(),
+            stop: stop.clone(),
+            done: done.clone(),
+        };
+        conns.insert(key, entry)
+    };
+    if let Some(old) = old {
+        // Stop reading the old connection before processing the new one's resume.
+        old.stop.cancel();
+        let mut d = old.done;
+        let _ = tokio::time::timeout(Duration::from_secs(3), d.wait_for(|v| *v)).await;
+    }
+    true
+}
+
+fn set_up(inner: &Inner, key: &PeerKey) {
+    if let Some(c) = inner
+        .conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(key)
+    {
+        c.up = true;
+    }
+}
+
+fn unregister(inner: &Arc<Inner>, key: PeerKey, conn_id: u64, reason: &str) {
+    let removed = {
+        let mut conns = inner.conns.lock().unwrap_or_else(|p| p.into_inner());
+        if conns.get(&key).is_some_and(|c| c.conn_id == conn_id) {
+            conns.remove(&key);
+            true
+        } else {
+            false
+        }
+    };
+    if removed {
+        inner.emit(json!({
+            "event": "peer_down",
+            "peer": key.to_string(),
+            "peer_name": inner.peer_name(&key),
+            "reason": reason,
+        }));
+        super::dialer::disconnected(inner, key);
+    }
+}
+
+fn on_authenticated(
+    inner: &Inner,
+    key: PeerKey,
+    hello: &wire::Hello,
+    dial_addr: Option<&(String, AddrSource)>,
+) {
+    let now = wire::time::now_ms();
+    if let Err(e) = inner.store.peer_seen(
+        &key,
+        hello.name.as_deref(),
+        hello.about.as_deref(),
+        &hello.caps,
+        now,
+    ) {
+        tracing::warn!("store peer {key}: {e}");
+    }
+    if let Some((addr, source)) = dial_addr {
+        let _ = inner.store.add_address(&key, addr, *source);
+    }
+    // hello.addr: a hint for dialing back, pinned to the key that proved itself.
+    if let Some(a) = &hello.addr {
+        match a.parse::<net::Address>() {
+            Ok(addr) if addr.pin().is_none_or(|p| p == key) => {
+                let pinned = addr.with_pin(key).to_string();
+                let _ = inner.store.add_address(&key, &pinned, AddrSource::Hello);
+            }
+            _ => tracing::debug!(peer = %key, addr = %a, "ignoring unusable hello.addr"),
+        }
+    }
+}
+
+/// The `line` event for a stored content line.
+pub fn line_event(inner: &Inner, seq: u64, dir: &str, peer: &PeerKey, line: &Line) -> Value {
+    let body: Value = serde_json::from_slice(&line.encode()).unwrap_or(Value::Null);
+    json!({
+        "event": "line",
+        "seq": seq,
+        "dir": dir,
+        "peer": peer.to_string(),
+        "peer_name": inner.peer_name(peer),
+        "th": line.th(),
+        "id": line.id(),
+        "t": line.kind(),
+        "line": body,
+        "at": wire::time::format_ms(wire::time::now_ms()),
+    })
+}

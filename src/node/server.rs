@@ -1,0 +1,581 @@
+//! The control socket: NDJSON requests from the CLI (see [`crate::control`]).
+
+use super::conn::{self, Dial};
+use super::Inner;
+use crate::control::{Request, Response, MAX_CONTROL_LINE};
+use crate::net::{self, Address};
+use crate::store::{AddrSource, Dir, LogEntry};
+use crate::wire::{self, Line, Part, PeerKey};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+/// Bind the control socket with mode 0600 (a stale socket file is replaced).
+pub(super) fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        std::fs::remove_file(path)?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+pub(super) async fn serve(inner: Arc<Inner>, listener: UnixListener, path: PathBuf) {
+    loop {
+        let s = tokio::select! {
+            _ = inner.shutdown.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        match s {
+            Ok((stream, _)) => {
+                let inner2 = inner.clone();
+                inner.tasks.spawn(async move {
+                    if let Err(e) = client(inner2, stream).await {
+                        tracing::debug!("control client: {e}");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!("control accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+async fn write_json(
+    w: &mut (impl AsyncWriteExt + Unpin),
+    v: &impl serde::Serialize,
+) -> std::io::Result<()> {
+    let mut b = serde_json::to_vec(v).map_err(std::io::Error::other)?;
+    b.push(b'\n');
+    w.write_all(&b).await?;
+    w.flush().await
+}
+
+async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::new(r.take(u64::MAX));
+    loop {
+        let mut line = Vec::new();
+        let n = (&mut r)
+            .take(MAX_CONTROL_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await?;
+        if n == 0 {
+            return Ok(());
+        }
+        if line.len() > MAX_CONTROL_LINE {
+            write_json(&mut w, &Response::err("bad_request", "request too large")).await?;
+            return Ok(());
+        }
+        let req: Request = match serde_json::from_slice(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                write_json(
+                    &mut w,
+                    &Response::err("bad_request", format!("bad request: {e}")),
+                )
+                .await?;
+                continue;
+            }
+        };
+        if let Request::Subscribe { th, peer, from_seq } = req {
+            return subscribe(&inner, &mut w, th, peer, from_seq).await;
+        }
+        let shutdown = matches!(req, Request::Shutdown);
+        let resp = handle(&inner, req).await;
+        write_json(&mut w, &resp).await?;
+        if shutdown {
+            inner.shutdown.cancel();
+            return Ok(());
+        }
+    }
+}
+
+async fn handle(inner: &Arc<Inner>, req: Request) -> Response {
+    match handle_inner(inner, req).await {
+        Ok(v) => Response::ok(v),
+        Err(r) => r,
+    }
+}
+
+type Reply = Result<Value, Response>;
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    Response::err("internal", e.to_string())
+}
+
+async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
+    let store = &inner.store;
+    match req {
+        Request::Status => {
+            let conns: Vec<Value> = {
+                let c = inner.conns.lock().unwrap_or_else(|p| p.into_inner());
+                c.iter()
+                    .map(|(k, e)| json!({"peer": k.to_string(), "up": e.up, "remote": e.remote, "dialed": e.dialed}))
+                    .collect()
+            };
+            let mut outbox = 0u64;
+            for p in store.outbox_peers().map_err(internal)? {
+                outbox += store.outbox_len(&p).map_err(internal)?;
+            }
+            let key = inner.identity.key();
+            Ok(json!({
+                "key": key.to_string(),
+                "name": inner.name,
+                "fingerprint": key.fingerprint(),
+                "pid": std::process::id(),
+                "home": inner.home.display().to_string(),
+                "uptime_s": inner.started.elapsed().as_secs(),
+                "addresses": inner.addresses().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "connections": conns,
+                "outbox": outbox,
+                "version": env!("CARGO_PKG_VERSION"),
+            }))
+        }
+        Request::Whoami => {
+            let key = inner.identity.key();
+            Ok(
+                json!({"key": key.to_string(), "name": inner.name, "fingerprint": key.fingerprint()}),
+            )
+        }
+        Request::Address => Ok(json!({
+            "address": inner.addresses().first().map(|a| a.to_string()),
+            "addresses": inner.addresses().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        })),
+        Request::Connect {
+            address,
+            timeout_ms,
+        } => connect(inner, &address, timeout_ms).await,
+        Request::Send {
+            peer,
+            th,
+            subject,
+            re,
+            parts,
+            wait_ack_ms,
+        } => {
+            let parts: Vec<Part> = parts
+                .into_iter()
+                .map(serde_json::from_value)
+                .collect::<Result<_, _>>()
+                .map_err(|e| Response::err("bad_request", format!("bad part: {e}")))?;
+            if parts.is_empty() {
+                return Err(Response::err(
+                    "bad_request",
+                    "a msg needs at least one part",
+                ));
+            }
+            let (key, th, new_thread) = thread_and_peer(inner, peer.as_deref(), th.as_deref())?;
+            let subject = subject.filter(|s| !s.is_empty());
+            let build = move |id: &str, ts: &str| {
+                Line::Msg(wire::Msg {
+                    id: id.into(),
+                    ts: ts.into(),
+                    th: th.clone(),
+                    re: re.clone(),
+                    subject: subject.clone(),
+                    parts: parts.clone(),
+                })
+            };
+            queue(inner, key, &build, wait_ack_ms, new_thread).await
+        }
+        Request::State {
+            peer,
+            th,
+            state,
+            note,
+            wait_ack_ms,
+        } => {
+            if state.is_empty() {
+                return Err(Response::err("bad_request", "state must not be empty"));
+            }
+            let (key, th, _) = thread_and_peer(inner, peer.as_deref(), Some(&th))?;
+            let build = move |id: &str, ts: &str| {
+                Line::State(wire::State {
+                    id: id.into(),
+                    ts: ts.into(),
+                    th: th.clone(),
+                    re: None,
+                    state: state.clone(),
+                    note: note.clone(),
+                })
+            };
+            queue(inner, key, &build, wait_ack_ms, false).await
+        }
+        Request::Threads => {
+            let threads = store.threads().map_err(internal)?;
+            let list: Vec<Value> = threads
+                .into_iter()
+                .map(|t| {
+                    json!({
+                        "th": t.th,
+                        "peer": t.peer.to_string(),
+                        "peer_name": inner.peer_name(&t.peer),
+                        "subject": t.subject,
+                        "mine": t.mine,
+                        "my_note": t.my_note,
+                        "theirs": t.theirs,
+                        "their_note": t.their_note,
+                        "since": wire::time::format_ms(t.since_ms),
+                        "updated": wire::time::format_ms(t.updated_ms),
+                        "unread": t.unread,
+                    })
+                })
+                .collect();
+            Ok(json!({ "threads": list }))
+        }
+        Request::Peers => {
+            let peers = store.peers().map_err(internal)?;
+            let conns = inner.conns.lock().unwrap_or_else(|p| p.into_inner());
+            let list: Vec<Value> = peers
+                .into_iter()
+                .map(|p| {
+                    let c = conns.get(&p.key);
+                    let addrs: Vec<Value> = store
+                        .addresses(&p.key)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|a| json!({"address": a.address, "source": a.source, "last_ok": a.last_ok_ms.map(wire::time::format_ms), "last_err": a.last_err}))
+                        .collect();
+                    json!({
+                        "key": p.key.to_string(),
+                        "name": p.name,
+                        "about": p.about,
+                        "caps": p.caps,
+                        "fingerprint": p.key.fingerprint(),
+                        "first_seen": wire::time::format_ms(p.first_seen_ms),
+                        "last_seen": wire::time::format_ms(p.last_seen_ms),
+                        "parked": p.parked,
+                        "connected": c.is_some_and(|c| c.up),
+                        "remote": c.map(|c| c.remote.clone()),
+                        "outbox": store.outbox_len(&p.key).unwrap_or(0),
+                        "addresses": addrs,
+                    })
+                })
+                .collect();
+            Ok(json!({ "peers": list }))
+        }
+        Request::Read { th, mark } => {
+            let entries = store
+                .log(0, th.as_deref(), true, 10_000)
+                .map_err(internal)?;
+            let entries: Vec<LogEntry> = entries.into_iter().filter(|e| e.dir == Dir::In).collect();
+            if mark {
+                let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+                store.mark_read(&seqs).map_err(internal)?;
+                store.flush().await.map_err(internal)?;
+            }
+            let list: Vec<Value> = entries.iter().map(|e| entry_event(inner, e)).collect();
+            Ok(json!({ "entries": list }))
+        }
+        Request::Subscribe { .. } => Err(Response::err(
+            "bad_request",
+            "subscribe is handled separately",
+        )),
+        Request::Shutdown => Ok(json!({"stopping": true})),
+    }
+}
+
+/// Resolve a peer argument: full key, name, or a unique key prefix of at least 4 characters
+/// (with or without `ed25519:`).
+pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Response> {
+    if let Ok(k) = PeerKey::parse(text) {
+        return Ok(k);
+    }
+    let peers = inner.store.peers().map_err(internal)?;
+    let by_name: Vec<_> = peers
+        .iter()
+        .filter(|p| p.name.as_deref() == Some(text))
+        .collect();
+    if by_name.len() == 1 {
+        return Ok(by_name[0].key);
+    }
+    if by_name.len() > 1 {
+        return Err(Response::err(
+            "ambiguous_peer",
+            format!(
+                "{} peers are named {text:?}; use a key prefix",
+                by_name.len()
+            ),
+        ));
+    }
+    // Names of the form user@host also match on the part before '@'.
+    let short: Vec<_> = peers
+        .iter()
+        .filter(|p| p.name.as_deref().and_then(|n| n.split('@').next()) == Some(text))
+        .collect();
+    if short.len() == 1 {
+        return Ok(short[0].key);
+    }
+    let prefix = text.strip_prefix("ed25519:").unwrap_or(text);
+    if prefix.len() < 4 {
+        return Err(Response::err(
+            "no_such_peer",
+            format!("no peer named {text:?} (a key prefix needs at least 4 characters)"),
+        ));
+    }
+    let hits: Vec<_> = peers
+        .iter()
+        .filter(|p| p.key.to_string()["ed25519:".len()..].starts_with(prefix))
+        .collect();
+    match hits.len() {
+        1 => Ok(hits[0].key),
+        0 => Err(Response::err("no_such_peer", format!("no known peer matches {text:?}; `awp peers` lists them, `awp connect ADDRESS` adds one"))),
+        n => Err(Response::err("ambiguous_peer", format!("{n} peers match {text:?}; give more of the key"))),
+    }
+}
+
+/// The peer and thread of a send/state: an existing thread gives its peer; a new thread
+/// needs a peer (and gets `thr_<ULID>` when no id was given).
+fn thread_and_peer(
+    inner: &Inner,
+    peer: Option<&str>,
+    th: Option<&str>,
+) -> Result<(PeerKey, String, bool), Response> {
+    let peer = peer.map(|p| resolve_peer(inner, p)).transpose()?;
+    match th {
+        Some(th) => {
+            let existing = inner.store.thread(th).map_err(internal)?;
+            match (existing, peer) {
+                (Some(t), Some(p)) if t.peer != p => Err(Response::err(
+                    "bad_request",
+                    format!("thread {th} is with {}, not {p}", t.peer),
+                )),
+                (Some(t), _) => Ok((t.peer, th.to_string(), false)),
+                (None, Some(p)) => Ok((p, th.to_string(), true)),
+                (None, None) => Err(Response::err(
+                    "no_such_thread",
+                    format!("no thread {th}; name a peer to start it"),
+                )),
+            }
+        }
+        None => match peer {
+            Some(p) => Ok((p, format!("thr_{}", ulid::Ulid::generate()), true)),
+            None => Err(Response::err("bad_request", "name a peer or a thread (-t)")),
+        },
+    }
+}
+
+async fn queue(
+    inner: &Arc<Inner>,
+    key: PeerKey,
+    build: &(dyn Fn(&str, &str) -> Line + Sync),
+    wait_ack_ms: Option<u64>,
+    new_thread: bool,
+) -> Reply {
+    // Subscribe before queueing so the ack cannot slip past.
+    let mut events = inner.events.subscribe();
+    let entries = inner.store.enqueue(&key, &[build]).map_err(internal)?;
+    inner.store.flush().await.map_err(internal)?;
+    let Some(entry) = entries.into_iter().next() else {
+        return Err(internal("nothing queued"));
+    };
+    if let Ok(line) = wire::parse_line(&entry.line) {
+        let seq = inner
+            .store
+            .log(0, entry.th.as_deref(), false, usize::MAX)
+            .ok()
+            .and_then(|l| {
+                l.iter()
+                    .rev()
+                    .find(|e| e.id == entry.id && e.dir == Dir::Out)
+                    .map(|e| e.seq)
+            })
+            .unwrap_or(0);
+        inner.emit(conn::line_event(inner, seq, "out", &key, &line));
+    }
+    inner.outbox_changed(&key);
+    let mut status = "queued";
+    if let Some(ms) = wait_ack_ms {
+        let want = entry.id.clone();
+        let waited = tokio::time::timeout(Duration::from_millis(ms), async {
+            loop {
+                match events.recv().await {
+                    Ok(ev) => {
+                        if ev.get("event").and_then(Value::as_str) == Some("ack")
+                            && ev.get("re").and_then(Value::as_str) == Some(want.as_str())
+                        {
+                            return true;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        // Fall back to the store: acked lines leave the outbox.
+                        if !inner
+                            .store
+                            .outbox_after(&key, None, usize::MAX)
+                            .map(|o| o.iter().any(|e| e.id == want))
+                            .unwrap_or(true)
+                        {
+                            return true;
+                        }
+                    }
+                    Err(_) => return false,
+                }
+            }
+        })
+        .await;
+        if waited == Ok(true) {
+            status = "delivered";
+        }
+    }
+    Ok(json!({
+        "id": entry.id,
+        "th": entry.th,
+        "peer": key.to_string(),
+        "peer_name": inner.peer_name(&key),
+        "status": status,
+        "new_thread": new_thread,
+        "connected": inner.connected(&key),
+    }))
+}
+
+async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> Reply {
+    let addr: Address = address
+        .parse()
+        .map_err(|e: net::AddressError| Response::err("bad_request", e.to_string()))?;
+    let timeout = Duration::from_millis(timeout_ms.unwrap_or(15_000));
+    let deadline = tokio::time::Instant::now() + timeout.min(super::HANDSHAKE_TIMEOUT);
+    let c = match tokio::time::timeout_at(deadline, net::dial(&addr, &inner.tls, &inner.dial_opts))
+        .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(Response::err("connect_failed", format!("{address}: {e}"))),
+        Err(_) => {
+            return Err(Response::err(
+                "connect_failed",
+                format!("{address}: timed out"),
+            ))
+        }
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let inner2 = inner.clone();
+    let dial = Dial::Outbound {
+        address: address.to_string(),
+        expected: addr.pin(),
+        source: AddrSource::Connect,
+    };
+    inner.tasks.spawn(async move {
+        let outcome = conn::run_with(inner2.clone(), c, dial, deadline, Some(tx)).await;
+        if let Some(peer) = outcome.peer {
+            // Keep the connection wanted: redial when it drops with work pending.
+            super::dialer::disconnected(&inner2, peer);
+        }
+    });
+    match tokio::time::timeout_at(deadline, rx).await {
+        Ok(Ok(Ok(key))) => {
+            let _ = inner.store.flush().await;
+            Ok(
+                json!({"peer": key.to_string(), "peer_name": inner.peer_name(&key), "address": address}),
+            )
+        }
+        Ok(Ok(Err(reason))) => Err(Response::err(
+            "connect_failed",
+            format!("{address}: {reason}"),
+        )),
+        _ => Err(Response::err(
+            "connect_failed",
+            format!("{address}: handshake timed out"),
+        )),
+    }
+}
+
+fn entry_event(inner: &Inner, e: &LogEntry) -> Value {
+    let body: Value = serde_json::from_slice(&e.line).unwrap_or(Value::Null);
+    json!({
+        "event": "line",
+        "seq": e.seq,
+        "dir": match e.dir { Dir::In => "in", Dir::Out => "out" },
+        "peer": e.peer.to_string(),
+        "peer_name": inner.peer_name(&e.peer),
+        "th": e.th,
+        "id": e.id,
+        "t": e.kind,
+        "line": body,
+        "at": wire::time::format_ms(e.at_ms),
+        "read": e.read,
+        "acked": e.acked,
+    })
+}
+
+async fn subscribe(
+    inner: &Arc<Inner>,
+    w: &mut (impl AsyncWriteExt + Unpin),
+    th: Option<String>,
+    peer: Option<String>,
+    from_seq: Option<u64>,
+) -> std::io::Result<()> {
+    let peer = match peer.map(|p| resolve_peer(inner, &p)).transpose() {
+        Ok(p) => p,
+        Err(r) => return write_json(w, &r).await,
+    };
+    let mut rx = inner.events.subscribe();
+    write_json(w, &Response::ok(json!({"subscribed": true}))).await?;
+    let mut last_seq = 0u64;
+    if let Some(from) = from_seq {
+        let mut after = from;
+        loop {
+            let batch = match inner.store.log(after, th.as_deref(), false, 1000) {
+                Ok(b) => b,
+                Err(e) => return write_json(w, &Response::err("internal", e.to_string())).await,
+            };
+            if batch.is_empty() {
+                break;
+            }
+            for e in &batch {
+                after = e.seq;
+                if peer.is_some_and(|p| p != e.peer) {
+                    continue;
+                }
+                write_json(w, &entry_event(inner, e)).await?;
+            }
+        }
+        last_seq = after;
+        write_json(w, &json!({"event": "caught_up", "seq": last_seq})).await?;
+    }
+    let peer_s = peer.map(|p| p.to_string());
+    loop {
+        let ev = tokio::select! {
+            _ = inner.shutdown.cancelled() => return Ok(()),
+            ev = rx.recv() => ev,
+        };
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                let mut m = serde_json::Map::new();
+                m.insert("event".into(), json!("lagged"));
+                m.insert("missed".into(), json!(n));
+                m
+            }
+            Err(_) => return Ok(()),
+        };
+        if ev.get("event").and_then(Value::as_str) == Some("line") {
+            let seq = ev.get("seq").and_then(Value::as_u64).unwrap_or(0);
+            if seq != 0 && seq <= last_seq {
+                continue;
+            }
+            if th.is_some() && ev.get("th").and_then(Value::as_str) != th.as_deref() {
+                continue;
+            }
+        }
+        if let Some(p) = &peer_s {
+            if ev
+                .get("peer")
+                .and_then(Value::as_str)
+                .is_some_and(|k| k != p)
+            {
+                continue;
+            }
+        }
+        write_json(w, &ev).await?;
+    }
+}

@@ -1,0 +1,718 @@
+//! The per-connection AWP state machine, free of I/O (in the manner of a sans-I/O protocol
+//! core): the driver feeds it received lines and the current time, and takes out lines to
+//! write, store flush requests, events and the next timer deadline.
+//!
+//! Rules implemented (protocol-notes): §Handshake (hello checks in order, auth transcript,
+//! second line must be auth, reflection and version refused, TLS binding), §Threads, acks,
+//! resume (resume on open, drop by seen, ordered replay with original ids, 15 s resume
+//! timeout, cumulative ack, permanent dedup, ack only after durable), §Liveness and close
+//! (ping after 30 s idle, two missed pongs, bye), §Errors (which codes close).
+//!
+//! Durability contract: lines that need an ack are stored with [`Store::receive`] (not yet
+//! durable) and their acks are held until the driver has run [`Store::flush`] and called
+//! [`Session::flushed`]. Events about received lines are released at the same time.
+
+use crate::identity::{auth_transcript, Identity};
+use crate::store::{Received, Store, StoreError};
+use crate::wire::{self, code, Line, PeerKey};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[cfg(test)]
+mod tests;
+
+/// Idle time before we ping (§Liveness).
+pub const PING_IDLE: Duration = Duration::from_secs(30);
+/// Pings outstanding without any inbound line before the connection is dead.
+pub const MISSED_PONGS: u32 = 2;
+/// Replay anyway when the peer's resume has not arrived by then (§Threads, acks, resume).
+pub const RESUME_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long to wait for the peer's bye after ours (§Liveness and close).
+pub const BYE_LINGER: Duration = Duration::from_secs(5);
+/// Outbox lines fetched from the store per batch during replay.
+pub const REPLAY_BATCH: usize = 512;
+/// Above this many queued control lines the driver should stop reading until they drain.
+pub const CONTROL_HIGH_WATER: usize = 16_384;
+
+/// What this side of the connection is.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// We dialed (true) or accepted (false).
+    pub dialed: bool,
+    /// Name for our hello.
+    pub name: Option<String>,
+    /// About text for our hello.
+    pub about: Option<String>,
+    /// Capability families for our hello (beyond chat and resume).
+    pub caps: Vec<String>,
+    /// Where we can be dialed back (hello `addr`).
+    pub addr: Option<String>,
+    /// The peer's TLS certificate key; hello.key must equal it (TLS binding).
+    pub cert_key: Option<PeerKey>,
+    /// The key we expect (dialing a pinned or known address); hello.key must equal it.
+    pub expected_key: Option<PeerKey>,
+}
+
+/// Where the handshake is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Our hello is out; waiting for the peer's hello (its first line).
+    AwaitHello,
+    /// Our auth is out; the peer's second line must be auth.
+    AwaitAuth,
+    /// Authenticated: resume, content, acks.
+    Open,
+    /// We sent bye (or answered one): nothing else goes out; waiting for the close.
+    Closing,
+    /// Done: the driver writes what is queued and closes.
+    Closed,
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseReason {
+    /// We sent a closing err with this code.
+    SentErr { code: String, detail: String },
+    /// The peer sent a closing err.
+    PeerErr {
+        code: String,
+        detail: Option<String>,
+    },
+    /// Bye exchanged (either side first).
+    Bye { reason: Option<String> },
+    /// The peer closed the transport.
+    Eof,
+    /// No pong after two pings.
+    Dead,
+    /// Storage failed; `err internal` sent.
+    Storage(String),
+    /// Closed locally (replaced, shutdown, tie break).
+    Local(String),
+}
+
+/// Something the node should know about.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionEvent {
+    /// Auth verified: the peer is `key`. The driver registers the connection (one per
+    /// peer) before feeding the next line.
+    Authenticated { key: PeerKey, hello: wire::Hello },
+    /// The peer sent its first non-err line after auth: a dial counts as up now.
+    Up,
+    /// A content line was stored durably (seq in the log) — only after [`Session::flushed`].
+    Received { seq: u64, line: Line },
+    /// Our line `re` in `th` was acked.
+    Acked { th: String, re: String },
+    /// The peer presented grants (auth.grants or a grant line); unverified here.
+    Grants(Vec<wire::Grant>),
+    /// A non-closing err from the peer.
+    PeerError(wire::ErrLine),
+    /// A line this version does not act on (grant, introduce, presence, chunk, mirror …).
+    Other(Line),
+    /// The session ended.
+    Closed(CloseReason),
+}
+
+/// The state machine of one connection.
+pub struct Session {
+    cfg: SessionConfig,
+    identity: Arc<Identity>,
+    store: Arc<Store>,
+    phase: Phase,
+    my_hello: Vec<u8>,
+    peer_hello: Option<Vec<u8>>,
+    peer: Option<PeerKey>,
+    pending_hello: Option<wire::Hello>,
+    /// Control lines (hello, auth, resume, ack, pong, ping, err, bye): before outbox lines.
+    control: VecDeque<Vec<u8>>,
+    /// Acks waiting for the next durable flush.
+    held_acks: Vec<Vec<u8>>,
+    /// Events waiting for the next durable flush.
+    held_events: Vec<SessionEvent>,
+    events: VecDeque<SessionEvent>,
+    needs_flush: bool,
+    up_reported: bool,
+    /// Replay: started (resume arrived or timed out), cursor = last outbox id written.
+    replaying: bool,
+    cursor: Option<String>,
+    batch: VecDeque<crate::store::OutboxEntry>,
+    outbox_maybe_more: bool,
+    resume_deadline: Option<Instant>,
+    last_rx: Instant,
+    ping_deadline: Instant,
+    pings_out: u32,
+    bye_deadline: Option<Instant>,
+    close: Option<CloseReason>,
+    lines_in: u64,
+}
+
+impl Session {
+    /// A new session; our hello is queued at once (§7: both sides write hello without
+    /// waiting).
+    pub fn new(
+        cfg: SessionConfig,
+        identity: Arc<Identity>,
+        store: Arc<Store>,
+        now: Instant,
+    ) -> Session {
+        let mut nonce = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut nonce);
+        let hello = wire::Hello {
+            id: store.next_control_id(),
+            ts: wire::time::format_ms(wire::time::now_ms()),
+            v: 0,
+            key: identity.key().to_string(),
+            name: cfg.name.clone(),
+            nonce: wire::b64::encode_url(&nonce),
+            caps: cfg.caps.clone(),
+            about: cfg.about.clone(),
+            addr: cfg.addr.clone(),
+            shares: None,
+        };
+        let my_hello = Line::Hello(hello).encode();
+        let mut control = VecDeque::new();
+        control.push_back(my_hello.clone());
+        Session {
+            cfg,
+            identity,
+            store,
+            phase: Phase::AwaitHello,
+            my_hello,
+            peer_hello: None,
+            peer: None,
+            pending_hello: None,
+            control,
+            held_acks: Vec::new(),
+            held_events: Vec::new(),
+            events: VecDeque::new(),
+            needs_flush: false,
+            up_reported: false,
+            replaying: false,
+            cursor: None,
+            batch: VecDeque::new(),
+            outbox_maybe_more: true,
+            resume_deadline: None,
+            last_rx: now,
+            ping_deadline: now + PING_IDLE,
+            pings_out: 0,
+            bye_deadline: None,
+            close: None,
+            lines_in: 0,
+        }
+    }
+
+    /// The handshake/connection phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The authenticated peer key (after auth).
+    pub fn peer(&self) -> Option<PeerKey> {
+        self.peer
+    }
+
+    /// Our hello line as sent (without `\n`).
+    pub fn my_hello(&self) -> &[u8] {
+        &self.my_hello
+    }
+
+    /// True once the session is over; the driver writes what [`Session::poll_transmit`]
+    /// still gives, then closes the transport.
+    pub fn is_closed(&self) -> bool {
+        self.phase == Phase::Closed
+    }
+
+    /// Why it closed, once closed.
+    pub fn close_reason(&self) -> Option<&CloseReason> {
+        self.close.as_ref()
+    }
+
+    /// Whether stored lines are waiting for a durable flush before their acks go out.
+    pub fn wants_flush(&self) -> bool {
+        self.needs_flush
+    }
+
+    /// Whether the control queue is over [`CONTROL_HIGH_WATER`] (stop reading for now).
+    pub fn backlogged(&self) -> bool {
+        self.control.len() > CONTROL_HIGH_WATER
+    }
+
+    /// Lines received so far.
+    pub fn lines_in(&self) -> u64 {
+        self.lines_in
+    }
+
+    /// The driver ran [`Store::flush`] successfully: release held acks and events.
+    pub fn flushed(&mut self) {
+        self.needs_flush = false;
+        if self.phase == Phase::Closed {
+            self.held_acks.clear();
+            return;
+        }
+        self.control.extend(self.held_acks.drain(..));
+        self.events.extend(self.held_events.drain(..));
+    }
+
+    /// The flush failed: nothing held may be acked. Sends `err internal` and closes.
+    pub fn flush_failed(&mut self, err: &StoreError) {
+        self.needs_flush = false;
+        self.held_acks.clear();
+        self.held_events.clear();
+        self.fail_storage(None, err);
+    }
+
+    /// New lines were queued for this peer: fetch the outbox again.
+    pub fn outbox_changed(&mut self) {
+        self.outbox_maybe_more = true;
+    }
+
+    /// The transport reported a framing error (`too_large`) or I/O error / EOF.
+    pub fn handle_read_error(&mut self, too_large: bool) {
+        if too_large {
+            self.close_with(code::TOO_LARGE, None, "line over 1 MiB");
+        } else {
+            self.finish(CloseReason::Eof);
+        }
+    }
+
+    /// The transport reached EOF.
+    pub fn handle_eof(&mut self) {
+        if self.phase != Phase::Closed {
+            self.finish(match self.phase {
+                Phase::Closing => CloseReason::Bye { reason: None },
+                _ => CloseReason::Eof,
+            });
+        }
+    }
+
+    /// Close locally: with bye (graceful, `reason`) when open, otherwise at once.
+    pub fn close_local(&mut self, reason: &str, send_bye: bool, now: Instant) {
+        match self.phase {
+            Phase::Open if send_bye => {
+                let bye = Line::Bye(wire::Bye {
+                    id: self.store.next_control_id(),
+                    ts: now_ts(),
+                    re: None,
+                    reason: Some(reason.to_string()),
+                });
+                self.control.push_back(bye.encode());
+                self.phase = Phase::Closing;
+                self.bye_deadline = Some(now + BYE_LINGER);
+                self.close = Some(CloseReason::Local(reason.to_string()));
+            }
+            Phase::Closed => {}
+            _ => self.finish(CloseReason::Local(reason.to_string())),
+        }
+    }
+
+    /// Feed one received line (without `\n`).
+    pub fn handle_line(&mut self, raw: &[u8], now: Instant) {
+        if matches!(self.phase, Phase::Closed) {
+            return;
+        }
+        self.lines_in += 1;
+        self.last_rx = now;
+        self.pings_out = 0;
+        self.ping_deadline = now + PING_IDLE;
+        let line = match wire::parse_line(raw) {
+            Ok(line) => line,
+            Err(e) => {
+                let (re, detail) = match &e {
+                    wire::FrameError::BadFrame { id, detail } => (id.clone(), detail.clone()),
+                    wire::FrameError::TooLarge { .. } => (None, e.to_string()),
+                };
+                self.close_with(e.code(), re, &detail);
+                return;
+            }
+        };
+        match self.phase {
+            Phase::AwaitHello => self.on_hello(raw, line, now),
+            Phase::AwaitAuth => self.on_auth(line, now),
+            Phase::Open => self.on_open_line(line, now),
+            Phase::Closing => self.on_closing_line(line),
+            Phase::Closed => {}
+        }
+    }
+
+    fn on_hello(&mut self, raw: &[u8], line: Line, _now: Instant) {
+        let hello = match line {
+            Line::Hello(h) => h,
+            Line::Err(e) => {
+                self.peer_err(e);
+                return;
+            }
+            other => {
+                let id = other.id().map(str::to_string);
+                self.close_with(code::AUTH, id, "first line must be hello");
+                return;
+            }
+        };
+        if hello.v != 0 {
+            self.close_with(
+                code::VERSION,
+                Some(hello.id.clone()),
+                &format!("version {} not supported; this node speaks 0", hello.v),
+            );
+            return;
+        }
+        let key = match PeerKey::parse(&hello.key) {
+            Ok(k) => k,
+            Err(e) => {
+                self.close_with(
+                    code::AUTH,
+                    Some(hello.id.clone()),
+                    &format!("hello key: {e}"),
+                );
+                return;
+            }
+        };
+        if key == self.identity.key() {
+            self.close_with(
+                code::AUTH,
+                Some(hello.id.clone()),
+                "hello carries our own key",
+            );
+            return;
+        }
+        if let Some(cert) = self.cfg.cert_key {
+            if cert != key {
+                self.close_with(
+                    code::AUTH,
+                    Some(hello.id.clone()),
+                    "hello key does not match the TLS certificate key",
+                );
+                return;
+            }
+        }
+        if let Some(expected) = self.cfg.expected_key {
+            if expected != key {
+                self.close_with(
+                    code::AUTH,
+                    Some(hello.id.clone()),
+                    "hello key is not the key this address was dialed for",
+                );
+                return;
+            }
+        }
+        self.peer = Some(key);
+        self.peer_hello = Some(raw.to_vec());
+        let sig = self.identity.sign(&auth_transcript(&self.my_hello, raw));
+        let auth = Line::Auth(wire::Auth {
+            id: self.store.next_control_id(),
+            ts: now_ts(),
+            sig: wire::b64::encode_url(&sig),
+            grants: Vec::new(),
+        });
+        self.control.push_back(auth.encode());
+        self.phase = Phase::AwaitAuth;
+        self.pending_hello = Some(hello);
+    }
+
+    fn on_auth(&mut self, line: Line, now: Instant) {
+        let auth = match line {
+            Line::Auth(a) => a,
+            Line::Err(e) => {
+                self.peer_err(e);
+                return;
+            }
+            other => {
+                let id = other.id().map(str::to_string);
+                self.close_with(code::AUTH, id, "second line must be auth");
+                return;
+            }
+        };
+        let (Some(peer), Some(peer_hello)) = (self.peer, self.peer_hello.as_ref()) else {
+            self.close_with(code::AUTH, Some(auth.id), "auth before hello");
+            return;
+        };
+        let ok = match wire::b64::decode_any(&auth.sig) {
+            Ok(sig) if sig.len() == 64 => {
+                peer.verify(&auth_transcript(peer_hello, &self.my_hello), &sig)
+            }
+            _ => false,
+        };
+        if !ok {
+            self.close_with(code::AUTH, Some(auth.id), "bad auth signature");
+            return;
+        }
+        let seen = match self.store.seen(&peer) {
+            Ok(s) => s,
+            Err(e) => {
+                self.fail_storage(None, &e);
+                return;
+            }
+        };
+        let hello = self.pending_hello.take();
+        self.phase = Phase::Open;
+        if let Some(hello) = hello {
+            self.events
+                .push_back(SessionEvent::Authenticated { key: peer, hello });
+        }
+        if !auth.grants.is_empty() {
+            self.events.push_back(SessionEvent::Grants(auth.grants));
+        }
+        let resume = Line::Resume(wire::Resume {
+            id: self.store.next_control_id(),
+            ts: now_ts(),
+            seen,
+        });
+        self.control.push_back(resume.encode());
+        self.resume_deadline = Some(now + RESUME_TIMEOUT);
+    }
+
+    fn on_open_line(&mut self, line: Line, now: Instant) {
+        let Some(peer) = self.peer else { return };
+        if !self.up_reported && !matches!(line, Line::Err(_)) {
+            self.up_reported = true;
+            self.events.push_back(SessionEvent::Up);
+        }
+        match line {
+            Line::Resume(r) => {
+                if let Err(e) = self.store.drop_seen(&peer, &r.seen) {
+                    self.fail_storage(Some(r.id), &e);
+                    return;
+                }
+                self.start_replay();
+            }
+            Line::Msg(_) | Line::State(_) | Line::Mirror(_) | Line::Private(_) => {
+                self.receive_acked(&peer, line, now);
+            }
+            Line::Ack(a) => match self.store.ack(&peer, &a.th, &a.re) {
+                Ok(_) => self
+                    .events
+                    .push_back(SessionEvent::Acked { th: a.th, re: a.re }),
+                Err(e) => self.fail_storage(Some(a.id), &e),
+            },
+            Line::Ping(p) => {
+                let pong = Line::Pong(wire::Pong {
+                    id: self.store.next_control_id(),
+                    ts: now_ts(),
+                    re: p.id,
+                });
+                self.control.push_back(pong.encode());
+            }
+            Line::Pong(_) => {}
+            Line::Bye(b) => {
+                let bye = Line::Bye(wire::Bye {
+                    id: self.store.next_control_id(),
+                    ts: now_ts(),
+                    re: Some(b.id),
+                    reason: None,
+                });
+                self.control.push_back(bye.encode());
+                if let Err(e) = self.store.set_parked(&peer, true) {
+                    tracing::warn!("could not park peer {peer}: {e}");
+                }
+                self.finish(CloseReason::Bye { reason: b.reason });
+            }
+            Line::Err(e) => self.peer_err(e),
+            Line::Grant(g) => self.events.push_back(SessionEvent::Grants(vec![g.grant])),
+            Line::Hello(_) | Line::Auth(_) => {
+                tracing::debug!("ignoring a repeated handshake line from {peer}");
+            }
+            Line::Unknown { .. } => {}
+            other @ (Line::Chunk(_) | Line::Introduce(_) | Line::Presence(_)) => {
+                self.events.push_back(SessionEvent::Other(other));
+            }
+        }
+    }
+
+    fn on_closing_line(&mut self, line: Line) {
+        // After our bye we send nothing else; the peer's bye (or EOF) ends it.
+        match line {
+            Line::Bye(b) => {
+                let reason = match self.close.take() {
+                    Some(CloseReason::Local(r)) => Some(r),
+                    _ => b.reason,
+                };
+                self.finish(CloseReason::Bye { reason });
+            }
+            Line::Err(e) if code::closes(&e.code) => self.peer_err(e),
+            _ => {}
+        }
+    }
+
+    fn receive_acked(&mut self, peer: &PeerKey, line: Line, _now: Instant) {
+        let raw = line.encode();
+        let (id, th) = match (line.id(), line.th()) {
+            (Some(id), Some(th)) => (id.to_string(), th.to_string()),
+            _ => return,
+        };
+        match self.store.receive(peer, &line, &raw) {
+            Ok(received) => {
+                let ack = Line::Ack(wire::Ack {
+                    id: self.store.next_control_id(),
+                    ts: now_ts(),
+                    th,
+                    re: id,
+                });
+                self.held_acks.push(ack.encode());
+                self.needs_flush = true;
+                if let Received::New(seq) = received {
+                    self.held_events.push(SessionEvent::Received { seq, line });
+                }
+            }
+            Err(e) => self.fail_storage(Some(id), &e),
+        }
+    }
+
+    fn start_replay(&mut self) {
+        self.replaying = true;
+        self.resume_deadline = None;
+        self.cursor = None;
+        self.batch.clear();
+        self.outbox_maybe_more = true;
+    }
+
+    fn peer_err(&mut self, e: wire::ErrLine) {
+        if code::closes(&e.code) {
+            self.finish(CloseReason::PeerErr {
+                code: e.code,
+                detail: e.detail,
+            });
+        } else {
+            self.events.push_back(SessionEvent::PeerError(e));
+        }
+    }
+
+    fn fail_storage(&mut self, re: Option<String>, err: &StoreError) {
+        tracing::error!("storage failure: {err}");
+        self.held_acks.clear();
+        self.held_events.clear();
+        let line = Line::Err(wire::ErrLine {
+            id: self.store.next_control_id(),
+            ts: now_ts(),
+            th: None,
+            re,
+            code: code::INTERNAL.into(),
+            detail: Some("storage failure".into()),
+            blob_ref: None,
+        });
+        self.control.push_back(line.encode());
+        self.finish(CloseReason::Storage(err.to_string()));
+    }
+
+    /// Queue a closing err and end the session.
+    fn close_with(&mut self, code_: &str, re: Option<String>, detail: &str) {
+        let line = Line::Err(wire::ErrLine {
+            id: self.store.next_control_id(),
+            ts: now_ts(),
+            th: None,
+            re,
+            code: code_.into(),
+            detail: Some(detail.into()),
+            blob_ref: None,
+        });
+        // Nothing held may go out after a closing err.
+        self.held_acks.clear();
+        self.control.push_back(line.encode());
+        self.finish(CloseReason::SentErr {
+            code: code_.into(),
+            detail: detail.into(),
+        });
+    }
+
+    fn finish(&mut self, reason: CloseReason) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        self.phase = Phase::Closed;
+        self.replaying = false;
+        self.batch.clear();
+        // Held acks can still go out once flushed; keep them (flushed() releases them only
+        // while not closed, so drop them here to be safe).
+        self.held_acks.clear();
+        self.events.extend(self.held_events.drain(..));
+        self.close = Some(reason.clone());
+        self.events.push_back(SessionEvent::Closed(reason));
+    }
+
+    /// Timers: resume timeout, ping, dead connection, bye linger.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.phase {
+            Phase::Open => {
+                if let Some(d) = self.resume_deadline {
+                    if now >= d {
+                        tracing::debug!("no resume within 15 s: replaying anyway");
+                        self.start_replay();
+                    }
+                }
+                if now >= self.ping_deadline {
+                    if self.pings_out >= MISSED_PONGS {
+                        self.finish(CloseReason::Dead);
+                        return;
+                    }
+                    self.pings_out += 1;
+                    let ping = Line::Ping(wire::Ping {
+                        id: self.store.next_control_id(),
+                        ts: now_ts(),
+                    });
+                    self.control.push_back(ping.encode());
+                    self.ping_deadline = now + PING_IDLE;
+                }
+            }
+            Phase::Closing => {
+                if self.bye_deadline.is_some_and(|d| now >= d) {
+                    let reason = match self.close.take() {
+                        Some(CloseReason::Local(r)) => Some(r),
+                        _ => None,
+                    };
+                    self.finish(CloseReason::Bye { reason });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The next instant [`Session::handle_timeout`] wants to run (None when closed).
+    /// The handshake timeout (30 s) is the driver's: it covers the transport handshake too.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Open => Some(match self.resume_deadline {
+                Some(d) => d.min(self.ping_deadline),
+                None => self.ping_deadline,
+            }),
+            Phase::Closing => self.bye_deadline,
+            _ => None,
+        }
+    }
+
+    /// Next event for the node.
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    /// Next line to write (without `\n`): control lines first, then outbox replay and new
+    /// outbox lines, in id order. Returns None when there is nothing to write now.
+    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        if let Some(line) = self.control.pop_front() {
+            return Some(line);
+        }
+        if self.phase != Phase::Open || !self.replaying {
+            return None;
+        }
+        if self.batch.is_empty() && self.outbox_maybe_more {
+            let peer = self.peer?;
+            match self
+                .store
+                .outbox_after(&peer, self.cursor.as_deref(), REPLAY_BATCH)
+            {
+                Ok(batch) => {
+                    self.outbox_maybe_more = batch.len() == REPLAY_BATCH;
+                    self.batch = batch.into();
+                }
+                Err(e) => {
+                    self.fail_storage(None, &e);
+                    return self.control.pop_front();
+                }
+            }
+        }
+        let entry = self.batch.pop_front()?;
+        self.cursor = Some(entry.id);
+        Some(entry.line)
+    }
+}
+
+fn now_ts() -> String {
+    wire::time::format_ms(wire::time::now_ms())
+}

@@ -1,0 +1,492 @@
+//! Two sessions driven over in-memory queues with an explicit clock: no sockets, no sleeps.
+
+use super::*;
+use crate::store::Store;
+use crate::wire::{Line, Msg, Part, TextPart};
+use tempfile::TempDir;
+
+struct End {
+    s: Session,
+    store: Arc<Store>,
+    id: Arc<Identity>,
+    _dir: TempDir,
+    events: Vec<SessionEvent>,
+    sent: Vec<Vec<u8>>,
+}
+
+fn identity(n: u8) -> Arc<Identity> {
+    Arc::new(Identity::from_seed(&[n; 32]))
+}
+
+fn end(id: Arc<Identity>, dialed: bool, now: Instant) -> End {
+    let dir = TempDir::new().unwrap();
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let cfg = SessionConfig {
+        dialed,
+        name: Some(format!("test@{}", if dialed { "a" } else { "b" })),
+        about: None,
+        caps: vec![],
+        addr: None,
+        cert_key: None,
+        expected_key: None,
+    };
+    End {
+        s: Session::new(cfg, id.clone(), store.clone(), now),
+        store,
+        id,
+        _dir: dir,
+        events: vec![],
+        sent: vec![],
+    }
+}
+
+fn pair(now: Instant) -> (End, End) {
+    (end(identity(1), true, now), end(identity(2), false, now))
+}
+
+/// Drain one side: flush when asked, collect events and transmitted lines.
+fn drain(e: &mut End) -> Vec<Vec<u8>> {
+    if e.s.wants_flush() {
+        e.store.flush_blocking().unwrap();
+        e.s.flushed();
+    }
+    while let Some(ev) = e.s.poll_event() {
+        e.events.push(ev);
+    }
+    let mut out = vec![];
+    while let Some(l) = e.s.poll_transmit() {
+        e.sent.push(l.clone());
+        out.push(l);
+    }
+    out
+}
+
+/// Move lines both ways until nothing moves (bounded).
+fn pump(a: &mut End, b: &mut End, now: Instant) {
+    for _ in 0..1000 {
+        let ab = drain(a);
+        let ba = drain(b);
+        if ab.is_empty() && ba.is_empty() && !a.s.wants_flush() && !b.s.wants_flush() {
+            return;
+        }
+        for l in ab {
+            b.s.handle_line(&l, now);
+        }
+        for l in ba {
+            a.s.handle_line(&l, now);
+        }
+    }
+    panic!("pump did not settle");
+}
+
+fn kinds(lines: &[Vec<u8>]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|l| crate::wire::parse_line(l).unwrap().kind().to_string())
+        .collect()
+}
+
+fn err_code(line: &[u8]) -> Option<String> {
+    match crate::wire::parse_line(line).unwrap() {
+        Line::Err(e) => Some(e.code),
+        _ => None,
+    }
+}
+
+fn queue_msg(e: &End, to: PeerKey, th: &str, text: &str) -> String {
+    let th = th.to_string();
+    let text = text.to_string();
+    let build = move |id: &str, ts: &str| {
+        Line::Msg(Msg {
+            id: id.into(),
+            ts: ts.into(),
+            th: th.clone(),
+            re: None,
+            subject: Some("s".into()),
+            parts: vec![Part::Text(TextPart { text: text.clone() })],
+        })
+    };
+    let q = e.store.enqueue(&to, &[&build]).unwrap();
+    e.store.flush_blocking().unwrap();
+    q[0].id.clone()
+}
+
+fn received(e: &End) -> Vec<String> {
+    e.events
+        .iter()
+        .filter_map(|ev| match ev {
+            SessionEvent::Received { line, .. } => line.id().map(str::to_string),
+            _ => None,
+        })
+        .collect()
+}
+
+fn acked(e: &End) -> Vec<String> {
+    e.events
+        .iter()
+        .filter_map(|ev| match ev {
+            SessionEvent::Acked { re, .. } => Some(re.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn raw(line: &str) -> Vec<u8> {
+    line.as_bytes().to_vec()
+}
+
+/// Feed b's hello to a fresh `a` and return what `a` sends back after its own hello.
+fn hello_exchange(a: &mut End, b: &mut End, now: Instant) {
+    let bh = b.s.my_hello().to_vec();
+    drain(a);
+    a.s.handle_line(&bh, now);
+}
+
+#[test]
+fn handshake_opens_both_sides_and_sends_resume() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    assert_eq!(a.s.phase(), Phase::Open);
+    assert_eq!(b.s.phase(), Phase::Open);
+    assert_eq!(a.s.peer(), Some(b.id.key()));
+    assert_eq!(b.s.peer(), Some(a.id.key()));
+    assert_eq!(kinds(&a.sent)[..3], ["hello", "auth", "resume"]);
+    assert!(a
+        .events
+        .iter()
+        .any(|e| matches!(e, SessionEvent::Authenticated { key, .. } if *key == b.id.key())));
+    assert!(
+        a.events.contains(&SessionEvent::Up),
+        "resume counts as the first line after auth"
+    );
+}
+
+#[test]
+fn msg_is_acked_only_after_flush_and_delivered_once() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let id = queue_msg(&a, b.id.key(), "thr_1", "hello");
+    a.s.outbox_changed();
+    let lines = drain(&mut a);
+    assert_eq!(kinds(&lines), ["msg"]);
+    b.s.handle_line(&lines[0], now);
+    // Not yet durable: no ack may go out.
+    assert!(b.s.wants_flush());
+    assert!(b.s.poll_transmit().is_none());
+    b.store.flush_blocking().unwrap();
+    b.s.flushed();
+    let out = drain(&mut b);
+    assert_eq!(kinds(&out), ["ack"]);
+    // Same msg again (a replay): re-acked, not delivered again.
+    b.s.handle_line(&lines[0], now);
+    let again = drain(&mut b);
+    assert_eq!(kinds(&again), ["ack"]);
+    assert_eq!(received(&b), vec![id.clone()]);
+    for l in out.iter().chain(again.iter()) {
+        a.s.handle_line(l, now);
+    }
+    drain(&mut a);
+    assert_eq!(acked(&a)[0], id);
+    assert_eq!(a.store.outbox_len(&b.id.key()).unwrap(), 0);
+}
+
+#[test]
+fn resume_drops_what_the_peer_has_seen_and_replays_the_rest_in_order() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    let ids: Vec<String> = (0..3)
+        .map(|i| queue_msg(&a, b.id.key(), "thr_r", &format!("m{i}")))
+        .collect();
+    // b already holds the first two (received on an earlier connection).
+    for id in &ids[..2] {
+        let line = Line::Msg(Msg {
+            id: id.clone(),
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            th: "thr_r".into(),
+            re: None,
+            subject: None,
+            parts: vec![],
+        });
+        b.store.receive(&a.id.key(), &line, &line.encode()).unwrap();
+    }
+    b.store.flush_blocking().unwrap();
+    pump(&mut a, &mut b, now);
+    let msgs: Vec<String> = a
+        .sent
+        .iter()
+        .filter_map(|l| match crate::wire::parse_line(l).unwrap() {
+            Line::Msg(m) => Some(m.id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        msgs,
+        vec![ids[2].clone()],
+        "only the unseen line is replayed"
+    );
+    assert_eq!(a.store.outbox_len(&b.id.key()).unwrap(), 0);
+}
+
+#[test]
+fn replay_starts_without_resume_after_15s() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    let id = queue_msg(&a, b.id.key(), "thr_t", "x");
+    // Run the handshake but drop b's resume on the floor.
+    hello_exchange(&mut a, &mut b, now);
+    let a_out = drain(&mut a);
+    for l in &a_out {
+        b.s.handle_line(l, now);
+    }
+    for l in drain(&mut b) {
+        if crate::wire::parse_line(&l).unwrap().kind() != "resume" {
+            a.s.handle_line(&l, now);
+        }
+    }
+    assert_eq!(a.s.phase(), Phase::Open);
+    assert!(drain(&mut a)
+        .iter()
+        .all(|l| crate::wire::parse_line(l).unwrap().kind() != "msg"));
+    a.s.handle_timeout(now + Duration::from_secs(14));
+    assert!(drain(&mut a).is_empty());
+    a.s.handle_timeout(now + RESUME_TIMEOUT);
+    let out = drain(&mut a);
+    assert_eq!(kinds(&out), ["msg"]);
+    assert_eq!(
+        crate::wire::parse_line(&out[0]).unwrap().id(),
+        Some(id.as_str())
+    );
+}
+
+#[test]
+fn version_mismatch_gets_err_version_and_no_auth() {
+    let now = Instant::now();
+    let (mut a, b) = pair(now);
+    let hello = String::from_utf8(b.s.my_hello().to_vec())
+        .unwrap()
+        .replace("\"v\":0", "\"v\":1");
+    drain(&mut a);
+    a.s.handle_line(&raw(&hello), now);
+    let out = drain(&mut a);
+    assert_eq!(out.len(), 1);
+    assert_eq!(err_code(&out[0]).as_deref(), Some("version"));
+    assert!(a.s.is_closed());
+}
+
+#[test]
+fn own_key_in_hello_is_refused() {
+    let now = Instant::now();
+    let mut a = end(identity(1), true, now);
+    let mirror = end(identity(1), false, now);
+    drain(&mut a);
+    a.s.handle_line(mirror.s.my_hello(), now);
+    let out = drain(&mut a);
+    assert_eq!(err_code(&out[0]).as_deref(), Some("auth"));
+    assert!(a.s.is_closed());
+}
+
+#[test]
+fn cert_key_must_match_hello_key() {
+    let now = Instant::now();
+    let (mut a, b) = pair(now);
+    a.s.cfg.cert_key = Some(identity(3).key());
+    drain(&mut a);
+    a.s.handle_line(b.s.my_hello(), now);
+    let out = drain(&mut a);
+    assert_eq!(err_code(&out[0]).as_deref(), Some("auth"));
+}
+
+#[test]
+fn second_line_must_be_auth() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    hello_exchange(&mut a, &mut b, now);
+    drain(&mut a);
+    let msg = r#"{"t":"msg","id":"01K00000000000000000000009","ts":"2026-01-01T00:00:00.000Z","th":"x","parts":[]}"#;
+    a.s.handle_line(&raw(msg), now);
+    let out = drain(&mut a);
+    assert_eq!(err_code(&out[0]).as_deref(), Some("auth"));
+    assert!(a.s.is_closed());
+}
+
+#[test]
+fn flipped_signature_bit_is_refused_without_resume() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    hello_exchange(&mut a, &mut b, now);
+    hello_exchange(&mut b, &mut a, now);
+    drain(&mut a);
+    let b_out = drain(&mut b);
+    let auth = b_out
+        .iter()
+        .find(|l| crate::wire::parse_line(l).unwrap().kind() == "auth")
+        .unwrap();
+    let Line::Auth(mut auth) = crate::wire::parse_line(auth).unwrap() else {
+        unreachable!()
+    };
+    let mut sig = crate::wire::b64::decode_any(&auth.sig).unwrap();
+    sig[10] ^= 0x01;
+    auth.sig = crate::wire::b64::encode_url(&sig);
+    a.s.handle_line(&Line::Auth(auth).encode(), now);
+    let out = drain(&mut a);
+    assert_eq!(kinds(&out), ["err"]);
+    assert_eq!(err_code(&out[0]).as_deref(), Some("auth"));
+    assert!(a.s.is_closed());
+}
+
+#[test]
+fn bad_frame_closes_with_the_id_when_readable() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    a.s.handle_line(
+        br#"{"t":"msg","id":"m1","ts":"2026-01-01T00:00:00Z","th":"x"}"#,
+        now,
+    );
+    let out = drain(&mut a);
+    let Line::Err(e) = crate::wire::parse_line(&out[0]).unwrap() else {
+        panic!()
+    };
+    assert_eq!(e.code, "bad_frame");
+    assert_eq!(e.re.as_deref(), Some("m1"));
+    assert!(a.s.is_closed());
+}
+
+#[test]
+fn unknown_type_is_ignored_and_ping_gets_pong() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    a.s.handle_line(
+        br#"{"t":"frobnicate","id":"x1","ts":"2026-01-01T00:00:00Z"}"#,
+        now,
+    );
+    a.s.handle_line(
+        br#"{"t":"ping","id":"p1","ts":"2026-01-01T00:00:00Z"}"#,
+        now,
+    );
+    let out = drain(&mut a);
+    assert_eq!(kinds(&out), ["pong"]);
+    let Line::Pong(p) = crate::wire::parse_line(&out[0]).unwrap() else {
+        panic!()
+    };
+    assert_eq!(p.re, "p1");
+}
+
+#[test]
+fn non_closing_errs_keep_the_connection_open() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    for code in [
+        "unsupported",
+        "forbidden",
+        "internal",
+        "blob_refused",
+        "some_future_code",
+    ] {
+        let l =
+            format!(r#"{{"t":"err","id":"e-{code}","ts":"2026-01-01T00:00:00Z","code":"{code}"}}"#);
+        a.s.handle_line(l.as_bytes(), now);
+        assert_eq!(a.s.phase(), Phase::Open, "{code} must not close");
+    }
+    a.s.handle_line(
+        br#"{"t":"err","id":"e9","ts":"2026-01-01T00:00:00Z","code":"auth"}"#,
+        now,
+    );
+    assert!(a.s.is_closed());
+}
+
+#[test]
+fn ping_after_idle_and_dead_after_two_missed_pongs() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    assert_eq!(a.s.poll_timeout(), Some(now + PING_IDLE));
+    let t1 = now + PING_IDLE;
+    a.s.handle_timeout(t1);
+    assert_eq!(kinds(&drain(&mut a)), ["ping"]);
+    let t2 = t1 + PING_IDLE;
+    a.s.handle_timeout(t2);
+    assert_eq!(kinds(&drain(&mut a)), ["ping"]);
+    assert_eq!(a.s.phase(), Phase::Open);
+    a.s.handle_timeout(t2 + PING_IDLE);
+    assert!(a.s.is_closed());
+    assert_eq!(a.s.close_reason(), Some(&CloseReason::Dead));
+}
+
+#[test]
+fn any_inbound_line_resets_the_ping_timer() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let t = now + Duration::from_secs(29);
+    a.s.handle_line(
+        br#"{"t":"pong","id":"q","ts":"2026-01-01T00:00:00Z","re":"zz"}"#,
+        t,
+    );
+    a.s.handle_timeout(now + PING_IDLE);
+    assert!(drain(&mut a).is_empty(), "no ping 1 s after traffic");
+    assert_eq!(a.s.poll_timeout(), Some(t + PING_IDLE));
+}
+
+#[test]
+fn bye_is_answered_with_bye_and_parks_the_peer() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    a.store.peer_seen(&b.id.key(), None, None, &[], 1).unwrap();
+    a.s.handle_line(
+        br#"{"t":"bye","id":"b1","ts":"2026-01-01T00:00:00Z","reason":"done"}"#,
+        now,
+    );
+    let out = drain(&mut a);
+    assert_eq!(kinds(&out), ["bye"]);
+    let Line::Bye(bye) = crate::wire::parse_line(&out[0]).unwrap() else {
+        panic!()
+    };
+    assert_eq!(bye.re.as_deref(), Some("b1"));
+    assert!(a.s.is_closed());
+    assert!(a.store.peer(&b.id.key()).unwrap().unwrap().parked);
+}
+
+#[test]
+fn local_bye_waits_for_the_peers_bye_then_closes() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    a.s.close_local("shutdown", true, now);
+    assert_eq!(a.s.phase(), Phase::Closing);
+    pump(&mut a, &mut b, now);
+    assert!(a.s.is_closed());
+    assert!(b.s.is_closed());
+    assert!(matches!(a.s.close_reason(), Some(CloseReason::Bye { .. })));
+}
+
+#[test]
+fn local_bye_gives_up_after_5s() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    a.s.close_local("shutdown", true, now);
+    drain(&mut a);
+    a.s.handle_timeout(now + Duration::from_secs(4));
+    assert_eq!(a.s.phase(), Phase::Closing);
+    a.s.handle_timeout(now + BYE_LINGER);
+    assert!(a.s.is_closed());
+}
+
+#[test]
+fn messages_queued_in_both_directions_cross_on_resume() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    let x = queue_msg(&a, b.id.key(), "thr_ab", "from a");
+    let y = queue_msg(&b, a.id.key(), "thr_ba", "from b");
+    pump(&mut a, &mut b, now);
+    assert_eq!(received(&b), vec![x.clone()]);
+    assert_eq!(received(&a), vec![y.clone()]);
+    assert_eq!(acked(&a), vec![x]);
+    assert_eq!(acked(&b), vec![y]);
+}
