@@ -263,6 +263,12 @@ async fn tls12_only_client_is_refused() {
     let _ = bounded(tcp.read_to_end(&mut reply)).await;
     // The only answer is an alert record (content type 21), never a ServerHello (22).
     assert_eq!(reply.first(), Some(&0x15), "reply {reply:02x?}");
+    // Fatal (2) protocol_version (70), RFC 8446 §6.
+    assert_eq!(
+        reply.get(5..7),
+        Some(&[0x02, 0x46][..]),
+        "reply {reply:02x?}"
+    );
     let err = bounded(server)
         .await
         .unwrap()
@@ -488,4 +494,19 @@ fn dialable_addresses_pin_and_order() {
         .iter()
         .all(|a| matches!(a, Address::Tcp { port: 9, .. })));
     assert!(tcp.last().unwrap().ip().unwrap().is_loopback());
+}
+
+#[tokio::test]
+async fn garbage_instead_of_a_client_hello_fails_the_handshake() {
+    let (_, server_tls) = identity(1);
+    let listener = tls_listener(&server_tls).await;
+    let port = match listener.local_address() {
+        Address::Tls { port, .. } => port,
+        _ => unreachable!(),
+    };
+    let server = accept_one(listener);
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    tcp.write_all(b"{\"t\":\"hello\",\"v\":0}\n").await.unwrap();
+    let err = bounded(server).await.unwrap().1.err().expect("not TLS");
+    assert!(matches!(err, NetError::Tls(_)), "{err:?}");
 }

@@ -446,6 +446,27 @@ mod tests {
     }
 
     #[test]
+    fn certificate_key_refuses_a_weak_key() {
+        // Same certificate with its SPKI key replaced by the identity point (small order).
+        // The certificate's own signature is not checked, so only the key check can refuse.
+        let id = Identity::from_seed(&[1u8; 32]);
+        let tls = TlsConfig::new(&id).unwrap();
+        let der = tls.certificate_der().to_vec();
+        let key = id.key();
+        let at = der
+            .windows(32)
+            .position(|w| w == key.as_bytes())
+            .expect("key bytes in the certificate");
+        let mut weak = der.clone();
+        weak[at..at + 32].copy_from_slice(&[0u8; 32]);
+        weak[at] = 1;
+        assert_eq!(
+            certificate_key(&weak),
+            Err(CertKeyError::Key(crate::wire::KeyError::Weak))
+        );
+    }
+
+    #[test]
     fn pin_mismatch_is_refused_by_the_verifier() {
         let a = Identity::from_seed(&[1u8; 32]);
         let b = Identity::from_seed(&[2u8; 32]);
