@@ -38,18 +38,24 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Which binding a connection uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
+    /// `tls:`: TLS 1.3 over TCP with mutual certificate authentication.
     Tls,
+    /// `tcp:`: plaintext TCP.
     Tcp,
+    /// `unix:`: Unix domain stream socket.
     Unix,
 }
 
 /// An established transport connection, before the AWP handshake.
 pub struct Conn {
+    /// Incoming lines, framed with the 1 MiB cap.
     pub reader: LineReader,
+    /// Outgoing bytes: write whole `\n`-terminated lines, then flush (TLS buffers records).
     pub writer: BoxWriter,
     /// For TLS: the Ed25519 key of the peer's certificate (already checked not weak, and
     /// equal to the address pin when dialing a pinned address).
     pub peer_cert_key: Option<PeerKey>,
+    /// The binding in use.
     pub transport: Transport,
     /// Human-readable remote end (`ip:port` or the socket path).
     pub remote: String,
@@ -71,6 +77,7 @@ pub enum NetError {
         "plaintext tcp to {0} refused: not a loopback or private address (use --allow-plaintext)"
     )]
     PlaintextRefused(String),
+    /// An address string did not parse.
     #[error("address: {0}")]
     Address(#[from] AddressError),
 }
