@@ -1,34 +1,296 @@
-//! Line framing: split on `\n`, never buffer more than the cap (+1 byte) while looking for
-//! it, keep a trailing `\r` (the auth signature covers hello bytes as received).
+//! Line framing (protocol-notes §Framing): split on `\n` only, never buffer more than the
+//! cap (+1 byte) while looking for it, keep a trailing `\r` (the auth signature covers
+//! hello bytes as received).
+//!
+//! The reader keeps one buffer of at most [`MAX_LINE`] + 1 bytes. Unconsumed bytes live in
+//! `buf[start..end]`; bytes already searched for a newline are remembered so a long line
+//! arriving in small pieces is scanned once. Consuming a line only moves `start`; the
+//! pending bytes are moved to the front only when the buffer is full (or reset for free
+//! when everything was consumed), so many small lines cost no copying beyond the line
+//! itself.
 
 use super::BoxReader;
+use crate::wire::MAX_LINE;
+use tokio::io::AsyncReadExt;
 
 /// Framing failures.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// A line longer than [`crate::wire::MAX_LINE`]: answer `err too_large` and close.
+    /// Sticky: later reads return it again.
     #[error("line over the size limit")]
     TooLarge,
+    /// The transport failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
+/// First buffer size; grows by doubling up to `MAX_LINE + 1`.
+const INITIAL_BUFFER: usize = 8 * 1024;
+/// Hard cap on buffered bytes: one maximal line and its newline.
+const BUFFER_CAP: usize = MAX_LINE + 1;
+
 /// Buffered line reader over a connection's read half.
-pub struct LineReader {}
+pub struct LineReader {
+    reader: BoxReader,
+    /// Storage; `buf.len()` is the allocated window (never above [`BUFFER_CAP`]).
+    buf: Vec<u8>,
+    /// Start of unconsumed bytes.
+    start: usize,
+    /// End of valid bytes.
+    end: usize,
+    /// How many bytes from `start` are known to hold no `\n`.
+    scanned: usize,
+    /// The reader returned end of file.
+    eof: bool,
+}
 
 impl LineReader {
     /// Wrap a reader.
     pub fn new(r: BoxReader) -> LineReader {
-        let _ = r;
-        todo!()
+        LineReader {
+            reader: r,
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            scanned: 0,
+            eof: false,
+        }
     }
-    /// Next line without its `\n`; `Ok(None)` at a clean EOF (a partial last line without
-    /// `\n` at EOF is dropped).
+
+    /// Next line without its `\n` (a `\r` before it is kept); `Ok(None)` at a clean EOF (a
+    /// partial last line without `\n` at EOF is dropped).
+    ///
+    /// Errors: [`ReadError::TooLarge`] once more than [`MAX_LINE`] bytes arrived without a
+    /// newline (exactly `MAX_LINE` bytes then `\n` is a valid line); [`ReadError::Io`] from
+    /// the transport.
+    ///
+    /// Cancel safe: dropping the future loses no bytes (state lives in `self`), so it can
+    /// be used in `tokio::select!`.
     pub async fn read_line(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
-        todo!()
+        loop {
+            if let Some(line) = self.take_line()? {
+                return Ok(Some(line));
+            }
+            if self.eof {
+                // Drop a partial last line.
+                self.start = 0;
+                self.end = 0;
+                self.scanned = 0;
+                return Ok(None);
+            }
+            self.make_room();
+            let n = self.reader.read(&mut self.buf[self.end..]).await?;
+            if n == 0 {
+                self.eof = true;
+            } else {
+                self.end += n;
+            }
+        }
     }
-    /// A complete line already in the buffer, without reading (for batching).
+
+    /// A complete line already in the buffer, without reading (for batching). `Ok(None)`
+    /// when no complete line is buffered. Errors as [`LineReader::read_line`].
     pub fn buffered_line(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
-        todo!()
+        self.take_line()
+    }
+
+    /// Cut the next complete line out of the buffer, if there is one.
+    fn take_line(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
+        let from = self.start + self.scanned;
+        match self.buf[from..self.end].iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                let nl = from + i;
+                let len = nl - self.start;
+                if len > MAX_LINE {
+                    // Unreachable while the buffer is capped, kept as a guard.
+                    return Err(ReadError::TooLarge);
+                }
+                let line = self.buf[self.start..nl].to_vec();
+                self.start = nl + 1;
+                self.scanned = 0;
+                if self.start == self.end {
+                    self.start = 0;
+                    self.end = 0;
+                }
+                Ok(Some(line))
+            }
+            None => {
+                self.scanned = self.end - self.start;
+                if self.scanned > MAX_LINE {
+                    Err(ReadError::TooLarge)
+                } else {
+                    Ok(None)
+                }
+            }
+        }
+    }
+
+    /// Ensure `buf[end..]` is not empty. Only called when the pending bytes hold no
+    /// newline and are at most `MAX_LINE` long, so the buffer can always take one more.
+    fn make_room(&mut self) {
+        if self.end < self.buf.len() {
+            return;
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.end < self.buf.len() {
+                return;
+            }
+        }
+        let grown = (self.buf.len() * 2).clamp(INITIAL_BUFFER, BUFFER_CAP);
+        self.buf.resize(grown, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// A reader that yields the given chunks (each split further if the caller's buffer is
+    /// smaller), then EOF.
+    struct Script {
+        chunks: std::collections::VecDeque<Vec<u8>>,
+    }
+
+    fn chunked(chunks: Vec<Vec<u8>>) -> LineReader {
+        LineReader::new(Box::new(Script {
+            chunks: chunks.into(),
+        }))
+    }
+
+    impl tokio::io::AsyncRead for Script {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            out: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if let Some(mut c) = self.chunks.pop_front() {
+                let n = c.len().min(out.remaining());
+                out.put_slice(&c[..n]);
+                if n < c.len() {
+                    let rest = c.split_off(n);
+                    self.chunks.push_front(rest);
+                }
+            }
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn exact_cap_is_accepted() {
+        let mut line = vec![b'a'; MAX_LINE];
+        line.push(b'\n');
+        line.extend_from_slice(b"next\n");
+        let mut r = chunked(vec![line]);
+        let got = r.read_line().await.unwrap().unwrap();
+        assert_eq!(got.len(), MAX_LINE);
+        assert!(got.iter().all(|&b| b == b'a'));
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"next");
+        assert!(r.read_line().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn cap_plus_one_is_too_large_without_buffering_more() {
+        let mut line = vec![b'a'; MAX_LINE + 1];
+        line.push(b'\n');
+        let mut r = chunked(vec![line.clone(), line]);
+        assert!(matches!(r.read_line().await, Err(ReadError::TooLarge)));
+        assert!(r.buf.len() <= MAX_LINE + 1);
+        assert!(r.end - r.start <= MAX_LINE + 1);
+        // Sticky.
+        assert!(matches!(r.read_line().await, Err(ReadError::TooLarge)));
+    }
+
+    #[tokio::test]
+    async fn endless_stream_without_newline_is_too_large() {
+        let (mut w, rd) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let chunk = vec![b'x'; 4096];
+            while w.write_all(&chunk).await.is_ok() {}
+        });
+        let mut r = LineReader::new(Box::new(rd));
+        let res = tokio::time::timeout(std::time::Duration::from_secs(10), r.read_line())
+            .await
+            .expect("bounded");
+        assert!(matches!(res, Err(ReadError::TooLarge)));
+        assert!(r.buf.len() <= MAX_LINE + 1);
+    }
+
+    #[tokio::test]
+    async fn carriage_return_is_kept() {
+        let mut r = chunked(vec![b"{\"t\":\"hello\"}\r\n\r\n\n".to_vec()]);
+        assert_eq!(
+            r.read_line().await.unwrap().unwrap(),
+            b"{\"t\":\"hello\"}\r"
+        );
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"\r");
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"");
+        assert!(r.read_line().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn many_lines_in_one_read_and_buffered_line() {
+        let mut data = Vec::new();
+        for i in 0..1000 {
+            data.extend_from_slice(format!("line {i}\n").as_bytes());
+        }
+        let mut r = chunked(vec![data]);
+        assert!(r.buffered_line().unwrap().is_none(), "nothing read yet");
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"line 0");
+        let mut n = 1;
+        while let Some(l) = r.buffered_line().unwrap() {
+            assert_eq!(l, format!("line {n}").as_bytes());
+            n += 1;
+        }
+        // Whatever was not in the first read arrives by reading.
+        while let Some(l) = r.read_line().await.unwrap() {
+            assert_eq!(l, format!("line {n}").as_bytes());
+            n += 1;
+        }
+        assert_eq!(n, 1000);
+    }
+
+    #[tokio::test]
+    async fn line_split_across_reads() {
+        let mut r = chunked(vec![
+            b"ab".to_vec(),
+            b"c".to_vec(),
+            b"\nde".to_vec(),
+            b"f\ng".to_vec(),
+            b"h\n".to_vec(),
+        ]);
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"abc");
+        assert_eq!(r.buffered_line().unwrap(), None, "`de` is partial");
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"def");
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"gh");
+        assert!(r.read_line().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn long_line_in_small_pieces_after_small_lines() {
+        // Forces compaction: a short line consumed, then a near-cap line in 1000-byte reads.
+        let mut chunks = vec![b"x\n".to_vec()];
+        let big = vec![b'b'; MAX_LINE - 1];
+        for c in big.chunks(1000) {
+            chunks.push(c.to_vec());
+        }
+        chunks.push(b"\nz\n".to_vec());
+        let mut r = chunked(chunks);
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"x");
+        assert_eq!(r.read_line().await.unwrap().unwrap(), big);
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"z");
+        assert!(r.buf.len() <= MAX_LINE + 1);
+    }
+
+    #[tokio::test]
+    async fn partial_line_at_eof_is_dropped() {
+        let mut r = chunked(vec![b"one\ntwo".to_vec()]);
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"one");
+        assert!(r.read_line().await.unwrap().is_none());
+        assert!(r.read_line().await.unwrap().is_none());
     }
 }
