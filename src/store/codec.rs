@@ -72,7 +72,8 @@ pub(crate) fn corrupt(tree: &'static str, detail: impl std::fmt::Display) -> Sto
 /// Header plus raw payload.
 pub(crate) fn pack<T: Serialize>(header: &T, payload: &[u8]) -> Result<Vec<u8>, StoreError> {
     let h = serde_json::to_vec(header).map_err(|e| StoreError::Db(format!("encode: {e}")))?;
-    let len = u32::try_from(h.len()).map_err(|_| StoreError::Db("record header too large".into()))?;
+    let len =
+        u32::try_from(h.len()).map_err(|_| StoreError::Db("record header too large".into()))?;
     let mut out = Vec::with_capacity(4 + h.len() + payload.len());
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&h);

@@ -1,8 +1,8 @@
 //! The [`Store`] itself.
 
 use super::codec::{
-    corrupt, dec, enc, hex, pack, peer_from_hex, pkey, read_u64, split_pkey, u64_be, unpack,
-    utf8, AddrRec, LogRec, OutRec, PeerRec, ThreadRec,
+    corrupt, dec, enc, hex, pack, peer_from_hex, pkey, read_u64, split_pkey, u64_be, unpack, utf8,
+    AddrRec, LogRec, OutRec, PeerRec, ThreadRec,
 };
 use super::group::Group;
 use super::tx::{db_err, Trees, Tx, T};

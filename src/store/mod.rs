@@ -23,9 +23,9 @@ use crate::wire::{Line, PeerKey};
 mod codec;
 mod group;
 mod imp;
-mod tx;
 #[cfg(test)]
 mod tests;
+mod tx;
 
 pub use imp::Store;
 
@@ -153,4 +153,3 @@ pub struct AddressRecord {
     pub last_err_ms: Option<u64>,
     pub last_err: Option<String>,
 }
-

@@ -71,7 +71,12 @@ impl<'a> Tx<'a> {
         if let Some(v) = self.w[t as usize].get(key) {
             return Ok(v.clone());
         }
-        Ok(self.trees.t(t).get(key).map_err(db_err)?.map(|v| v.to_vec()))
+        Ok(self
+            .trees
+            .t(t)
+            .get(key)
+            .map_err(db_err)?
+            .map(|v| v.to_vec()))
     }
 
     pub(crate) fn put(&mut self, t: T, key: impl Into<Vec<u8>>, val: Vec<u8>) {
