@@ -82,10 +82,10 @@ pub(crate) fn pack<T: Serialize>(header: &T, payload: &[u8]) -> Result<Vec<u8>, 
 }
 
 /// Split a packed record into its decoded header and payload.
-pub(crate) fn unpack<T: DeserializeOwned>(
+pub(crate) fn unpack<'b, T: DeserializeOwned>(
     tree: &'static str,
-    bytes: &[u8],
-) -> Result<(T, Vec<u8>), StoreError> {
+    bytes: &'b [u8],
+) -> Result<(T, &'b [u8]), StoreError> {
     let len_bytes: [u8; 4] = bytes
         .get(..4)
         .and_then(|b| b.try_into().ok())
@@ -96,7 +96,7 @@ pub(crate) fn unpack<T: DeserializeOwned>(
         .filter(|&e| e <= bytes.len())
         .ok_or_else(|| corrupt(tree, "record header length out of range"))?;
     let header = serde_json::from_slice(&bytes[4..end]).map_err(|e| corrupt(tree, e))?;
-    Ok((header, bytes[end..].to_vec()))
+    Ok((header, &bytes[end..]))
 }
 
 /// A header-only record.

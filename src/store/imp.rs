@@ -13,8 +13,9 @@ use super::{
 use crate::wire::ids::IdGen;
 use crate::wire::{self, Line, PeerKey};
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 /// sled page cache for a small node (the default is 1 GiB).
 const CACHE_BYTES: u64 = 64 * 1024 * 1024;
@@ -22,6 +23,58 @@ const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 const META_LAST_ID: &[u8] = b"last_id";
 const META_LOG_SEQ: &[u8] = b"log_seq";
 const META_USER_PREFIX: &[u8] = b"x/";
+
+/// Databases this process opened: `true` while a [`Store`] is open, `false` once dropped.
+/// sled releases its file lock only when its background I/O threads let go, shortly after
+/// the handle is dropped; a reopen in the same process waits for that instead of failing.
+static OPENED: Mutex<Vec<(PathBuf, bool)>> = Mutex::new(Vec::new());
+
+/// How long a reopen waits for this process's own closing handle to release the lock.
+const REOPEN_WAIT: Duration = Duration::from_secs(5);
+
+fn opened() -> MutexGuard<'static, Vec<(PathBuf, bool)>> {
+    OPENED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn canonical(dir: &Path) -> PathBuf {
+    std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
+
+fn set_opened(dir: PathBuf, open: bool) {
+    let mut o = opened();
+    match o.iter_mut().find(|(d, _)| *d == dir) {
+        Some(e) => e.1 = open,
+        None => o.push((dir, open)),
+    }
+}
+
+/// Whether `dir` was opened and closed again by this process.
+fn closed_here(dir: &Path) -> bool {
+    opened().iter().any(|(d, open)| d == dir && !open)
+}
+
+fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
+    let deadline = Instant::now() + REOPEN_WAIT;
+    loop {
+        let res = sled::Config::new()
+            .path(dir)
+            .cache_capacity(CACHE_BYTES)
+            .open();
+        match res {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
+                if closed_here(&canonical(dir)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                return Err(StoreError::Locked {
+                    dir: dir.display().to_string(),
+                });
+            }
+            Err(e) => return Err(db_err(e)),
+        }
+    }
+}
 
 /// State owned by the single writer: the id generator and the log sequence counter. Both
 /// are advanced only after their transaction committed.
@@ -39,6 +92,19 @@ pub struct Store {
     trees: Trees,
     writer: Mutex<Writer>,
     group: Arc<Group>,
+    /// Declared last: marks the directory closed after the sled handles are dropped.
+    _mark: OpenMark,
+}
+
+/// Marks a directory as closed by this process when dropped.
+struct OpenMark(Option<PathBuf>);
+
+impl Drop for OpenMark {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            set_opened(p, false);
+        }
+    }
 }
 
 /// Kinds the receiver acks individually (protocol-notes §Threads: msg and state, plus the
@@ -62,18 +128,10 @@ impl Store {
     /// another process (or another open `Store` in this process) holds it. Seeds the id
     /// generator from the stored last id.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(CACHE_BYTES)
-            .open()
-            .map_err(|e| match &e {
-                sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
-                    StoreError::Locked {
-                        dir: dir.display().to_string(),
-                    }
-                }
-                _ => db_err(e),
-            })?;
+        let db = open_db(dir)?;
+        let path = canonical(dir);
+        set_opened(path.clone(), true);
+        let guard = OpenMark(Some(path));
         let trees = Trees::open(&db)?;
         let meta = trees.t(T::Meta);
         let last = match meta.get(META_LAST_ID).map_err(db_err)? {
@@ -96,6 +154,7 @@ impl Store {
                 log_seq,
             }),
             group,
+            _mark: guard,
         })
     }
 
@@ -324,7 +383,7 @@ impl Store {
         for (key, seq) in lines {
             tx.del(T::Outbox, key.clone());
             if let Some(v) = tx.get(T::Log, &u64_be(*seq))? {
-                let (mut l, line): (LogRec, Vec<u8>) = unpack("log", &v)?;
+                let (mut l, line): (LogRec, &[u8]) = unpack("log", &v)?;
                 if !l.acked {
                     l.acked = true;
                     tx.put(T::Log, u64_be(*seq).to_vec(), pack(&l, &line)?);
@@ -352,7 +411,7 @@ impl Store {
         for kv in self.trees.t(T::Outbox).range(prefix.clone()..=end) {
             let (k, v) = kv.map_err(db_err)?;
             let id = &k[32..];
-            let (rec, _): (OutRec, Vec<u8>) = unpack("outbox", &v)?;
+            let (rec, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
             let Some(th) = &rec.th else { continue };
             if let Some(s) = seen.get(th) {
                 if id <= s.as_bytes() {
@@ -381,14 +440,14 @@ impl Store {
         let Some(v) = self.trees.t(T::Outbox).get(&key).map_err(db_err)? else {
             return Ok(false);
         };
-        let (rec, _): (OutRec, Vec<u8>) = unpack("outbox", &v)?;
+        let (rec, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
         let mut retire = vec![(key.clone(), rec.seq)];
         if acked_kind(&rec.kind) {
             let th = rec.th.as_deref().unwrap_or(th);
             let prefix = pkey(peer, b"");
             for kv in self.trees.t(T::Outbox).range(prefix..key) {
                 let (k, v) = kv.map_err(db_err)?;
-                let (r, _): (OutRec, Vec<u8>) = unpack("outbox", &v)?;
+                let (r, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
                 if r.th.as_deref() == Some(th) && !acked_kind(&r.kind) {
                     retire.push((k.to_vec(), r.seq));
                 }
@@ -562,7 +621,7 @@ impl Store {
             let Some(v) = tx.get(T::Log, &u64_be(seq))? else {
                 continue;
             };
-            let (mut l, line): (LogRec, Vec<u8>) = unpack("log", &v)?;
+            let (mut l, line): (LogRec, &[u8]) = unpack("log", &v)?;
             if l.dir != Dir::In || l.read {
                 continue;
             }
@@ -778,7 +837,7 @@ impl Store {
         }
         for kv in self.trees.t(T::Log).iter() {
             let (k, v) = kv.map_err(db_err)?;
-            let (l, _): (LogRec, Vec<u8>) = unpack("log", &v)?;
+            let (l, _): (LogRec, &[u8]) = unpack("log", &v)?;
             if l.at < cutoff {
                 tx.del(T::Log, k.to_vec());
                 removed += 1;
@@ -834,18 +893,18 @@ impl Store {
 
 fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
     let (_, id) = split_pkey("outbox", k)?;
-    let (rec, line): (OutRec, Vec<u8>) = unpack("outbox", v)?;
+    let (rec, line): (OutRec, &[u8]) = unpack("outbox", v)?;
     Ok(OutboxEntry {
         id: utf8("outbox", &id)?,
         th: rec.th,
         kind: rec.kind,
-        line,
+        line: line.to_vec(),
     })
 }
 
 fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
     let seq = read_u64("log", k)?;
-    let (l, line): (LogRec, Vec<u8>) = unpack("log", v)?;
+    let (l, line): (LogRec, &[u8]) = unpack("log", v)?;
     Ok(LogEntry {
         seq,
         dir: l.dir,
@@ -853,7 +912,7 @@ fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
         id: l.id,
         th: l.th,
         kind: l.kind,
-        line,
+        line: line.to_vec(),
         at_ms: l.at,
         read: l.read,
         acked: l.acked,

@@ -562,12 +562,20 @@ fn reopen_keeps_flushed_data() {
 
 #[test]
 fn second_open_fails_clearly() {
-    let (d, _s) = open();
+    let (d, s) = open();
+    let t = std::time::Instant::now();
     match Store::open(d.path()) {
         Err(e @ StoreError::Locked { .. }) => assert!(e.to_string().contains("locked")),
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("second open succeeded"),
     }
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(1),
+        "not at once"
+    );
+    // Once the first handle is gone the directory opens again.
+    drop(s);
+    Store::open(d.path()).expect("reopen after drop");
 }
 
 #[test]
@@ -612,12 +620,16 @@ async fn group_commit_shares_flushes() {
     let s = Arc::new(s);
     let p = key(1);
     let n = 100;
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let start = std::time::Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..n {
         let s = Arc::clone(&s);
+        let barrier = Arc::clone(&barrier);
         tasks.push(tokio::spawn(async move {
             let id = send(&s, &p, "T");
+            // All callers flush at about the same time.
+            barrier.wait().await;
             s.flush().await.map(|_| id)
         }));
     }
@@ -630,8 +642,8 @@ async fn group_commit_shares_flushes() {
         start.elapsed()
     );
     assert!(flushes >= 1);
-    assert!(flushes <= 10, "{flushes} flushes for {n} callers");
-    assert_eq!(s.outbox_len(&p).unwrap(), n);
+    assert!(flushes <= 8, "{flushes} flushes for {n} callers");
+    assert_eq!(s.outbox_len(&p).unwrap(), n as u64);
 
     // A lone caller still gets its own flush, which starts after its call.
     let before = s.flush_count();
@@ -756,4 +768,39 @@ fn crash_keeps_every_flushed_line() {
         assert!(flushed.iter().all(|i| *i <= last), "last id went back");
         assert_eq!(s.outbox_len(&p).unwrap(), present.len() as u64);
     }
+}
+
+/// Throughput figures (run with `--ignored --nocapture`; not an assertion).
+#[test]
+#[ignore = "measurement"]
+fn measure_rates() {
+    let (_d, s) = open();
+    let p = key(1);
+    let n = 2000;
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        send(&s, &p, "T");
+    }
+    let e = t.elapsed();
+    eprintln!("enqueue: {:.0}/s", n as f64 / e.as_secs_f64());
+    let n = 300;
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        send(&s, &p, "T");
+        s.flush_blocking().unwrap();
+    }
+    let e = t.elapsed();
+    eprintln!(
+        "enqueue+flush (sequential): {:.0}/s",
+        n as f64 / e.as_secs_f64()
+    );
+    let lines: Vec<(Line, Vec<u8>)> = (0..n)
+        .map(|i| in_msg("R", &format!("01J{i:023}"), None))
+        .collect();
+    let t = std::time::Instant::now();
+    for (l, raw) in &lines {
+        s.receive(&p, l, raw).unwrap();
+    }
+    let e = t.elapsed();
+    eprintln!("receive: {:.0}/s", n as f64 / e.as_secs_f64());
 }
