@@ -386,7 +386,7 @@ impl Store {
                 let (mut l, line): (LogRec, &[u8]) = unpack("log", &v)?;
                 if !l.acked {
                     l.acked = true;
-                    tx.put(T::Log, u64_be(*seq).to_vec(), pack(&l, &line)?);
+                    tx.put(T::Log, u64_be(*seq).to_vec(), pack(&l, line)?);
                 }
             }
         }
@@ -626,7 +626,7 @@ impl Store {
                 continue;
             }
             l.read = true;
-            tx.put(T::Log, u64_be(seq).to_vec(), pack(&l, &line)?);
+            tx.put(T::Log, u64_be(seq).to_vec(), pack(&l, line)?);
             if let Some(th) = &l.th {
                 if let Some(tv) = tx.get(T::Threads, th.as_bytes())? {
                     let mut t: ThreadRec = dec("threads", &tv)?;
