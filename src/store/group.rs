@@ -85,22 +85,14 @@ impl Group {
         self.done.send_replace(gen);
     }
 
-    /// Run flush `gen`. Completes the generation even if the flush panics, so waiters
-    /// never hang.
+    /// Run flush `gen` as its leader.
     fn run(&self, gen: u64) {
-        struct Guard<'a>(&'a Group, u64, bool);
-        impl Drop for Guard<'_> {
-            fn drop(&mut self) {
-                if !self.2 {
-                    self.0.complete(self.1, Err("flush interrupted".into()));
-                }
-            }
-        }
-        let mut guard = Guard(self, gen, false);
-        let res = self.db.flush().map(|_| ()).map_err(|e| e.to_string());
-        self.count.fetch_add(1, Ordering::Relaxed);
-        guard.2 = true;
-        self.complete(gen, res);
+        let lead = Lead {
+            group: self,
+            gen,
+            done: false,
+        };
+        lead.run();
     }
 
     pub(crate) async fn flush(self: &Arc<Self>) -> Result<(), StoreError> {
@@ -109,10 +101,15 @@ impl Group {
             match self.step(target) {
                 Step::Done(r) => return r,
                 Step::Lead(gen) => {
-                    let me = Arc::clone(self);
-                    // The flush completes its generation inside the blocking task, so a
-                    // cancelled caller does not leave the group stuck.
-                    let _ = tokio::task::spawn_blocking(move || me.run(gen)).await;
+                    // The generation is completed inside the blocking task (or by the
+                    // guard's drop if the task never runs), so neither a cancelled caller
+                    // nor a shutting-down runtime leaves the group stuck.
+                    let lead = Lead {
+                        group: Arc::clone(self),
+                        gen,
+                        done: false,
+                    };
+                    let _ = tokio::task::spawn_blocking(move || lead.run()).await;
                 }
                 Step::Wait(seen) => {
                     let mut rx = self.done.subscribe();
@@ -135,6 +132,32 @@ impl Group {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The leader of one flush generation. Completes the generation when dropped without having
+/// run (panic, or a blocking task that never started), so waiters never hang.
+struct Lead<G: std::ops::Deref<Target = Group>> {
+    group: G,
+    gen: u64,
+    done: bool,
+}
+
+impl<G: std::ops::Deref<Target = Group>> Lead<G> {
+    fn run(mut self) {
+        let res = self.group.db.flush().map(|_| ()).map_err(|e| e.to_string());
+        self.group.count.fetch_add(1, Ordering::Relaxed);
+        self.done = true;
+        self.group.complete(self.gen, res);
+    }
+}
+
+impl<G: std::ops::Deref<Target = Group>> Drop for Lead<G> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.group
+                .complete(self.gen, Err("flush interrupted".into()));
         }
     }
 }

@@ -68,7 +68,8 @@ pub struct OutboxEntry {
 /// Result of [`Store::receive`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Received {
-    /// Stored for the first time (log seq).
+    /// Stored for the first time (log seq, ≥ 1). `New(0)`: not a content line (ack, ping,
+    /// grant, unthreaded chunk/introduce, …): stored nowhere and not deduplicated.
     New(u64),
     /// Already received from this peer: re-ack, no other effect.
     Duplicate,

@@ -580,9 +580,23 @@ fn second_open_fails_clearly() {
 
 #[test]
 fn corrupt_record_is_an_error() {
+    // sled lets go of its lock a moment after a raw handle is dropped: retry opens here.
+    fn retry<T, E: std::fmt::Debug>(mut f: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match f() {
+                Err(e)
+                    if format!("{e:?}").contains("ock") && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                r => return r,
+            }
+        }
+    }
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = retry(|| sled::open(dir.path())).unwrap();
         let t = db.open_tree("threads").unwrap();
         t.insert("T", &b"\x00\x00\x00\x09not json!"[..]).unwrap();
         t.insert("U", &b"\xff"[..]).unwrap();
@@ -592,17 +606,17 @@ fn corrupt_record_is_an_error() {
             .unwrap();
         db.flush().unwrap();
     }
-    match Store::open(dir.path()) {
+    match retry(|| Store::open(dir.path())) {
         Err(StoreError::Corrupt { tree: "meta", .. }) => {}
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("opened with a corrupt log seq"),
     }
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = retry(|| sled::open(dir.path())).unwrap();
         db.open_tree("meta").unwrap().remove("log_seq").unwrap();
         db.flush().unwrap();
     }
-    let s = Store::open(dir.path()).unwrap();
+    let s = retry(|| Store::open(dir.path())).unwrap();
     assert!(matches!(
         s.thread("T"),
         Err(StoreError::Corrupt {
