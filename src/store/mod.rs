@@ -5,9 +5,29 @@
 //! addresses, meta. Writes are not durable until [`Store::flush`]; callers ack or report
 //! "queued" only after it returns (protocol-notes §Threads, acks, resume).
 
+//!
+//! Layout (keys → values; records are `u32 header length ‖ header JSON ‖ line bytes`):
+//! - `outbox`: peer (32 raw bytes) ‖ id → thread, kind, out-log seq, encoded line.
+//! - `log`: seq (u64 big-endian) → direction, peer, id, thread, kind, at, read, acked, line.
+//! - `received`: peer ‖ id → log seq (permanent dedup index, never pruned).
+//! - `seen`: peer ‖ th → largest content id received (byte-string order).
+//! - `threads`: th → summary. `peers`: peer → record. `addresses`: peer ‖ address → record.
+//! - `outbox_n`: peer → number of queued lines (u64 BE; absent when zero).
+//! - `meta`: `last_id`, `log_seq`, and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
+//!
+//! Every mutation runs under one writer lock and commits as one multi-tree transaction, so a
+//! crash leaves either all or none of an operation.
+
 use crate::wire::{Line, PeerKey};
-use std::collections::BTreeMap;
-use std::path::Path;
+
+mod codec;
+mod group;
+mod imp;
+#[cfg(test)]
+mod tests;
+mod tx;
+
+pub use imp::Store;
 
 /// Retention of outbox lines and log entries: 7 days, in milliseconds.
 pub const RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
@@ -19,6 +39,15 @@ pub enum StoreError {
     Db(String),
     #[error("corrupt record in {tree}: {detail}")]
     Corrupt { tree: &'static str, detail: String },
+    /// Another process (or another `Store` in this process) holds the database.
+    #[error("database {dir} is locked by another process (one node per home)")]
+    Locked { dir: String },
+    /// An encoded line is over [`crate::wire::MAX_LINE`] bytes; nothing was queued.
+    #[error("line of {len} bytes is over the {max}-byte limit")]
+    TooLarge { len: usize, max: usize },
+    /// A builder returned a line that cannot be queued as asked (wrong or missing id).
+    #[error("bad line: {0}")]
+    BadLine(String),
 }
 
 /// Builds a line once its id and ts are allocated (inside the enqueue transaction).
@@ -39,7 +68,8 @@ pub struct OutboxEntry {
 /// Result of [`Store::receive`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Received {
-    /// Stored for the first time (log seq).
+    /// Stored for the first time (log seq, ≥ 1). `New(0)`: not a content line (ack, ping,
+    /// grant, unthreaded chunk/introduce, …): stored nowhere and not deduplicated.
     New(u64),
     /// Already received from this peer: re-ack, no other effect.
     Duplicate,
@@ -123,151 +153,4 @@ pub struct AddressRecord {
     pub last_ok_ms: Option<u64>,
     pub last_err_ms: Option<u64>,
     pub last_err: Option<String>,
-}
-
-/// The node's database.
-pub struct Store {}
-
-impl Store {
-    /// Open (or create) the database in `dir`. Fails at once if another process holds it.
-    pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        todo!("{dir:?}")
-    }
-    /// Make every write so far durable. Concurrent callers share one fsync (group commit).
-    pub async fn flush(&self) -> Result<(), StoreError> {
-        todo!()
-    }
-    /// Allocate ids and queue `builders`' lines for `peer` in ONE transaction (outbox, out
-    /// log, thread subject/my state, last id). Ids strictly increase in call order.
-    pub fn enqueue(
-        &self,
-        peer: &PeerKey,
-        builders: &[LineBuilder<'_>],
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        todo!("{peer:?}{}", builders.len())
-    }
-    /// Up to `limit` outbox lines for `peer` with id > `after` (all when None), in id order.
-    pub fn outbox_after(
-        &self,
-        peer: &PeerKey,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        todo!("{peer:?}{after:?}{limit}")
-    }
-    /// Number of queued lines for `peer`.
-    pub fn outbox_len(&self, peer: &PeerKey) -> Result<u64, StoreError> {
-        todo!("{peer:?}")
-    }
-    /// Peers with at least one queued line.
-    pub fn outbox_peers(&self) -> Result<Vec<PeerKey>, StoreError> {
-        todo!()
-    }
-    /// On the peer's resume: drop lines with id <= seen[th] for each listed thread.
-    /// Returns how many were dropped.
-    pub fn drop_seen(
-        &self,
-        peer: &PeerKey,
-        seen: &BTreeMap<String, String>,
-    ) -> Result<usize, StoreError> {
-        todo!("{peer:?}{seen:?}")
-    }
-    /// An ack from `peer` for `re` in `th`: remove it from the outbox, mark the out log
-    /// entry acked, and (cumulative ack) remove earlier never-acked lines of that thread
-    /// (chunk, introduce). Returns true when `re` was in the outbox.
-    pub fn ack(&self, peer: &PeerKey, th: &str, re: &str) -> Result<bool, StoreError> {
-        todo!("{peer:?}{th}{re}")
-    }
-    /// Store an inbound content line (msg, state, mirror, private, threaded chunk/introduce)
-    /// from `peer`: dedup by (peer, id) permanently; when new, log it (unread), raise
-    /// seen[peer][th] and update the thread — one transaction.
-    pub fn receive(&self, peer: &PeerKey, line: &Line, raw: &[u8]) -> Result<Received, StoreError> {
-        todo!("{peer:?}{line:?}{raw:?}")
-    }
-    /// seen for `peer`: thread → largest content id received (our resume).
-    pub fn seen(&self, peer: &PeerKey) -> Result<BTreeMap<String, String>, StoreError> {
-        todo!("{peer:?}")
-    }
-    /// All threads, most recently updated first.
-    pub fn threads(&self) -> Result<Vec<ThreadInfo>, StoreError> {
-        todo!()
-    }
-    /// One thread.
-    pub fn thread(&self, th: &str) -> Result<Option<ThreadInfo>, StoreError> {
-        todo!("{th}")
-    }
-    /// Log entries with seq > `after`, optionally of one thread / only unread inbound, in
-    /// seq order, at most `limit`.
-    pub fn log(
-        &self,
-        after: u64,
-        th: Option<&str>,
-        unread_only: bool,
-        limit: usize,
-    ) -> Result<Vec<LogEntry>, StoreError> {
-        todo!("{after}{th:?}{unread_only}{limit}")
-    }
-    /// Mark inbound entries read by seq. Returns how many changed.
-    pub fn mark_read(&self, seqs: &[u64]) -> Result<usize, StoreError> {
-        todo!("{seqs:?}")
-    }
-    /// Record a peer seen in a handshake (upsert name, about, caps, last seen; clears parked).
-    pub fn peer_seen(
-        &self,
-        key: &PeerKey,
-        name: Option<&str>,
-        about: Option<&str>,
-        caps: &[String],
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        todo!("{key:?}{name:?}{about:?}{caps:?}{now_ms}")
-    }
-    /// One peer.
-    pub fn peer(&self, key: &PeerKey) -> Result<Option<PeerRecord>, StoreError> {
-        todo!("{key:?}")
-    }
-    /// All known peers.
-    pub fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
-        todo!()
-    }
-    /// Set or clear the parked mark (bye received / new traffic queued).
-    pub fn set_parked(&self, key: &PeerKey, parked: bool) -> Result<(), StoreError> {
-        todo!("{key:?}{parked}")
-    }
-    /// Remember an address for `peer` (keeps the first source unless upgraded to connect).
-    pub fn add_address(
-        &self,
-        peer: &PeerKey,
-        address: &str,
-        source: AddrSource,
-    ) -> Result<(), StoreError> {
-        todo!("{peer:?}{address}{source:?}")
-    }
-    /// Record a dial result for an address.
-    pub fn address_result(
-        &self,
-        peer: &PeerKey,
-        address: &str,
-        result: Result<(), &str>,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        todo!("{peer:?}{address}{result:?}{now_ms}")
-    }
-    /// Known addresses of `peer`, best first (connect, last ok most recent).
-    pub fn addresses(&self, peer: &PeerKey) -> Result<Vec<AddressRecord>, StoreError> {
-        todo!("{peer:?}")
-    }
-    /// Drop outbox lines and log entries older than [`RETENTION_MS`] at `now_ms`.
-    pub fn prune(&self, now_ms: u64) -> Result<usize, StoreError> {
-        todo!("{now_ms}")
-    }
-    /// Largest id ever allocated.
-    pub fn last_id(&self) -> Result<Option<String>, StoreError> {
-        todo!()
-    }
-    /// A fresh id for a control line (hello, auth, resume, ack, ping, pong, bye, err) from
-    /// the same monotonic generator as queued lines; not persisted by itself.
-    pub fn next_control_id(&self) -> String {
-        todo!()
-    }
 }

@@ -1,0 +1,178 @@
+//! Record and key encodings. A record is `u32 BE header length ‖ header JSON ‖ payload`,
+//! where the payload is an encoded line kept byte-exact (no JSON escaping of the line).
+//! Every decoding failure is [`StoreError::Corrupt`]; nothing here panics on disk data.
+
+use super::{AddrSource, Dir, StoreError};
+use crate::wire::PeerKey;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Outbox value: the line's thread, kind and the seq of its out log entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct OutRec {
+    pub th: Option<String>,
+    pub kind: String,
+    pub seq: u64,
+}
+
+/// Log value (payload = the line).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct LogRec {
+    pub dir: Dir,
+    pub peer: String,
+    pub id: String,
+    pub th: Option<String>,
+    pub kind: String,
+    pub at: u64,
+    pub read: bool,
+    pub acked: bool,
+}
+
+/// Thread value.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ThreadRec {
+    pub peer: String,
+    pub subject: Option<String>,
+    pub mine: Option<String>,
+    pub my_note: Option<String>,
+    pub theirs: Option<String>,
+    pub their_note: Option<String>,
+    pub since: u64,
+    pub updated: u64,
+    pub unread: u64,
+}
+
+/// Peer value.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PeerRec {
+    pub name: Option<String>,
+    pub about: Option<String>,
+    pub caps: Vec<String>,
+    pub first: u64,
+    pub last: u64,
+    pub parked: bool,
+}
+
+/// Address value.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct AddrRec {
+    pub source: AddrSource,
+    pub ok: Option<u64>,
+    pub err_at: Option<u64>,
+    pub err: Option<String>,
+}
+
+pub(crate) fn corrupt(tree: &'static str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        tree,
+        detail: detail.to_string(),
+    }
+}
+
+/// Header plus raw payload.
+pub(crate) fn pack<T: Serialize>(header: &T, payload: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let h = serde_json::to_vec(header).map_err(|e| StoreError::Db(format!("encode: {e}")))?;
+    let len =
+        u32::try_from(h.len()).map_err(|_| StoreError::Db("record header too large".into()))?;
+    let mut out = Vec::with_capacity(4 + h.len() + payload.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(payload);
+    Ok(out)
+}
+
+/// Split a packed record into its decoded header and payload.
+pub(crate) fn unpack<'b, T: DeserializeOwned>(
+    tree: &'static str,
+    bytes: &'b [u8],
+) -> Result<(T, &'b [u8]), StoreError> {
+    let len_bytes: [u8; 4] = bytes
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt(tree, "record shorter than its length prefix"))?;
+    let len = u32::from_be_bytes(len_bytes) as usize;
+    let end = 4usize
+        .checked_add(len)
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| corrupt(tree, "record header length out of range"))?;
+    let header = serde_json::from_slice(&bytes[4..end]).map_err(|e| corrupt(tree, e))?;
+    Ok((header, &bytes[end..]))
+}
+
+/// A header-only record.
+pub(crate) fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+    pack(v, &[])
+}
+
+/// Decode a header-only record.
+pub(crate) fn dec<T: DeserializeOwned>(tree: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
+    unpack(tree, bytes).map(|(h, _)| h)
+}
+
+pub(crate) fn u64_be(v: u64) -> [u8; 8] {
+    v.to_be_bytes()
+}
+
+pub(crate) fn read_u64(tree: &'static str, bytes: &[u8]) -> Result<u64, StoreError> {
+    let arr: [u8; 8] = bytes
+        .try_into()
+        .map_err(|_| corrupt(tree, format!("expected 8 bytes, got {}", bytes.len())))?;
+    Ok(u64::from_be_bytes(arr))
+}
+
+/// `peer ‖ suffix`.
+pub(crate) fn pkey(peer: &PeerKey, suffix: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(32 + suffix.len());
+    k.extend_from_slice(peer.as_bytes());
+    k.extend_from_slice(suffix);
+    k
+}
+
+/// Split `peer ‖ suffix` keys.
+pub(crate) fn split_pkey(tree: &'static str, key: &[u8]) -> Result<(PeerKey, Vec<u8>), StoreError> {
+    if key.len() < 32 {
+        return Err(corrupt(tree, "key shorter than a peer key"));
+    }
+    let peer = peer_from_slice(tree, &key[..32])?;
+    Ok((peer, key[32..].to_vec()))
+}
+
+pub(crate) fn peer_from_slice(tree: &'static str, b: &[u8]) -> Result<PeerKey, StoreError> {
+    let arr: [u8; 32] = b
+        .try_into()
+        .map_err(|_| corrupt(tree, "peer key is not 32 bytes"))?;
+    PeerKey::from_bytes(&arr).map_err(|e| corrupt(tree, e))
+}
+
+pub(crate) fn utf8(tree: &'static str, b: &[u8]) -> Result<String, StoreError> {
+    String::from_utf8(b.to_vec()).map_err(|e| corrupt(tree, e))
+}
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    const D: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(b.len() * 2);
+    for &x in b {
+        s.push(D[(x >> 4) as usize] as char);
+        s.push(D[(x & 15) as usize] as char);
+    }
+    s
+}
+
+pub(crate) fn peer_from_hex(tree: &'static str, s: &str) -> Result<PeerKey, StoreError> {
+    let b = s.as_bytes();
+    if b.len() != 64 {
+        return Err(corrupt(tree, "peer hex is not 64 chars"));
+    }
+    let nib = |c: u8| -> Result<u8, StoreError> {
+        match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            _ => Err(corrupt(tree, "peer hex has a non-hex char")),
+        }
+    };
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = (nib(b[2 * i])? << 4) | nib(b[2 * i + 1])?;
+    }
+    PeerKey::from_bytes(&out).map_err(|e| corrupt(tree, e))
+}

@@ -1,0 +1,163 @@
+//! Group commit: concurrent callers of flush share one database flush.
+//!
+//! Flushes are numbered (generations). A caller needs a flush that *starts* after its call:
+//! target = (generations started so far) + 1. If none is running it starts that one itself
+//! (the leader); otherwise it waits for the running one to finish and then either finds its
+//! target done (another caller led it) or leads it. At most one flush runs at a time, so
+//! callers arriving during a flush are all served by the next single flush.
+
+use super::StoreError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+struct GState {
+    started: u64,
+    running: bool,
+    completed: u64,
+    last: Result<(), String>,
+}
+
+pub(crate) struct Group {
+    db: sled::Db,
+    st: Mutex<GState>,
+    cv: Condvar,
+    done: tokio::sync::watch::Sender<u64>,
+    count: AtomicU64,
+}
+
+enum Step {
+    Done(Result<(), StoreError>),
+    Lead(u64),
+    Wait(u64),
+}
+
+impl Group {
+    pub(crate) fn new(db: sled::Db) -> Arc<Group> {
+        Arc::new(Group {
+            db,
+            st: Mutex::new(GState {
+                started: 0,
+                running: false,
+                completed: 0,
+                last: Ok(()),
+            }),
+            cv: Condvar::new(),
+            done: tokio::sync::watch::Sender::new(0),
+            count: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GState> {
+        self.st.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Number of database flushes run so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn target(&self) -> u64 {
+        self.lock().started + 1
+    }
+
+    fn step(&self, target: u64) -> Step {
+        let mut s = self.lock();
+        if s.completed >= target {
+            return Step::Done(s.last.clone().map_err(StoreError::Db));
+        }
+        if s.running {
+            Step::Wait(s.completed)
+        } else {
+            s.running = true;
+            s.started += 1;
+            Step::Lead(s.started)
+        }
+    }
+
+    fn complete(&self, gen: u64, res: Result<(), String>) {
+        {
+            let mut s = self.lock();
+            s.running = false;
+            s.completed = gen;
+            s.last = res;
+        }
+        self.cv.notify_all();
+        self.done.send_replace(gen);
+    }
+
+    /// Run flush `gen` as its leader.
+    fn run(&self, gen: u64) {
+        let lead = Lead {
+            group: self,
+            gen,
+            done: false,
+        };
+        lead.run();
+    }
+
+    pub(crate) async fn flush(self: &Arc<Self>) -> Result<(), StoreError> {
+        let target = self.target();
+        loop {
+            match self.step(target) {
+                Step::Done(r) => return r,
+                Step::Lead(gen) => {
+                    // The generation is completed inside the blocking task (or by the
+                    // guard's drop if the task never runs), so neither a cancelled caller
+                    // nor a shutting-down runtime leaves the group stuck.
+                    let lead = Lead {
+                        group: Arc::clone(self),
+                        gen,
+                        done: false,
+                    };
+                    let _ = tokio::task::spawn_blocking(move || lead.run()).await;
+                }
+                Step::Wait(seen) => {
+                    let mut rx = self.done.subscribe();
+                    let _ = rx.wait_for(|c| *c > seen).await;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn flush_blocking(&self) -> Result<(), StoreError> {
+        let target = self.target();
+        loop {
+            match self.step(target) {
+                Step::Done(r) => return r,
+                Step::Lead(gen) => self.run(gen),
+                Step::Wait(seen) => {
+                    let mut s = self.lock();
+                    while s.completed <= seen {
+                        s = self.cv.wait(s).unwrap_or_else(PoisonError::into_inner);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The leader of one flush generation. Completes the generation when dropped without having
+/// run (panic, or a blocking task that never started), so waiters never hang.
+struct Lead<G: std::ops::Deref<Target = Group>> {
+    group: G,
+    gen: u64,
+    done: bool,
+}
+
+impl<G: std::ops::Deref<Target = Group>> Lead<G> {
+    fn run(mut self) {
+        let res = self.group.db.flush().map(|_| ()).map_err(|e| e.to_string());
+        self.group.count.fetch_add(1, Ordering::Relaxed);
+        self.done = true;
+        self.group.complete(self.gen, res);
+    }
+}
+
+impl<G: std::ops::Deref<Target = Group>> Drop for Lead<G> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.group
+                .complete(self.gen, Err("flush interrupted".into()));
+        }
+    }
+}

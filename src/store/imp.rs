@@ -1,0 +1,949 @@
+//! The [`Store`] itself.
+
+use super::codec::{
+    corrupt, dec, enc, hex, pack, peer_from_hex, pkey, read_u64, split_pkey, u64_be, unpack, utf8,
+    AddrRec, LogRec, OutRec, PeerRec, ThreadRec,
+};
+use super::group::Group;
+use super::tx::{db_err, Trees, Tx, T};
+use super::{
+    AddrSource, AddressRecord, Dir, LineBuilder, LogEntry, OutboxEntry, PeerRecord, Received,
+    StoreError, ThreadInfo, RETENTION_MS,
+};
+use crate::wire::ids::IdGen;
+use crate::wire::{self, Line, PeerKey};
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// sled page cache for a small node (the default is 1 GiB).
+const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+const META_LAST_ID: &[u8] = b"last_id";
+const META_LOG_SEQ: &[u8] = b"log_seq";
+const META_USER_PREFIX: &[u8] = b"x/";
+
+/// Databases this process opened: `true` while a [`Store`] is open, `false` once dropped.
+/// sled releases its file lock only when its background I/O threads let go, shortly after
+/// the handle is dropped; a reopen in the same process waits for that instead of failing.
+static OPENED: Mutex<Vec<(PathBuf, bool)>> = Mutex::new(Vec::new());
+
+/// How long a reopen waits for this process's own closing handle to release the lock.
+const REOPEN_WAIT: Duration = Duration::from_secs(5);
+
+fn opened() -> MutexGuard<'static, Vec<(PathBuf, bool)>> {
+    OPENED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn canonical(dir: &Path) -> PathBuf {
+    std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
+
+fn set_opened(dir: PathBuf, open: bool) {
+    let mut o = opened();
+    match o.iter_mut().find(|(d, _)| *d == dir) {
+        Some(e) => e.1 = open,
+        None => o.push((dir, open)),
+    }
+}
+
+/// Whether `dir` was opened and closed again by this process.
+fn closed_here(dir: &Path) -> bool {
+    opened().iter().any(|(d, open)| d == dir && !open)
+}
+
+fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
+    let deadline = Instant::now() + REOPEN_WAIT;
+    loop {
+        let res = sled::Config::new()
+            .path(dir)
+            .cache_capacity(CACHE_BYTES)
+            .open();
+        match res {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
+                if closed_here(&canonical(dir)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                return Err(StoreError::Locked {
+                    dir: dir.display().to_string(),
+                });
+            }
+            Err(e) => return Err(db_err(e)),
+        }
+    }
+}
+
+/// State owned by the single writer: the id generator and the log sequence counter. Both
+/// are advanced only after their transaction committed.
+struct Writer {
+    ids: IdGen,
+    log_seq: u64,
+}
+
+/// The node's database: outbox, message log, dedup index, seen, threads, peers, addresses
+/// and meta, in one sled database. Cheap to share behind an `Arc`; all methods take `&self`.
+///
+/// Writes become durable only after [`Store::flush`] (or [`Store::flush_blocking`]).
+pub struct Store {
+    db: sled::Db,
+    trees: Trees,
+    writer: Mutex<Writer>,
+    group: Arc<Group>,
+    /// Declared last: marks the directory closed after the sled handles are dropped.
+    _mark: OpenMark,
+}
+
+/// Marks a directory as closed by this process when dropped.
+struct OpenMark(Option<PathBuf>);
+
+impl Drop for OpenMark {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            set_opened(p, false);
+        }
+    }
+}
+
+/// Kinds the receiver acks individually (protocol-notes §Threads: msg and state, plus the
+/// reliable extensions).
+fn acked_kind(kind: &str) -> bool {
+    matches!(kind, "msg" | "state" | "mirror" | "private")
+}
+
+/// Whether an inbound line is a content line that moves `seen` and is logged.
+fn content_th(line: &Line) -> Option<&str> {
+    match line {
+        Line::Msg(_) | Line::State(_) | Line::Mirror(_) | Line::Private(_) => line.th(),
+        Line::Chunk(c) => c.th.as_deref(),
+        Line::Introduce(i) => i.th.as_deref(),
+        _ => None,
+    }
+}
+
+impl Store {
+    /// Open (or create) the database in `dir`. Fails at once with [`StoreError::Locked`] if
+    /// another process (or another open `Store` in this process) holds it. Seeds the id
+    /// generator from the stored last id.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let db = open_db(dir)?;
+        let path = canonical(dir);
+        set_opened(path.clone(), true);
+        let guard = OpenMark(Some(path));
+        let trees = Trees::open(&db)?;
+        let meta = trees.t(T::Meta);
+        let last = match meta.get(META_LAST_ID).map_err(db_err)? {
+            Some(v) => {
+                let s = utf8("meta", &v)?;
+                Some(ulid::Ulid::from_string(&s).map_err(|e| corrupt("meta", e))?)
+            }
+            None => None,
+        };
+        let log_seq = match meta.get(META_LOG_SEQ).map_err(db_err)? {
+            Some(v) => read_u64("meta", &v)?,
+            None => 0,
+        };
+        let group = Group::new(db.clone());
+        Ok(Store {
+            db,
+            trees,
+            writer: Mutex::new(Writer {
+                ids: IdGen::new(last),
+                log_seq,
+            }),
+            group,
+            _mark: guard,
+        })
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Make every write so far durable. Concurrent callers share one fsync (group commit):
+    /// a caller returns only after a flush that started after its call completed. The flush
+    /// runs on the blocking pool.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.group.flush().await
+    }
+
+    /// [`Store::flush`] for synchronous contexts (same group commit; blocks the thread).
+    pub fn flush_blocking(&self) -> Result<(), StoreError> {
+        self.group.flush_blocking()
+    }
+
+    /// Number of database flushes (fsyncs) run by [`Store::flush`] / [`Store::flush_blocking`]
+    /// since open.
+    pub fn flush_count(&self) -> u64 {
+        self.group.count()
+    }
+
+    /// Allocate ids and queue `builders`' lines for `peer` in ONE transaction (outbox, out
+    /// log, thread subject/my state, last id). Ids strictly increase in call order.
+    ///
+    /// Each builder gets (id, ts) with ts = now as `YYYY-MM-DDTHH:MM:SS.mmmZ` and must return
+    /// a line carrying that id ([`StoreError::BadLine`] otherwise). A line whose encoding is
+    /// over [`wire::MAX_LINE`] fails the whole call with [`StoreError::TooLarge`]; nothing is
+    /// queued and no id is consumed. Also clears the peer's parked mark (new outbound
+    /// traffic, protocol-notes §Liveness). Not durable until [`Store::flush`].
+    pub fn enqueue(
+        &self,
+        peer: &PeerKey,
+        builders: &[LineBuilder<'_>],
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let mut w = self.writer();
+        let mut ids = w.ids.clone();
+        let mut seq = w.log_seq;
+        let now = wire::time::now_ms();
+        let ts = wire::time::format_ms(now);
+        let mut tx = Tx::new(&self.trees);
+        let mut out = Vec::with_capacity(builders.len());
+        let peer_hex = hex(peer.as_bytes());
+        for b in builders {
+            let id = ids.next_at(now).to_string();
+            let line = b(&id, &ts);
+            if line.id() != Some(id.as_str()) {
+                return Err(StoreError::BadLine(format!(
+                    "builder returned id {:?}, expected {id}",
+                    line.id()
+                )));
+            }
+            let bytes = line.encode();
+            if bytes.len() > wire::MAX_LINE {
+                return Err(StoreError::TooLarge {
+                    len: bytes.len(),
+                    max: wire::MAX_LINE,
+                });
+            }
+            let th = line.th().map(str::to_owned);
+            let kind = line.kind().to_owned();
+            seq += 1;
+            let orec = OutRec {
+                th: th.clone(),
+                kind: kind.clone(),
+                seq,
+            };
+            tx.put(T::Outbox, pkey(peer, id.as_bytes()), pack(&orec, &bytes)?);
+            let lrec = LogRec {
+                dir: Dir::Out,
+                peer: peer_hex.clone(),
+                id: id.clone(),
+                th: th.clone(),
+                kind: kind.clone(),
+                at: now,
+                read: true,
+                acked: false,
+            };
+            tx.put(T::Log, u64_be(seq), pack(&lrec, &bytes)?);
+            if let Some(th) = &th {
+                let mut t = self.thread_for_update(&tx, th, peer, now)?;
+                t.updated = t.updated.max(now);
+                match &line {
+                    Line::Msg(m) if t.subject.is_none() => t.subject = m.subject.clone(),
+                    Line::State(s) => {
+                        t.mine = Some(s.state.clone());
+                        t.my_note = s.note.clone();
+                    }
+                    _ => {}
+                }
+                tx.put(T::Threads, th.as_bytes(), enc(&t)?);
+            }
+            out.push(OutboxEntry {
+                id,
+                th,
+                kind,
+                line: bytes,
+            });
+        }
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.adjust_count(&mut tx, peer, out.len() as i64)?;
+        let pk = peer.as_bytes().to_vec();
+        if let Some(v) = tx.get(T::Peers, &pk)? {
+            let mut p: PeerRec = dec("peers", &v)?;
+            if p.parked {
+                p.parked = false;
+                tx.put(T::Peers, pk, enc(&p)?);
+            }
+        }
+        if let Some(last) = ids.last() {
+            tx.put(T::Meta, META_LAST_ID, last.to_string().into_bytes());
+        }
+        tx.put(T::Meta, META_LOG_SEQ, u64_be(seq).to_vec());
+        tx.commit()?;
+        w.ids = ids;
+        w.log_seq = seq;
+        Ok(out)
+    }
+
+    /// The thread record to update (existing, or a new one created by `peer` at `now`).
+    fn thread_for_update(
+        &self,
+        tx: &Tx<'_>,
+        th: &str,
+        peer: &PeerKey,
+        now: u64,
+    ) -> Result<ThreadRec, StoreError> {
+        Ok(match tx.get(T::Threads, th.as_bytes())? {
+            Some(v) => dec("threads", &v)?,
+            None => ThreadRec {
+                peer: hex(peer.as_bytes()),
+                subject: None,
+                mine: None,
+                my_note: None,
+                theirs: None,
+                their_note: None,
+                since: now,
+                updated: now,
+                unread: 0,
+            },
+        })
+    }
+
+    fn adjust_count(&self, tx: &mut Tx<'_>, peer: &PeerKey, delta: i64) -> Result<(), StoreError> {
+        let k = peer.as_bytes().to_vec();
+        let cur = match tx.get(T::OutboxN, &k)? {
+            Some(v) => read_u64("outbox_n", &v)?,
+            None => 0,
+        };
+        let new = (cur as i64).saturating_add(delta).max(0) as u64;
+        if new == 0 {
+            tx.del(T::OutboxN, k);
+        } else {
+            tx.put(T::OutboxN, k, u64_be(new).to_vec());
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` outbox lines for `peer` with id > `after` (all when None), in id order
+    /// (which is enqueue order).
+    pub fn outbox_after(
+        &self,
+        peer: &PeerKey,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        use std::ops::Bound;
+        let prefix = pkey(peer, b"");
+        let start = match after {
+            Some(a) => Bound::Excluded(pkey(peer, a.as_bytes())),
+            None => Bound::Included(prefix.clone()),
+        };
+        let mut out = Vec::new();
+        for kv in self
+            .trees
+            .t(T::Outbox)
+            .range::<Vec<u8>, _>((start, Bound::Unbounded))
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = kv.map_err(db_err)?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            out.push(outbox_entry(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Number of queued lines for `peer` (a counter kept with the outbox; O(1)).
+    pub fn outbox_len(&self, peer: &PeerKey) -> Result<u64, StoreError> {
+        match self
+            .trees
+            .t(T::OutboxN)
+            .get(peer.as_bytes())
+            .map_err(db_err)?
+        {
+            Some(v) => read_u64("outbox_n", &v),
+            None => Ok(0),
+        }
+    }
+
+    /// Peers with at least one queued line, in raw key order.
+    pub fn outbox_peers(&self) -> Result<Vec<PeerKey>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.trees.t(T::OutboxN).iter() {
+            let (k, _) = kv.map_err(db_err)?;
+            out.push(super::codec::peer_from_slice("outbox_n", &k)?);
+        }
+        Ok(out)
+    }
+
+    /// Remove outbox lines (known to be delivered) and mark their out log entries acked.
+    fn retire(
+        &self,
+        tx: &mut Tx<'_>,
+        peer: &PeerKey,
+        lines: &[(Vec<u8>, u64)],
+    ) -> Result<(), StoreError> {
+        for (key, seq) in lines {
+            tx.del(T::Outbox, key.clone());
+            if let Some(v) = tx.get(T::Log, &u64_be(*seq))? {
+                let (mut l, line): (LogRec, &[u8]) = unpack("log", &v)?;
+                if !l.acked {
+                    l.acked = true;
+                    tx.put(T::Log, u64_be(*seq).to_vec(), pack(&l, line)?);
+                }
+            }
+        }
+        self.adjust_count(tx, peer, -(lines.len() as i64))
+    }
+
+    /// On the peer's resume: drop lines with id <= seen[th] for each listed thread (ids
+    /// compared as byte strings) and mark their out log entries acked. Threads not listed are
+    /// untouched. Returns how many were dropped. One transaction.
+    pub fn drop_seen(
+        &self,
+        peer: &PeerKey,
+        seen: &BTreeMap<String, String>,
+    ) -> Result<usize, StoreError> {
+        let Some(max) = seen.values().max() else {
+            return Ok(0);
+        };
+        let _w = self.writer();
+        let prefix = pkey(peer, b"");
+        let end = pkey(peer, max.as_bytes());
+        let mut drop = Vec::new();
+        for kv in self.trees.t(T::Outbox).range(prefix.clone()..=end) {
+            let (k, v) = kv.map_err(db_err)?;
+            let id = &k[32..];
+            let (rec, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
+            let Some(th) = &rec.th else { continue };
+            if let Some(s) = seen.get(th) {
+                if id <= s.as_bytes() {
+                    drop.push((k.to_vec(), rec.seq));
+                }
+            }
+        }
+        if drop.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = Tx::new(&self.trees);
+        self.retire(&mut tx, peer, &drop)?;
+        tx.commit()?;
+        Ok(drop.len())
+    }
+
+    /// An ack from `peer` for `re`: remove it from the outbox, mark the out log entry acked,
+    /// and (cumulative ack) when it is an individually acked kind (msg, state, mirror,
+    /// private) also remove earlier lines of the same thread whose kind is never acked on its
+    /// own (chunk, introduce). The thread is taken from the stored line; `th` is the ack's
+    /// and only used when nothing is stored. Returns true when `re` was in the outbox (false
+    /// for an unknown or already retired id, which changes nothing). One transaction.
+    pub fn ack(&self, peer: &PeerKey, th: &str, re: &str) -> Result<bool, StoreError> {
+        let _w = self.writer();
+        let key = pkey(peer, re.as_bytes());
+        let Some(v) = self.trees.t(T::Outbox).get(&key).map_err(db_err)? else {
+            return Ok(false);
+        };
+        let (rec, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
+        let mut retire = vec![(key.clone(), rec.seq)];
+        if acked_kind(&rec.kind) {
+            let th = rec.th.as_deref().unwrap_or(th);
+            let prefix = pkey(peer, b"");
+            for kv in self.trees.t(T::Outbox).range(prefix..key) {
+                let (k, v) = kv.map_err(db_err)?;
+                let (r, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
+                if r.th.as_deref() == Some(th) && !acked_kind(&r.kind) {
+                    retire.push((k.to_vec(), r.seq));
+                }
+            }
+        }
+        let mut tx = Tx::new(&self.trees);
+        self.retire(&mut tx, peer, &retire)?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// Store an inbound content line (msg, state, mirror, private, threaded chunk/introduce)
+    /// from `peer`: dedup by (peer, id) permanently; when new, log it, raise seen[peer][th]
+    /// and update the thread — one transaction. See [`Store::receive_batch`] for the rules.
+    pub fn receive(&self, peer: &PeerKey, line: &Line, raw: &[u8]) -> Result<Received, StoreError> {
+        let mut r = self.receive_batch(peer, &[(line, raw)])?;
+        r.pop()
+            .ok_or_else(|| StoreError::Db("receive produced no result".into()))
+    }
+
+    /// Store many inbound lines from `peer` in ONE transaction (then flush once and ack).
+    /// Results are in input order.
+    ///
+    /// - Content lines (msg, state, mirror, private; chunk and introduce only with `th`):
+    ///   a (peer, id) seen before — in an earlier call or earlier in this batch — is
+    ///   [`Received::Duplicate`] and changes nothing. A new one gets a log entry (dir In;
+    ///   unread, except chunks, which are stored read and not counted as unread since the
+    ///   naming msg is what a reader reads), seen[peer][th] = max(old, id) by byte order, and
+    ///   a thread upsert (peer and since when new; subject from the first msg that has one;
+    ///   `theirs`/`their_note` from a state; updated; unread). Returns [`Received::New`]
+    ///   with the log seq (always ≥ 1).
+    /// - Any other line (ack, ping, grant, presence, unthreaded chunk/introduce, …) is
+    ///   stored nowhere and not deduplicated: [`Received::New`]`(0)`.
+    pub fn receive_batch(
+        &self,
+        peer: &PeerKey,
+        lines: &[(&Line, &[u8])],
+    ) -> Result<Vec<Received>, StoreError> {
+        let mut w = self.writer();
+        let mut seq = w.log_seq;
+        let now = wire::time::now_ms();
+        let peer_hex = hex(peer.as_bytes());
+        let mut tx = Tx::new(&self.trees);
+        let mut batch_ids: HashSet<&str> = HashSet::new();
+        let mut out = Vec::with_capacity(lines.len());
+        for (line, raw) in lines {
+            let (Some(th), Some(id)) = (content_th(line), line.id()) else {
+                out.push(Received::New(0));
+                continue;
+            };
+            let rkey = pkey(peer, id.as_bytes());
+            if batch_ids.contains(id) || tx.get(T::Received, &rkey)?.is_some() {
+                out.push(Received::Duplicate);
+                continue;
+            }
+            batch_ids.insert(id);
+            seq += 1;
+            let kind = line.kind().to_owned();
+            let unread = kind != "chunk";
+            let lrec = LogRec {
+                dir: Dir::In,
+                peer: peer_hex.clone(),
+                id: id.to_owned(),
+                th: Some(th.to_owned()),
+                kind,
+                at: now,
+                read: !unread,
+                acked: true,
+            };
+            tx.put(T::Log, u64_be(seq), pack(&lrec, raw)?);
+            tx.put(T::Received, rkey, u64_be(seq).to_vec());
+            let skey = pkey(peer, th.as_bytes());
+            let raise = match tx.get(T::Seen, &skey)? {
+                Some(old) => id.as_bytes() > old.as_slice(),
+                None => true,
+            };
+            if raise {
+                tx.put(T::Seen, skey, id.as_bytes().to_vec());
+            }
+            let mut t = self.thread_for_update(&tx, th, peer, now)?;
+            t.updated = t.updated.max(now);
+            if unread {
+                t.unread += 1;
+            }
+            match line {
+                Line::Msg(m) if t.subject.is_none() => t.subject = m.subject.clone(),
+                Line::State(s) => {
+                    t.theirs = Some(s.state.clone());
+                    t.their_note = s.note.clone();
+                }
+                _ => {}
+            }
+            tx.put(T::Threads, th.as_bytes(), enc(&t)?);
+            out.push(Received::New(seq));
+        }
+        if seq != w.log_seq {
+            tx.put(T::Meta, META_LOG_SEQ, u64_be(seq).to_vec());
+            tx.commit()?;
+            w.log_seq = seq;
+        }
+        Ok(out)
+    }
+
+    /// seen for `peer`: thread → largest content id received (our resume).
+    pub fn seen(&self, peer: &PeerKey) -> Result<BTreeMap<String, String>, StoreError> {
+        let mut out = BTreeMap::new();
+        for kv in self.trees.t(T::Seen).scan_prefix(peer.as_bytes()) {
+            let (k, v) = kv.map_err(db_err)?;
+            let (_, th) = split_pkey("seen", &k)?;
+            out.insert(utf8("seen", &th)?, utf8("seen", &v)?);
+        }
+        Ok(out)
+    }
+
+    /// All threads, most recently updated first (ties by thread id).
+    pub fn threads(&self) -> Result<Vec<ThreadInfo>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.trees.t(T::Threads).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            out.push(thread_info(utf8("threads", &k)?, &v)?);
+        }
+        out.sort_by(|a, b| b.updated_ms.cmp(&a.updated_ms).then(a.th.cmp(&b.th)));
+        Ok(out)
+    }
+
+    /// One thread.
+    pub fn thread(&self, th: &str) -> Result<Option<ThreadInfo>, StoreError> {
+        match self.trees.t(T::Threads).get(th).map_err(db_err)? {
+            Some(v) => Ok(Some(thread_info(th.to_owned(), &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Log entries with seq > `after`, optionally of one thread / only unread inbound, in
+    /// seq order, at most `limit`. (Filters scan the log from `after`.)
+    pub fn log(
+        &self,
+        after: u64,
+        th: Option<&str>,
+        unread_only: bool,
+        limit: usize,
+    ) -> Result<Vec<LogEntry>, StoreError> {
+        let mut out = Vec::new();
+        let Some(start) = after.checked_add(1) else {
+            return Ok(out);
+        };
+        for kv in self.trees.t(T::Log).range(u64_be(start)..) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = kv.map_err(db_err)?;
+            let e = log_entry(&k, &v)?;
+            if th.is_some() && e.th.as_deref() != th {
+                continue;
+            }
+            if unread_only && (e.dir != Dir::In || e.read) {
+                continue;
+            }
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    /// Mark inbound entries read by seq (and lower their threads' unread counts). Unknown
+    /// seqs, outbound and already read entries are skipped. Returns how many changed.
+    pub fn mark_read(&self, seqs: &[u64]) -> Result<usize, StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let mut changed = 0;
+        for &seq in seqs {
+            let Some(v) = tx.get(T::Log, &u64_be(seq))? else {
+                continue;
+            };
+            let (mut l, line): (LogRec, &[u8]) = unpack("log", &v)?;
+            if l.dir != Dir::In || l.read {
+                continue;
+            }
+            l.read = true;
+            tx.put(T::Log, u64_be(seq).to_vec(), pack(&l, line)?);
+            if let Some(th) = &l.th {
+                if let Some(tv) = tx.get(T::Threads, th.as_bytes())? {
+                    let mut t: ThreadRec = dec("threads", &tv)?;
+                    t.unread = t.unread.saturating_sub(1);
+                    tx.put(T::Threads, th.as_bytes(), enc(&t)?);
+                }
+            }
+            changed += 1;
+        }
+        tx.commit()?;
+        Ok(changed)
+    }
+
+    /// Record a peer seen in a handshake: upsert name, about and caps (replaced by these),
+    /// last seen = `now_ms` (first seen kept), and clear parked.
+    pub fn peer_seen(
+        &self,
+        key: &PeerKey,
+        name: Option<&str>,
+        about: Option<&str>,
+        caps: &[String],
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let k = key.as_bytes().to_vec();
+        let first = match tx.get(T::Peers, &k)? {
+            Some(v) => dec::<PeerRec>("peers", &v)?.first,
+            None => now_ms,
+        };
+        let rec = PeerRec {
+            name: name.map(str::to_owned),
+            about: about.map(str::to_owned),
+            caps: caps.to_vec(),
+            first,
+            last: now_ms,
+            parked: false,
+        };
+        tx.put(T::Peers, k, enc(&rec)?);
+        tx.commit()
+    }
+
+    /// One peer.
+    pub fn peer(&self, key: &PeerKey) -> Result<Option<PeerRecord>, StoreError> {
+        match self.trees.t(T::Peers).get(key.as_bytes()).map_err(db_err)? {
+            Some(v) => Ok(Some(peer_record(*key, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// All known peers, in raw key order.
+    pub fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.trees.t(T::Peers).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            let key = super::codec::peer_from_slice("peers", &k)?;
+            out.push(peer_record(key, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Set or clear the parked mark (bye received / new traffic queued). Parking an unknown
+    /// peer creates its record (seen now); clearing an unknown peer does nothing.
+    pub fn set_parked(&self, key: &PeerKey, parked: bool) -> Result<(), StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let k = key.as_bytes().to_vec();
+        let rec = match tx.get(T::Peers, &k)? {
+            Some(v) => {
+                let mut p: PeerRec = dec("peers", &v)?;
+                if p.parked == parked {
+                    return Ok(());
+                }
+                p.parked = parked;
+                p
+            }
+            None if !parked => return Ok(()),
+            None => {
+                let now = wire::time::now_ms();
+                PeerRec {
+                    name: None,
+                    about: None,
+                    caps: Vec::new(),
+                    first: now,
+                    last: now,
+                    parked,
+                }
+            }
+        };
+        tx.put(T::Peers, k, enc(&rec)?);
+        tx.commit()
+    }
+
+    /// Remember an address for `peer`. A new address keeps its source; an known one keeps
+    /// its first source unless the new source is `Connect` (an address the user asked for
+    /// beats hello/introduce). Never downgrades; dial history is kept.
+    pub fn add_address(
+        &self,
+        peer: &PeerKey,
+        address: &str,
+        source: AddrSource,
+    ) -> Result<(), StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let k = pkey(peer, address.as_bytes());
+        let rec = match tx.get(T::Addresses, &k)? {
+            Some(v) => {
+                let mut a: AddrRec = dec("addresses", &v)?;
+                if source != AddrSource::Connect || a.source == AddrSource::Connect {
+                    return Ok(());
+                }
+                a.source = AddrSource::Connect;
+                a
+            }
+            None => AddrRec {
+                source,
+                ok: None,
+                err_at: None,
+                err: None,
+            },
+        };
+        tx.put(T::Addresses, k, enc(&rec)?);
+        tx.commit()
+    }
+
+    /// Record a dial result for a known address: `Ok` sets last ok, `Err(detail)` sets last
+    /// error time and text. An address never added with [`Store::add_address`] is ignored.
+    pub fn address_result(
+        &self,
+        peer: &PeerKey,
+        address: &str,
+        result: Result<(), &str>,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let k = pkey(peer, address.as_bytes());
+        let Some(v) = tx.get(T::Addresses, &k)? else {
+            return Ok(());
+        };
+        let mut a: AddrRec = dec("addresses", &v)?;
+        match result {
+            Ok(()) => a.ok = Some(now_ms),
+            Err(e) => {
+                a.err_at = Some(now_ms);
+                a.err = Some(e.to_owned());
+            }
+        }
+        tx.put(T::Addresses, k, enc(&a)?);
+        tx.commit()
+    }
+
+    /// Known addresses of `peer`, best first: source `Connect` first, then most recent
+    /// successful dial (never-ok last), then fewer recent failures, then address text.
+    pub fn addresses(&self, peer: &PeerKey) -> Result<Vec<AddressRecord>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.trees.t(T::Addresses).scan_prefix(peer.as_bytes()) {
+            let (k, v) = kv.map_err(db_err)?;
+            let (_, addr) = split_pkey("addresses", &k)?;
+            let a: AddrRec = dec("addresses", &v)?;
+            out.push(AddressRecord {
+                peer: *peer,
+                address: utf8("addresses", &addr)?,
+                source: a.source,
+                last_ok_ms: a.ok,
+                last_err_ms: a.err_at,
+                last_err: a.err,
+            });
+        }
+        out.sort_by(|a, b| {
+            (a.source != AddrSource::Connect)
+                .cmp(&(b.source != AddrSource::Connect))
+                .then(b.last_ok_ms.cmp(&a.last_ok_ms))
+                .then(a.last_err_ms.cmp(&b.last_err_ms))
+                .then(a.address.cmp(&b.address))
+        });
+        Ok(out)
+    }
+
+    /// Drop outbox lines whose id (ULID) timestamp and log entries whose `at_ms` are older
+    /// than [`RETENTION_MS`] at `now_ms` (protocol-notes: the outbox keeps lines 7 days).
+    /// Returns outbox lines plus log entries removed.
+    ///
+    /// The dedup index (`received`) and `seen` are kept forever: dedup is permanent per the
+    /// protocol, and an entry is a few dozen bytes, so a replay of a very old line is still
+    /// recognised as a duplicate. Threads and peers are kept too.
+    pub fn prune(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let cutoff = now_ms.saturating_sub(RETENTION_MS);
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let mut removed = 0usize;
+        let mut per_peer: BTreeMap<PeerKey, i64> = BTreeMap::new();
+        for kv in self.trees.t(T::Outbox).iter() {
+            let (k, _) = kv.map_err(db_err)?;
+            let (peer, id) = split_pkey("outbox", &k)?;
+            let id = utf8("outbox", &id)?;
+            let ts = ulid::Ulid::from_string(&id)
+                .map_err(|e| corrupt("outbox", e))?
+                .timestamp_ms();
+            if ts < cutoff {
+                tx.del(T::Outbox, k.to_vec());
+                *per_peer.entry(peer).or_default() -= 1;
+                removed += 1;
+            }
+        }
+        for (peer, d) in per_peer {
+            self.adjust_count(&mut tx, &peer, d)?;
+        }
+        for kv in self.trees.t(T::Log).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            let (l, _): (LogRec, &[u8]) = unpack("log", &v)?;
+            if l.at < cutoff {
+                tx.del(T::Log, k.to_vec());
+                removed += 1;
+            }
+        }
+        tx.commit()?;
+        Ok(removed)
+    }
+
+    /// Largest id ever allocated by [`Store::enqueue`] (the id generator's seed).
+    pub fn last_id(&self) -> Result<Option<String>, StoreError> {
+        match self.trees.t(T::Meta).get(META_LAST_ID).map_err(db_err)? {
+            Some(v) => Ok(Some(utf8("meta", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// A value stored with [`Store::meta_put`] (for other modules: grants, presence seq, …).
+    /// Keys live in their own namespace, apart from the store's internal meta keys.
+    pub fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let k = [META_USER_PREFIX, key.as_bytes()].concat();
+        Ok(self
+            .trees
+            .t(T::Meta)
+            .get(k)
+            .map_err(db_err)?
+            .map(|v| v.to_vec()))
+    }
+
+    /// Store `value` under `key` (see [`Store::meta_get`]). Not durable until a flush.
+    pub fn meta_put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let _w = self.writer();
+        let k = [META_USER_PREFIX, key.as_bytes()].concat();
+        self.trees
+            .t(T::Meta)
+            .insert(k, value)
+            .map_err(db_err)
+            .map(|_| ())
+    }
+
+    /// Remove `key` (see [`Store::meta_get`]). Returns whether it existed.
+    pub fn meta_remove(&self, key: &str) -> Result<bool, StoreError> {
+        let _w = self.writer();
+        let k = [META_USER_PREFIX, key.as_bytes()].concat();
+        Ok(self.trees.t(T::Meta).remove(k).map_err(db_err)?.is_some())
+    }
+
+    /// Approximate size of the database on disk, in bytes.
+    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
+        self.db.size_on_disk().map_err(db_err)
+    }
+}
+
+fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
+    let (_, id) = split_pkey("outbox", k)?;
+    let (rec, line): (OutRec, &[u8]) = unpack("outbox", v)?;
+    Ok(OutboxEntry {
+        id: utf8("outbox", &id)?,
+        th: rec.th,
+        kind: rec.kind,
+        line: line.to_vec(),
+    })
+}
+
+fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
+    let seq = read_u64("log", k)?;
+    let (l, line): (LogRec, &[u8]) = unpack("log", v)?;
+    Ok(LogEntry {
+        seq,
+        dir: l.dir,
+        peer: peer_from_hex("log", &l.peer)?,
+        id: l.id,
+        th: l.th,
+        kind: l.kind,
+        line: line.to_vec(),
+        at_ms: l.at,
+        read: l.read,
+        acked: l.acked,
+    })
+}
+
+fn thread_info(th: String, v: &[u8]) -> Result<ThreadInfo, StoreError> {
+    let t: ThreadRec = dec("threads", v)?;
+    Ok(ThreadInfo {
+        th,
+        peer: peer_from_hex("threads", &t.peer)?,
+        subject: t.subject,
+        mine: t.mine,
+        my_note: t.my_note,
+        theirs: t.theirs,
+        their_note: t.their_note,
+        since_ms: t.since,
+        updated_ms: t.updated,
+        unread: t.unread,
+    })
+}
+
+fn peer_record(key: PeerKey, v: &[u8]) -> Result<PeerRecord, StoreError> {
+    let p: PeerRec = dec("peers", v)?;
+    Ok(PeerRecord {
+        key,
+        name: p.name,
+        about: p.about,
+        caps: p.caps,
+        first_seen_ms: p.first,
+        last_seen_ms: p.last,
+        parked: p.parked,
+    })
+}

@@ -1,0 +1,129 @@
+//! A write set over all trees, committed as one sled transaction. Reads through the set see
+//! its own pending writes first, so one operation can update a record several times.
+
+use super::StoreError;
+use sled::Transactional;
+use std::collections::BTreeMap;
+
+/// Tree indices (order of [`Trees::all`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum T {
+    Outbox = 0,
+    Log,
+    Received,
+    Seen,
+    Threads,
+    Peers,
+    Addresses,
+    Meta,
+    OutboxN,
+}
+
+pub(crate) const NAMES: [&str; 9] = [
+    "outbox",
+    "log",
+    "received",
+    "seen",
+    "threads",
+    "peers",
+    "addresses",
+    "meta",
+    "outbox_n",
+];
+
+pub(crate) struct Trees {
+    pub all: Vec<sled::Tree>,
+}
+
+impl Trees {
+    pub(crate) fn open(db: &sled::Db) -> Result<Trees, StoreError> {
+        let mut all = Vec::with_capacity(NAMES.len());
+        for n in NAMES {
+            all.push(db.open_tree(n).map_err(db_err)?);
+        }
+        Ok(Trees { all })
+    }
+    pub(crate) fn t(&self, t: T) -> &sled::Tree {
+        &self.all[t as usize]
+    }
+}
+
+pub(crate) fn db_err(e: sled::Error) -> StoreError {
+    StoreError::Db(e.to_string())
+}
+
+type Pending = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+pub(crate) struct Tx<'a> {
+    trees: &'a Trees,
+    w: Vec<Pending>,
+}
+
+impl<'a> Tx<'a> {
+    pub(crate) fn new(trees: &'a Trees) -> Tx<'a> {
+        Tx {
+            trees,
+            w: vec![Pending::new(); NAMES.len()],
+        }
+    }
+
+    pub(crate) fn get(&self, t: T, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(v) = self.w[t as usize].get(key) {
+            return Ok(v.clone());
+        }
+        Ok(self
+            .trees
+            .t(t)
+            .get(key)
+            .map_err(db_err)?
+            .map(|v| v.to_vec()))
+    }
+
+    pub(crate) fn put(&mut self, t: T, key: impl Into<Vec<u8>>, val: Vec<u8>) {
+        self.w[t as usize].insert(key.into(), Some(val));
+    }
+
+    pub(crate) fn del(&mut self, t: T, key: impl Into<Vec<u8>>) {
+        self.w[t as usize].insert(key.into(), None);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.w.iter().all(|p| p.is_empty())
+    }
+
+    /// Apply every pending write atomically across the touched trees.
+    pub(crate) fn commit(self) -> Result<(), StoreError> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let mut trees: Vec<&sled::Tree> = Vec::new();
+        let mut batches: Vec<sled::Batch> = Vec::new();
+        for (i, p) in self.w.into_iter().enumerate() {
+            if p.is_empty() {
+                continue;
+            }
+            let mut b = sled::Batch::default();
+            for (k, v) in p {
+                match v {
+                    Some(v) => b.insert(k, v),
+                    None => b.remove(k),
+                }
+            }
+            trees.push(&self.trees.all[i]);
+            batches.push(b);
+        }
+        let res: sled::transaction::TransactionResult<(), ()> =
+            trees.as_slice().transaction(|tts| {
+                for (tt, b) in tts.iter().zip(&batches) {
+                    tt.apply_batch(b)?;
+                }
+                Ok(())
+            });
+        res.map_err(|e| match e {
+            sled::transaction::TransactionError::Abort(()) => {
+                StoreError::Db("transaction aborted".into())
+            }
+            sled::transaction::TransactionError::Storage(e) => db_err(e),
+        })
+    }
+}
