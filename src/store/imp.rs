@@ -158,6 +158,14 @@ impl Store {
         })
     }
 
+    /// A fresh id for a control line (hello, auth, resume, ack, ping, pong, bye, err) from
+    /// the same monotonic generator as queued lines, so every id this node sends is larger
+    /// than the previous one. Not persisted by itself (control ids are never resumed).
+    pub fn next_control_id(&self) -> String {
+        let mut w = self.writer();
+        w.ids.next_at(crate::wire::time::now_ms()).to_string()
+    }
+
     fn writer(&self) -> MutexGuard<'_, Writer> {
         self.writer.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -1,0 +1,195 @@
+//! Helpers for integration tests: nodes in temp homes on 127.0.0.1, a control-socket client,
+//! raw protocol connections.
+#![allow(dead_code)]
+
+use awp_node::control::{Request, Response};
+use awp_node::identity::Identity;
+use awp_node::net::{self, Address, DialOptions, TlsConfig};
+use awp_node::node::{NodeConfig, NodeHandle};
+use awp_node::wire::{self, Line};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tempfile::TempDir;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+/// A node in its own temp home, listening on TLS 127.0.0.1 (ephemeral port).
+pub struct TestNode {
+    pub home: TempDir,
+    pub handle: NodeHandle,
+}
+
+impl TestNode {
+    pub async fn start(name: &str) -> TestNode {
+        let home = TempDir::new().unwrap();
+        Self::start_in(home, name).await
+    }
+
+    pub async fn start_in(home: TempDir, name: &str) -> TestNode {
+        let handle = NodeHandle::start(NodeConfig {
+            home: home.path().to_path_buf(),
+            listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+            allow_plaintext: false,
+            name: Some(name.to_string()),
+            about: None,
+        })
+        .await
+        .expect("node starts");
+        TestNode { home, handle }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.home.path().to_path_buf()
+    }
+
+    /// The node's first dialable address (pinned to its key).
+    pub fn address(&self) -> String {
+        self.handle.listening_event()["address"].as_str().unwrap().to_string()
+    }
+
+    pub fn key(&self) -> String {
+        self.handle.key().to_string()
+    }
+
+    pub async fn ctl(&self, req: Request) -> Response {
+        ctl(self.home.path(), req).await
+    }
+
+    /// Send a text msg; returns the response body.
+    pub async fn send(&self, peer: Option<&str>, th: Option<&str>, text: &str) -> Value {
+        let r = self
+            .ctl(Request::Send {
+                peer: peer.map(str::to_string),
+                th: th.map(str::to_string),
+                subject: Some("test".into()),
+                re: None,
+                parts: vec![serde_json::json!({"k":"text","text":text})],
+                wait_ack_ms: None,
+            })
+            .await;
+        assert!(r.ok, "send failed: {:?}", r.error);
+        Value::Object(r.body)
+    }
+
+    /// Inbound log entries (all, read or not).
+    pub async fn inbound(&self) -> Vec<Value> {
+        let r = self
+            .ctl(Request::Read { th: None, mark: false })
+            .await;
+        assert!(r.ok, "{:?}", r.error);
+        r.body["entries"].as_array().cloned().unwrap_or_default()
+    }
+
+    pub async fn stop(self) -> TempDir {
+        self.handle.shutdown();
+        self.handle.stopped().await;
+        self.home
+    }
+}
+
+/// One request over the control socket of the node in `home`.
+pub async fn ctl(home: &Path, req: Request) -> Response {
+    let sock = awp_node::daemon::socket_path(home);
+    let stream = UnixStream::connect(&sock).await.expect("control socket");
+    let (r, mut w) = stream.into_split();
+    let mut line = serde_json::to_vec(&req).unwrap();
+    line.push(b'\n');
+    w.write_all(&line).await.unwrap();
+    let mut r = BufReader::new(r);
+    let mut resp = String::new();
+    tokio::time::timeout(Duration::from_secs(20), r.read_line(&mut resp))
+        .await
+        .expect("control response in time")
+        .unwrap();
+    serde_json::from_str(&resp).expect("response is JSON")
+}
+
+/// Poll `f` every 20 ms until it returns Some, for at most `secs` seconds.
+pub async fn eventually<T, F, Fut>(secs: u64, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "condition not met within {secs} s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A raw AWP client over TLS with its own identity, for speaking lines by hand.
+pub struct Raw {
+    pub identity: Identity,
+    pub reader: net::LineReader,
+    pub writer: net::BoxWriter,
+}
+
+impl Raw {
+    pub async fn dial(addr: &str, seed: u8) -> Raw {
+        let identity = Identity::from_seed(&[seed; 32]);
+        let tls = TlsConfig::new(&identity).unwrap();
+        let addr: Address = addr.parse().unwrap();
+        let c = net::dial(&addr, &tls, &DialOptions::default()).await.expect("dial");
+        Raw { identity, reader: c.reader, writer: c.writer }
+    }
+
+    pub async fn write(&mut self, line: &[u8]) {
+        self.writer.write_all(line).await.unwrap();
+        self.writer.write_all(b"\n").await.unwrap();
+        self.writer.flush().await.unwrap();
+    }
+
+    /// Next line, or None at EOF / after 10 s.
+    pub async fn read(&mut self) -> Option<Vec<u8>> {
+        match tokio::time::timeout(Duration::from_secs(10), self.reader.read_line()).await {
+            Ok(Ok(l)) => l,
+            _ => None,
+        }
+    }
+
+    pub async fn read_line(&mut self) -> Option<Line> {
+        self.read().await.map(|l| wire::parse_line(&l).expect("node sends valid lines"))
+    }
+
+    /// Our hello line (v may be overridden).
+    pub fn hello(&self, v: u64) -> Vec<u8> {
+        Line::Hello(wire::Hello {
+            id: "01K00000000000000000000000".into(),
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            v,
+            key: self.identity.key().to_string(),
+            name: Some("raw@test".into()),
+            nonce: wire::b64::encode_url(&[7u8; 32]),
+            caps: vec![],
+            about: None,
+            addr: None,
+            shares: None,
+        })
+        .encode()
+    }
+
+    /// Full handshake: hello, read node hello, auth, read node auth + resume.
+    pub async fn handshake(&mut self) -> wire::Hello {
+        let mine = self.hello(0);
+        self.write(&mine).await;
+        let their_raw = self.read().await.expect("node hello");
+        let Ok(Line::Hello(h)) = wire::parse_line(&their_raw) else { panic!("first line must be hello") };
+        let sig = self.identity.sign(&awp_node::identity::auth_transcript(&mine, &their_raw));
+        let auth = Line::Auth(wire::Auth {
+            id: "01K00000000000000000000001".into(),
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            sig: wire::b64::encode_url(&sig),
+            grants: vec![],
+        });
+        self.write(&auth.encode()).await;
+        let a = self.read_line().await.expect("node auth");
+        assert_eq!(a.kind(), "auth");
+        let r = self.read_line().await.expect("node resume");
+        assert_eq!(r.kind(), "resume");
+        h
+    }
+}
