@@ -19,6 +19,7 @@
 //! - [`cli`]: the `awp` command line.
 #![forbid(unsafe_code)]
 
+pub mod canonical;
 pub mod identity;
 pub mod net;
 pub mod store;
