@@ -39,6 +39,12 @@ pub fn parse_rfc3339(s: &str) -> Result<i128, TimeError> {
         .map_err(|_| TimeError(s.to_owned()))
 }
 
+/// Whether an RFC 3339 expiry `exp` has passed at `now_ms` (Unix milliseconds): expired
+/// when now >= exp (grants, §10.2). Errors when `exp` is not RFC 3339.
+pub fn is_expired(exp: &str, now_ms: u64) -> Result<bool, TimeError> {
+    Ok(now_ms as i128 * 1_000_000 >= parse_rfc3339(exp)?)
+}
+
 /// A timestamp that is not RFC 3339.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("not an RFC 3339 timestamp: {0}")]
