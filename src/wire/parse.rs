@@ -65,7 +65,10 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
         return Err(FrameError::TooLarge { max: MAX_LINE });
     }
     let text = std::str::from_utf8(bytes).map_err(|_| bad("invalid UTF-8", None))?;
-    let value = strict_from_str(text).map_err(|e| bad(format!("invalid JSON: {e}"), None))?;
+    let value = strict_from_str(text).map_err(|e| {
+        let id = readable_id(text);
+        bad(format!("invalid JSON: {e}"), id.as_deref())
+    })?;
     let Value::Object(obj) = value else {
         return Err(bad("not a JSON object", None));
     };
@@ -89,6 +92,18 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
         detail: format!("malformed {t}: {e}"),
         id: id_owned,
     })
+}
+
+/// The top-level `id` of a line that the strict reader refused (e.g. for a duplicate key
+/// deeper inside), when the line is otherwise an object with one usable string `id`.
+fn readable_id(text: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct IdOnly {
+        #[serde(default)]
+        id: Option<String>,
+    }
+    let id = serde_json::from_str::<IdOnly>(text).ok()?.id?;
+    (!id.is_empty() && id.len() <= MAX_ID_LEN).then_some(id)
 }
 
 const KNOWN: [&str; 16] = [
