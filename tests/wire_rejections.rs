@@ -430,8 +430,8 @@ fn json() -> impl Strategy<Value = serde_json::Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
-        (-(MAX_SAFE_INT as i64)..=MAX_SAFE_INT as i64).prop_map(|n| Value::from(n)),
-        (-1e6f64..1e6).prop_map(|f| Value::from(f)),
+        (-(MAX_SAFE_INT as i64)..=MAX_SAFE_INT as i64).prop_map(Value::from),
+        (-1e6f64..1e6).prop_map(Value::from),
         s().prop_map(Value::String),
     ];
     leaf.prop_recursive(3, 16, 4, |inner| {
