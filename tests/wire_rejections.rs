@@ -701,3 +701,18 @@ fn duplicate_id_reports_no_id() {
     let (_, id) = bad_frame(format!(r#"{{"t":"ping","id":"a","id":"b","ts":"{TS}"}}"#).as_bytes());
     assert_eq!(id, None);
 }
+
+/// The fuzz target's property over its seed corpus, so it runs in every `cargo test`.
+#[test]
+fn fuzz_corpus_round_trips() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/parse_line");
+    let mut accepted = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        if let Ok(line) = parse_line(&bytes) {
+            accepted += 1;
+            assert_eq!(parse_line(&line.encode()).unwrap(), line);
+        }
+    }
+    assert!(accepted >= 17, "only {accepted} corpus lines parsed");
+}
