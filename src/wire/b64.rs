@@ -1,15 +1,60 @@
 //! base64 forms of protocol-notes §Envelope: encoders emit the canonical form, decoders
 //! accept base64url or standard, padded or not.
 
-/// Unpadded base64url (keys, nonces, signatures).
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+use base64::Engine;
+
+/// Unpadded base64url (RFC 4648 §5) of `bytes`: the form of keys, nonces and signatures.
 pub fn encode_url(bytes: &[u8]) -> String {
-    todo!("{bytes:?}")
+    URL_SAFE_NO_PAD.encode(bytes)
 }
-/// Standard base64 with padding (chunk data).
+
+/// Standard base64 (RFC 4648 §4) with `=` padding: the form of chunk `data`.
 pub fn encode_std(bytes: &[u8]) -> String {
-    todo!("{bytes:?}")
+    STANDARD.encode(bytes)
 }
-/// Decode any of the four forms. Errors on anything else.
+
+/// Decode any of the four forms (base64url or standard alphabet, padded or not), as
+/// receivers must accept (protocol-notes §Envelope). The alphabets may not be mixed within
+/// one string. Errors with the last decoder's error when no form fits.
 pub fn decode_any(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
-    todo!("{s}")
+    let padded = s.ends_with('=');
+    let url = s.contains(['-', '_']);
+    let engines: [&base64::engine::GeneralPurpose; 2] = match (url, padded) {
+        (true, false) => [&URL_SAFE_NO_PAD, &STANDARD_NO_PAD],
+        (true, true) => [&URL_SAFE, &STANDARD],
+        (false, false) => [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD],
+        (false, true) => [&STANDARD, &URL_SAFE],
+    };
+    engines[0].decode(s).or_else(|_| engines[1].decode(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoders_emit_canonical_forms() {
+        assert_eq!(encode_url(&[0xfb, 0xff]), "-_8");
+        assert_eq!(encode_std(&[0xfb, 0xff]), "+/8=");
+        assert_eq!(encode_std(b""), "");
+    }
+
+    #[test]
+    fn decoder_accepts_all_four_forms() {
+        for s in ["aGk=", "aGk"] {
+            assert_eq!(decode_any(s).unwrap(), b"hi");
+        }
+        for s in ["-_8", "+/8", "-_8=", "+/8="] {
+            assert_eq!(decode_any(s).unwrap(), [0xfb, 0xff], "{s}");
+        }
+    }
+
+    #[test]
+    fn decoder_refuses_garbage_and_mixed_alphabets() {
+        assert!(decode_any("a").is_err());
+        assert!(decode_any("a!b=").is_err());
+        assert!(decode_any("+_8").is_err());
+        assert!(decode_any("aGk==").is_err());
+    }
 }

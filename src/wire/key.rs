@@ -1,5 +1,8 @@
 //! Peer keys: `ed25519:` + unpadded base64url of 32 bytes (protocol-notes §Envelope).
 
+/// The key prefix of the only algorithm in v0.
+pub const PREFIX: &str = "ed25519:";
+
 /// Why a key string was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KeyError {
@@ -22,12 +25,27 @@ pub struct PeerKey([u8; 32]);
 
 impl PeerKey {
     /// Parse `ed25519:<b64>`, accepting base64url or standard, padded or not; refuse weak keys.
+    ///
+    /// Errors: [`KeyError::Prefix`] without `ed25519:`, [`KeyError::Encoding`] when the rest
+    /// is not base64, [`KeyError::Length`] unless it decodes to 32 bytes, then as
+    /// [`PeerKey::from_bytes`].
     pub fn parse(s: &str) -> Result<PeerKey, KeyError> {
-        todo!("{s}")
+        let b64 = s.strip_prefix(PREFIX).ok_or(KeyError::Prefix)?;
+        let bytes = super::b64::decode_any(b64).map_err(|_| KeyError::Encoding)?;
+        let bytes: [u8; 32] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| KeyError::Length(bytes.len()))?;
+        PeerKey::from_bytes(&bytes)
     }
-    /// From raw bytes; refuses invalid and weak points.
+    /// From raw bytes; refuses points that do not decompress ([`KeyError::Invalid`]) and
+    /// small-order points ([`KeyError::Weak`], `VerifyingKey::is_weak`).
     pub fn from_bytes(bytes: &[u8; 32]) -> Result<PeerKey, KeyError> {
-        todo!("{bytes:?}")
+        let vk = ed25519_dalek::VerifyingKey::from_bytes(bytes).map_err(|_| KeyError::Invalid)?;
+        if vk.is_weak() {
+            return Err(KeyError::Weak);
+        }
+        Ok(PeerKey(*bytes))
     }
     /// The 32 raw bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
@@ -35,22 +53,38 @@ impl PeerKey {
     }
     /// For strict signature verification.
     pub fn verifying_key(&self) -> ed25519_dalek::VerifyingKey {
-        todo!()
+        // Checked to decompress when the PeerKey was built.
+        ed25519_dalek::VerifyingKey::from_bytes(&self.0)
+            .expect("PeerKey holds a valid point by construction")
     }
-    /// Verify `sig` (64 bytes) over `msg` with `verify_strict`.
+    /// Verify `sig` (must be exactly 64 bytes) over `msg` with `verify_strict`
+    /// (protocol-notes §Envelope). False on a wrong length or a bad signature.
     pub fn verify(&self, msg: &[u8], sig: &[u8]) -> bool {
-        todo!("{msg:?}{sig:?}")
+        let Ok(sig) = ed25519_dalek::Signature::from_slice(sig) else {
+            return false;
+        };
+        self.verifying_key().verify_strict(msg, &sig).is_ok()
+    }
+    /// Verify a base64 signature string (any form accepted by [`super::b64::decode_any`]).
+    pub fn verify_b64(&self, msg: &[u8], sig_b64: &str) -> bool {
+        super::b64::decode_any(sig_b64).is_ok_and(|sig| self.verify(msg, &sig))
     }
     /// `SHA256:` + standard base64 (unpadded) of SHA-256 of the 32 key bytes.
     pub fn fingerprint(&self) -> String {
-        todo!()
+        use base64::Engine;
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(self.0);
+        format!(
+            "SHA256:{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+        )
     }
 }
 
 impl std::fmt::Display for PeerKey {
     /// Canonical `ed25519:` + unpadded base64url.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ed25519:{:?}", self.0)
+        write!(f, "{PREFIX}{}", super::b64::encode_url(&self.0))
     }
 }
 
@@ -64,5 +98,69 @@ impl std::str::FromStr for PeerKey {
     type Err = KeyError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         PeerKey::parse(s)
+    }
+}
+
+impl serde::Serialize for PeerKey {
+    /// As its canonical string.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PeerKey {
+    /// From any accepted key string; refuses what [`PeerKey::parse`] refuses.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        PeerKey::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "ed25519:A6EHv_POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg";
+
+    #[test]
+    fn display_is_canonical() {
+        let k = PeerKey::parse(A).unwrap();
+        assert_eq!(k.to_string(), A);
+        assert_eq!(format!("{k:?}"), A);
+    }
+
+    #[test]
+    fn serde_round_trip() {
+        let k = PeerKey::parse(A).unwrap();
+        let json = serde_json::to_string(&k).unwrap();
+        assert_eq!(json, format!("\"{A}\""));
+        assert_eq!(serde_json::from_str::<PeerKey>(&json).unwrap(), k);
+        assert!(serde_json::from_str::<PeerKey>("\"ed25519:AAAA\"").is_err());
+    }
+
+    #[test]
+    fn refusals_name_the_reason() {
+        assert_eq!(PeerKey::parse("rsa:AAAA"), Err(KeyError::Prefix));
+        assert_eq!(PeerKey::parse("ed25519:!!"), Err(KeyError::Encoding));
+        assert_eq!(PeerKey::parse("ed25519:AAAA"), Err(KeyError::Length(3)));
+        assert_eq!(
+            PeerKey::parse("ed25519:AQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+            Err(KeyError::Weak)
+        );
+    }
+
+    #[test]
+    fn non_point_is_invalid() {
+        // y = 2 is not on the curve.
+        let mut b = [0u8; 32];
+        b[0] = 2;
+        assert_eq!(PeerKey::from_bytes(&b), Err(KeyError::Invalid));
+    }
+
+    #[test]
+    fn verify_refuses_wrong_length_signature() {
+        let k = PeerKey::parse(A).unwrap();
+        assert!(!k.verify(b"x", &[0u8; 63]));
+        assert!(!k.verify_b64(b"x", "not base64!"));
     }
 }

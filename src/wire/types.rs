@@ -45,10 +45,12 @@ pub struct Hello {
     pub v: u64,
     /// `ed25519:` + unpadded base64url of 32 bytes. Kept as text: a bad key is `err auth`,
     /// not `bad_frame`.
+    #[schemars(pattern(super::schema::KEY_PATTERN))]
     pub key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// 32 random bytes, unpadded base64url.
+    #[schemars(pattern(super::schema::B64URL_PATTERN))]
     pub nonce: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caps: Vec<String>,
@@ -68,6 +70,7 @@ pub struct Auth {
     pub id: String,
     pub ts: String,
     /// Ed25519 signature, unpadded base64url (64 bytes).
+    #[schemars(pattern(super::schema::B64URL_PATTERN))]
     pub sig: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub grants: Vec<Grant>,
@@ -174,6 +177,7 @@ pub struct Chunk {
     /// Chunk index from 0.
     pub n: u64,
     pub last: bool,
+    #[schemars(pattern(super::schema::B64STD_PATTERN))]
     pub data: String,
 }
 
@@ -205,6 +209,7 @@ pub struct Bye {
 
 /// err (§9.7). `code` is kept as text: unknown codes must be accepted (and never close).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Err")]
 pub struct ErrLine {
     pub id: String,
     pub ts: String,
@@ -212,6 +217,7 @@ pub struct ErrLine {
     pub th: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub re: Option<String>,
+    #[schemars(extend("enum" = ["bad_frame", "version", "auth", "unsupported", "forbidden", "blob_refused", "too_large", "internal"]))]
     pub code: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
@@ -223,14 +229,20 @@ pub struct ErrLine {
 /// Grant object (§10.2). `extra` keeps unknown fields: they are covered by `sig`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Grant {
+    #[schemars(pattern(super::schema::KEY_PATTERN))]
     pub iss: String,
+    #[schemars(pattern(super::schema::KEY_PATTERN))]
     pub sub: String,
     pub caps: Vec<String>,
     /// RFC 3339, whole seconds.
+    #[schemars(extend("format" = "date-time"))]
     pub exp: String,
+    #[schemars(pattern(super::schema::B64URL_PATTERN))]
     pub nonce: String,
+    #[schemars(pattern(super::schema::B64URL_PATTERN))]
     pub sig: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(super::schema::KEY_PATTERN))]
     pub aud: Option<String>,
     #[serde(flatten)]
     #[schemars(skip)]
@@ -248,6 +260,7 @@ pub struct GrantMsg {
 /// The introduced peer of an introduce line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct IntroPeer {
+    #[schemars(pattern(super::schema::KEY_PATTERN))]
     pub key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -281,9 +294,12 @@ pub struct PresenceMsg {
 /// Signed presence document (extension).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Presence {
+    #[schemars(pattern(super::schema::KEY_PATTERN))]
     pub origin: String,
     pub seq: u64,
+    #[schemars(extend("format" = "date-time"))]
     pub ts: String,
+    #[schemars(pattern(super::schema::B64URL_PATTERN))]
     pub sig: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -300,6 +316,7 @@ pub struct Presence {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shares: Option<Vec<Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "date-time"))]
     pub active: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<bool>,
@@ -316,6 +333,7 @@ pub struct Presence {
 /// A peer entry of a presence document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PresencePeer {
+    #[schemars(pattern(super::schema::KEY_PATTERN))]
     pub key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -330,6 +348,7 @@ pub struct PresencePeer {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PresenceThread {
     pub th: String,
+    #[schemars(pattern(super::schema::KEY_PATTERN))]
     pub peer: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
@@ -338,6 +357,7 @@ pub struct PresenceThread {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub theirs: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "date-time"))]
     pub updated: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unread: Option<u64>,
@@ -351,12 +371,14 @@ pub struct Mirror {
     pub th: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub re: Option<String>,
+    #[schemars(pattern(super::schema::KEY_PATTERN))]
     pub of: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub of_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["out", "in"]))]
     pub dir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub line: Option<Value>,
@@ -411,17 +433,15 @@ impl<'de> Deserialize<'de> for Part {
             Some(_) => return Err(D::Error::custom("part `k` must be a string")),
             None => return Err(D::Error::custom("part without `k`")),
         };
-        let v = Value::Object(m);
-        let conv = |e: serde_json::Error| D::Error::custom(e.to_string());
+        fn typed<T: serde::de::DeserializeOwned, E: Error>(m: Map<String, Value>) -> Result<T, E> {
+            serde_json::from_value(Value::Object(m)).map_err(|e| E::custom(e.to_string()))
+        }
         Ok(match k.as_str() {
-            "text" => Part::Text(serde_json::from_value(v).map_err(conv)?),
-            "code" => Part::Code(serde_json::from_value(v).map_err(conv)?),
-            "data" => Part::Data(serde_json::from_value(v).map_err(conv)?),
-            "blob" => Part::Blob(serde_json::from_value(v).map_err(conv)?),
-            _ => match v {
-                Value::Object(m) => Part::Unknown(m),
-                _ => unreachable!("constructed as an object above"),
-            },
+            "text" => Part::Text(typed(m)?),
+            "code" => Part::Code(typed(m)?),
+            "data" => Part::Data(typed(m)?),
+            "blob" => Part::Blob(typed(m)?),
+            _ => Part::Unknown(m),
         })
     }
 }
@@ -430,8 +450,14 @@ impl JsonSchema for Part {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Part".into()
     }
+    /// One of the four known part kinds; receivers also accept (and ignore) other kinds.
     fn json_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        let _ = gen;
-        schemars::json_schema!({ "type": "object", "required": ["k"] })
+        let kinds = [
+            gen.subschema_for::<TextPart>(),
+            gen.subschema_for::<CodePart>(),
+            gen.subschema_for::<DataPart>(),
+            gen.subschema_for::<BlobPart>(),
+        ];
+        schemars::json_schema!({ "oneOf": kinds })
     }
 }
