@@ -7,6 +7,8 @@
 //! # Layout
 //! - [`wire`]: typed lines, strict parsing, exact encoding, keys, base64, timestamps,
 //!   monotonic ULID ids, the generated JSON Schema.
+//! - [`canonical`]: RFC 8785 canonical JSON (JCS) and signing of JSON objects (grants,
+//!   presence).
 //! - [`identity`]: the node's key file and the auth transcript.
 //! - [`net`]: addresses, TLS binding (mTLS, self-signed Ed25519 certificates), listeners,
 //!   dialers and line framing with the 1 MiB cap.
@@ -19,6 +21,7 @@
 //! - [`cli`]: the `awp` command line.
 #![forbid(unsafe_code)]
 
+pub mod canonical;
 pub mod control;
 pub mod daemon;
 pub mod identity;
