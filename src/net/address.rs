@@ -7,9 +7,18 @@ use std::path::PathBuf;
 /// A parsed address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Address {
-    Tls { host: String, port: u16, pin: Option<PeerKey> },
-    Tcp { host: String, port: u16 },
-    Unix { path: PathBuf },
+    Tls {
+        host: String,
+        port: u16,
+        pin: Option<PeerKey>,
+    },
+    Tcp {
+        host: String,
+        port: u16,
+    },
+    Unix {
+        path: PathBuf,
+    },
 }
 
 /// Why an address did not parse.

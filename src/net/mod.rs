@@ -48,7 +48,9 @@ pub enum NetError {
     Io(#[from] std::io::Error),
     #[error("TLS: {0}")]
     Tls(String),
-    #[error("plaintext tcp to {0} refused: not a loopback or private address (use --allow-plaintext)")]
+    #[error(
+        "plaintext tcp to {0} refused: not a loopback or private address (use --allow-plaintext)"
+    )]
     PlaintextRefused(String),
     #[error("address: {0}")]
     Address(#[from] AddressError),
@@ -76,7 +78,11 @@ pub struct Incoming {}
 
 impl Listener {
     /// Bind `addr` (port 0 picks a free port; a `unix:` path is replaced if stale).
-    pub async fn bind(addr: &Address, tls: &TlsConfig, opts: &DialOptions) -> Result<Listener, NetError> {
+    pub async fn bind(
+        addr: &Address,
+        tls: &TlsConfig,
+        opts: &DialOptions,
+    ) -> Result<Listener, NetError> {
         todo!("{addr}{:?}{opts:?}", tls as *const _)
     }
     /// The bound address (actual port).

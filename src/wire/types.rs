@@ -30,7 +30,10 @@ pub enum Line {
     Mirror(Mirror),
     Private(Private),
     /// A line whose `t` is not one of ours; `id` when it had a string one.
-    Unknown { t: String, id: Option<String> },
+    Unknown {
+        t: String,
+        id: Option<String>,
+    },
 }
 
 /// hello (§7.1): first line on every connection, written by both sides at once.
