@@ -359,19 +359,24 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
-/// The last few lines written to the log since `offset`, joined by ` | ` (one line).
+/// What the log says since `offset`, as one line joined by ` | `: a panic and its message
+/// when there is one (the backtrace after it is noise), else the last few lines.
 fn log_tail(path: &Path, offset: u64) -> String {
     let Ok(bytes) = std::fs::read(path) else {
         return String::new();
     };
     let start = (offset as usize).min(bytes.len());
     let text = String::from_utf8_lossy(&bytes[start..]);
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let tail = &lines[lines.len().saturating_sub(5)..];
-    tail.iter()
-        .map(|l| l.trim())
-        .collect::<Vec<_>>()
-        .join(" | ")
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let picked = match lines.iter().position(|l| l.contains("panicked at")) {
+        Some(i) => &lines[i..(i + 2).min(lines.len())],
+        None => &lines[lines.len().saturating_sub(5)..],
+    };
+    picked.join(" | ")
 }
 
 #[cfg(test)]
@@ -471,5 +476,14 @@ mod tests {
         let mut f = OpenOptions::new().append(true).open(&p).unwrap();
         writeln!(f, "a\nb\n\nc\nd\ne\nf").unwrap();
         assert_eq!(log_tail(&p, 4), "b | c | d | e | f");
+        writeln!(
+            f,
+            "thread 'main' panicked at src/x.rs:1:1:\nboom\nstack backtrace:\n 0: x"
+        )
+        .unwrap();
+        assert_eq!(
+            log_tail(&p, 4),
+            "thread 'main' panicked at src/x.rs:1:1: | boom"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The `awp` binary: parse the command line, set up logging, run the command.
 
 use awp_node::cli::{self, Command};
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 fn main() {
@@ -17,6 +18,7 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     std::process::exit(cli::run(cli));
 }

@@ -153,8 +153,20 @@ where
 /// A clap error as one line: `awp: <problem>; see `awp help``.
 pub fn clap_error_line(e: &clap::Error) -> String {
     let text = e.render().to_string();
-    let first = text.lines().next().unwrap_or("invalid arguments");
-    let first = first.strip_prefix("error: ").unwrap_or(first);
+    // The first paragraph, e.g. "the following required arguments were not provided:" and
+    // the indented list under it, joined into one line.
+    let first: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let first = first.join(" ");
+    let first = first.strip_prefix("error: ").unwrap_or(&first);
+    let first = if first.is_empty() {
+        "invalid arguments"
+    } else {
+        first
+    };
     let mut hint = "see `awp --help`".to_string();
     for line in text.lines().map(str::trim) {
         if let Some(tip) = line.strip_prefix("tip: ") {

@@ -442,3 +442,19 @@ fn wait_matching() {
     assert!(wait_matches(&done_in, Some("thr_1"), &states));
     assert!(!wait_matches(&done_in, None, &["working".to_string()]));
 }
+
+#[test]
+fn clap_errors_become_one_line() {
+    let e = parse_err(&["send"]);
+    let line = clap_error_line(&e);
+    assert!(!line.contains('\n'));
+    assert!(
+        line.starts_with("awp: the following required arguments were not provided: <PEER|TEXT>"),
+        "{line}"
+    );
+    let line = clap_error_line(&parse_err(&["frobnicate"]));
+    assert!(
+        line.starts_with("awp: unrecognized subcommand 'frobnicate'"),
+        "{line}"
+    );
+}
