@@ -149,3 +149,293 @@ impl Response {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Client side: one request per connection, and event subscriptions.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+
+/// How long a client waits to connect to the control socket.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a client waits for a response beyond any wait the request itself asks for.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a control request got no usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing listens on the socket (missing, refused, or connect timed out).
+    #[error("no node answers on {}: {source}", path.display())]
+    NotRunning {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The node accepted but did not answer in time.
+    #[error("the node did not answer within {}s", .0.as_secs())]
+    Timeout(Duration),
+    /// The node closed the connection without a complete line.
+    #[error("the node closed the control connection")]
+    Closed,
+    /// A line longer than [`MAX_CONTROL_LINE`].
+    #[error("control line longer than {MAX_CONTROL_LINE} bytes")]
+    TooLarge,
+    /// A line that is not the expected JSON.
+    #[error("malformed control line from the node: {0}")]
+    Malformed(String),
+    /// The node refused a subscription.
+    #[error("{}: {}", .0.code, .0.message)]
+    Refused(ControlError),
+    /// Reading or writing the socket failed.
+    #[error("control socket: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Request {
+    /// The longest the node may legitimately take to answer this request.
+    pub fn response_timeout(&self) -> Duration {
+        let wait_ms = match self {
+            Request::Connect { timeout_ms, .. } => timeout_ms.unwrap_or(10_000),
+            Request::Send { wait_ack_ms, .. } | Request::State { wait_ack_ms, .. } => {
+                wait_ack_ms.unwrap_or(0)
+            }
+            _ => 0,
+        };
+        RESPONSE_TIMEOUT + Duration::from_millis(wait_ms)
+    }
+}
+
+async fn connect(socket: &Path) -> Result<UnixStream, ClientError> {
+    let not_running = |source| ClientError::NotRunning {
+        path: socket.to_path_buf(),
+        source,
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(socket)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(not_running(e)),
+        Err(_) => Err(not_running(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "connect timed out",
+        ))),
+    }
+}
+
+async fn write_request(w: &mut OwnedWriteHalf, req: &Request) -> Result<(), ClientError> {
+    let mut line = serde_json::to_vec(req).map_err(|e| ClientError::Malformed(e.to_string()))?;
+    line.push(b'\n');
+    w.write_all(&line).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Read one `\n`-terminated line of at most [`MAX_CONTROL_LINE`] bytes (without the
+/// newline). `None` at a clean end of stream.
+async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Option<Vec<u8>>, ClientError> {
+    let mut buf = Vec::new();
+    let n = (&mut *r)
+        .take(MAX_CONTROL_LINE as u64 + 1)
+        .read_until(b'\n', &mut buf)
+        .await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() != Some(&b'\n') {
+        return Err(if buf.len() > MAX_CONTROL_LINE {
+            ClientError::TooLarge
+        } else {
+            ClientError::Closed
+        });
+    }
+    buf.pop();
+    Ok(Some(buf))
+}
+
+fn parse_response(line: &[u8]) -> Result<Response, ClientError> {
+    serde_json::from_slice(line).map_err(|e| ClientError::Malformed(e.to_string()))
+}
+
+/// Send one request to the node on `socket` and read its response, waiting at most
+/// [`Request::response_timeout`]. A response with `ok: false` is returned as is.
+pub async fn request(socket: &Path, req: &Request) -> Result<Response, ClientError> {
+    request_with_timeout(socket, req, req.response_timeout()).await
+}
+
+/// [`request`] with an explicit response timeout.
+pub async fn request_with_timeout(
+    socket: &Path,
+    req: &Request,
+    timeout: Duration,
+) -> Result<Response, ClientError> {
+    let stream = connect(socket).await?;
+    let (r, mut w) = stream.into_split();
+    let exchange = async {
+        write_request(&mut w, req).await?;
+        let mut r = BufReader::new(r);
+        match read_line(&mut r).await? {
+            Some(line) => parse_response(&line),
+            None => Err(ClientError::Closed),
+        }
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| ClientError::Timeout(timeout))?
+}
+
+/// A live subscription: [`Event`] lines until either side closes.
+pub struct Subscription {
+    reader: BufReader<OwnedReadHalf>,
+    // Kept open: closing our half ends the subscription at the node.
+    _writer: OwnedWriteHalf,
+}
+
+/// Send a [`Request::Subscribe`] (or any streaming request) and wait for the node's
+/// `{"ok":true}`; a refusal is [`ClientError::Refused`].
+pub async fn subscribe(socket: &Path, req: &Request) -> Result<Subscription, ClientError> {
+    let stream = connect(socket).await?;
+    let (r, mut w) = stream.into_split();
+    let mut reader = BufReader::new(r);
+    let first = tokio::time::timeout(RESPONSE_TIMEOUT, async {
+        write_request(&mut w, req).await?;
+        read_line(&mut reader).await
+    })
+    .await
+    .map_err(|_| ClientError::Timeout(RESPONSE_TIMEOUT))??;
+    let resp = parse_response(&first.ok_or(ClientError::Closed)?)?;
+    if !resp.ok {
+        return Err(ClientError::Refused(resp.error.unwrap_or(ControlError {
+            code: "internal".into(),
+            message: "subscription refused without a reason".into(),
+        })));
+    }
+    Ok(Subscription { reader, _writer: w })
+}
+
+impl Subscription {
+    /// The next event; `None` when the node closed the stream.
+    pub async fn next_event(&mut self) -> Result<Option<Event>, ClientError> {
+        match read_line(&mut self.reader).await? {
+            None => Ok(None),
+            Some(line) => serde_json::from_slice(&line)
+                .map(Some)
+                .map_err(|e| ClientError::Malformed(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod client_tests {
+    use super::*;
+    use tokio::net::UnixListener;
+
+    /// A one-connection fake node: reads one request line, answers with `lines`.
+    async fn fake_node(
+        dir: &Path,
+        lines: Vec<String>,
+    ) -> (PathBuf, tokio::task::JoinHandle<String>) {
+        let path = dir.join("awp.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let task = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let (r, mut w) = s.into_split();
+            let mut r = BufReader::new(r);
+            let mut req = String::new();
+            r.read_line(&mut req).await.unwrap();
+            for l in lines {
+                w.write_all(l.as_bytes()).await.unwrap();
+            }
+            w.flush().await.unwrap();
+            // Keep the connection until the client is done.
+            let mut rest = Vec::new();
+            let _ = r.read_to_end(&mut rest).await;
+            req
+        });
+        (path, task)
+    }
+
+    #[tokio::test]
+    async fn request_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, task) = fake_node(dir.path(), vec!["{\"ok\":true,\"pid\":42}\n".into()]).await;
+        let resp = request(&path, &Request::Status).await.unwrap();
+        assert!(resp.ok);
+        assert_eq!(resp.body["pid"], 42);
+        assert_eq!(task.await.unwrap(), "{\"op\":\"status\"}\n");
+    }
+
+    #[tokio::test]
+    async fn missing_socket_is_not_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = request(&dir.path().join("awp.sock"), &Request::Status)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::NotRunning { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn subscription_streams_events_then_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = vec![
+            "{\"ok\":true}\n".to_string(),
+            "{\"event\":\"line\",\"seq\":1}\n".into(),
+            "{\"event\":\"caught_up\"}\n".into(),
+        ];
+        let (path, task) = fake_node(dir.path(), lines).await;
+        let req = Request::Subscribe {
+            th: None,
+            peer: None,
+            from_seq: Some(0),
+        };
+        let mut sub = subscribe(&path, &req).await.unwrap();
+        assert_eq!(sub.next_event().await.unwrap().unwrap()["seq"], 1);
+        assert_eq!(
+            sub.next_event().await.unwrap().unwrap()["event"],
+            "caught_up"
+        );
+        drop(sub);
+        assert_eq!(
+            task.await.unwrap(),
+            "{\"op\":\"subscribe\",\"from_seq\":0}\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn refused_subscription_carries_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = vec![
+            "{\"ok\":false,\"error\":{\"code\":\"no_such_thread\",\"message\":\"thr_x\"}}\n"
+                .to_string(),
+        ];
+        let (path, _task) = fake_node(dir.path(), lines).await;
+        let req = Request::Subscribe {
+            th: Some("thr_x".into()),
+            peer: None,
+            from_seq: None,
+        };
+        match subscribe(&path, &req).await {
+            Err(ClientError::Refused(e)) => assert_eq!(e.code, "no_such_thread"),
+            Err(e) => panic!("unexpected {e:?}"),
+            Ok(_) => panic!("expected a refusal"),
+        }
+    }
+
+    #[tokio::test]
+    async fn oversized_line_is_refused() {
+        let mut big = vec![b'x'; MAX_CONTROL_LINE + 10];
+        big.push(b'\n');
+        let mut r = BufReader::new(&big[..]);
+        assert!(matches!(
+            read_line(&mut r).await,
+            Err(ClientError::TooLarge)
+        ));
+        let mut ok = BufReader::new(&b"abc\n"[..]);
+        assert_eq!(read_line(&mut ok).await.unwrap().unwrap(), b"abc");
+        let mut cut = BufReader::new(&b"abc"[..]);
+        assert!(matches!(
+            read_line(&mut cut).await,
+            Err(ClientError::Closed)
+        ));
+    }
+}

@@ -109,9 +109,9 @@ impl NodeHandle {
         let home = config.home.clone();
         std::fs::create_dir_all(&home).map_err(other("home"))?;
         let lock = Lock::acquire(&home).map_err(|e| match e {
-            LockError::Held { pid } => StartError::AlreadyRunning {
+            LockError::Held { pid, .. } => StartError::AlreadyRunning {
                 home: home.display().to_string(),
-                pid,
+                pid: pid.unwrap_or(0),
             },
             e => StartError::Other(format!("lock: {e}")),
         })?;
@@ -177,7 +177,8 @@ impl NodeHandle {
         }
 
         // Control socket.
-        let sock = crate::daemon::socket_path(&home);
+        let sock = crate::daemon::prepare_socket_path(&home)
+            .map_err(|e| StartError::Other(format!("control socket: {e}")))?;
         let control = server::bind(&sock)
             .map_err(|e| StartError::Other(format!("control socket {}: {e}", sock.display())))?;
         inner

@@ -1,0 +1,236 @@
+//! The `awp` command line grammar (clap derive).
+
+use crate::daemon::StartArgs;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  success
+  1  the operation failed (peer refused, connect failed, node error)
+  2  usage error, bad input, or `awp wait` timed out
+  3  no node running (`awp status` only)
+
+Peers are named by full key, by name, or by a unique key prefix of at least 4 characters.
+A peer argument that starts with `-` is accepted as is; when it consists only of option
+letters (e.g. `-ts`), put it after `--`.
+
+Commands that need the node start it in the background when it is not running.
+Environment: AWP_HOME (default ~/.awp), RUST_LOG (log filter, default info for the node).";
+
+/// `awp`: a peer-to-peer node for the Agent Wire Protocol.
+#[derive(Debug, Parser)]
+#[command(name = "awp", version, about, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// The node's home directory (identity, store, control socket).
+    #[arg(long, global = true, env = "AWP_HOME", value_name = "DIR")]
+    pub home: Option<PathBuf>,
+    /// Machine output: one JSON object per result line.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options of a node started by `up`, `listen` or `daemon`.
+#[derive(Debug, Clone, Default, Args, PartialEq, Eq)]
+pub struct NodeArgs {
+    /// Address to listen on (repeatable): tls:HOST:PORT, tcp:HOST:PORT, unix:/path.
+    /// Default tls:0.0.0.0:7700 (or a free port when taken).
+    #[arg(long = "listen", value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// Name announced to peers (default awp@<hostname>).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// About text announced to peers.
+    #[arg(long, value_name = "TEXT")]
+    pub about: Option<String>,
+    /// Allow plaintext tcp to and from public addresses.
+    #[arg(long)]
+    pub allow_plaintext: bool,
+}
+
+impl From<&NodeArgs> for StartArgs {
+    fn from(a: &NodeArgs) -> StartArgs {
+        StartArgs {
+            listen: a.listen.clone(),
+            name: a.name.clone(),
+            about: a.about.clone(),
+            allow_plaintext: a.allow_plaintext,
+        }
+    }
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Make sure the node runs in the background; print its key and addresses.
+    Up(NodeArgs),
+    /// Run a node in the foreground and print its events as NDJSON.
+    Listen {
+        #[command(flatten)]
+        node: NodeArgs,
+        /// Human-readable lines instead of JSON.
+        #[arg(long)]
+        text: bool,
+    },
+    /// Run a node in the foreground without event output (logs to stderr).
+    Daemon(NodeArgs),
+    /// Stop the node.
+    Down,
+    /// Dial a peer now and wait for the handshake.
+    Connect {
+        /// tls:HOST:PORT[#ed25519:KEY], tcp:HOST:PORT or unix:/path.
+        address: String,
+        /// How long to wait for the handshake (e.g. 10s).
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        timeout: Option<Duration>,
+    },
+    /// Print the addresses other hosts can dial.
+    Address,
+    /// Send a message: `awp send PEER TEXT`, or `awp send -t THREAD TEXT`. TEXT `-` reads stdin.
+    Send(SendArgs),
+    /// Set our state of a thread: `awp state [PEER] THREAD STATE`.
+    State(StateArgs),
+    /// Show the message log, then follow new lines.
+    Tail {
+        /// Print what is there and exit.
+        #[arg(long)]
+        once: bool,
+        /// Only this thread.
+        #[arg(short = 't', long = "thread", value_name = "THREAD")]
+        thread: Option<String>,
+        /// Only this peer.
+        #[arg(
+            short = 'p',
+            long = "peer",
+            value_name = "PEER",
+            allow_hyphen_values = true
+        )]
+        peer: Option<String>,
+    },
+    /// Print unread inbound lines and mark them read.
+    Read {
+        /// Only this thread.
+        #[arg(allow_hyphen_values = true)]
+        thread: Option<String>,
+        /// Leave them unread.
+        #[arg(long)]
+        no_mark: bool,
+    },
+    /// Wait for an inbound line (exit 0), or time out (exit 2).
+    Wait {
+        /// Only this thread.
+        #[arg(short = 't', long = "thread", value_name = "THREAD")]
+        thread: Option<String>,
+        /// Only state lines with one of these states (comma separated).
+        #[arg(long, value_name = "STATES", value_delimiter = ',')]
+        state: Vec<String>,
+        /// Give up after this long (e.g. 30s, 5m).
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        timeout: Option<Duration>,
+    },
+    /// List threads.
+    Threads,
+    /// List known peers.
+    Peers,
+    /// Node status (exit 3 when no node runs; does not start one).
+    Status,
+    /// Print this node's key, name and fingerprint (no running node needed).
+    Whoami,
+    /// Print the JSON Schema of AWP v0 lines.
+    Schema,
+    /// Print the version.
+    Version,
+}
+
+/// `awp send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// PEER then TEXT; with one value and -t, the TEXT.
+    #[arg(value_name = "PEER|TEXT", allow_hyphen_values = true)]
+    pub first: String,
+    /// TEXT, when PEER was given first.
+    #[arg(value_name = "TEXT", allow_hyphen_values = true)]
+    pub second: Option<String>,
+    /// Thread to send in (default: a new thread).
+    #[arg(short = 't', long = "thread", value_name = "THREAD")]
+    pub thread: Option<String>,
+    /// Subject of a new thread.
+    #[arg(short = 's', long, value_name = "SUBJECT")]
+    pub subject: Option<String>,
+    /// Id of the line this one answers.
+    #[arg(long = "re", value_name = "ID")]
+    pub re: Option<String>,
+    /// Add a code part with this file's contents.
+    #[arg(long, value_name = "FILE")]
+    pub code: Option<PathBuf>,
+    /// Language of the code part (default: from the file extension).
+    #[arg(long, value_name = "LANG", requires = "code")]
+    pub lang: Option<String>,
+    /// Add a data part with this JSON value.
+    #[arg(long, value_name = "JSON", value_parser = parse_json)]
+    pub data: Option<serde_json::Value>,
+    /// Media type of the data part.
+    #[arg(long, value_name = "MIME", requires = "data")]
+    pub mime: Option<String>,
+    /// Wait this long for the peer's ack (e.g. 5s).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub wait_ack: Option<Duration>,
+}
+
+impl SendArgs {
+    /// (peer, text) from the positionals: two values are PEER TEXT, one is TEXT.
+    pub fn peer_and_text(&self) -> (Option<&str>, &str) {
+        match &self.second {
+            Some(text) => (Some(self.first.as_str()), text.as_str()),
+            None => (None, self.first.as_str()),
+        }
+    }
+}
+
+/// `awp state`.
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    /// PEER then THREAD, or THREAD.
+    #[arg(value_name = "PEER|THREAD", allow_hyphen_values = true)]
+    pub first: String,
+    /// THREAD after PEER, or STATE.
+    #[arg(value_name = "THREAD|STATE")]
+    pub second: String,
+    /// STATE, when PEER was given first.
+    #[arg(value_name = "STATE")]
+    pub third: Option<String>,
+    /// A note on the state.
+    #[arg(short = 'n', long, value_name = "NOTE")]
+    pub note: Option<String>,
+    /// Wait this long for the peer's ack (e.g. 5s).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub wait_ack: Option<Duration>,
+}
+
+impl StateArgs {
+    /// (peer, thread, state) from the positionals: three values are PEER THREAD STATE,
+    /// two are THREAD STATE.
+    pub fn split(&self) -> (Option<&str>, &str, &str) {
+        match &self.third {
+            Some(state) => (
+                Some(self.first.as_str()),
+                self.second.as_str(),
+                state.as_str(),
+            ),
+            None => (None, self.first.as_str(), self.second.as_str()),
+        }
+    }
+}
+
+/// A duration like `5s`, `500ms`, `2m`, `1h 30m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (use e.g. 500ms, 5s, 2m)"))
+}
+
+/// A JSON value (for `--data`).
+pub fn parse_json(s: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(s).map_err(|e| format!("not valid JSON: {e}"))
+}

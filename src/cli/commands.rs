@@ -1,0 +1,578 @@
+//! The client commands: each talks to the node over the control socket (starting it in
+//! the background when needed), or works on the home alone (`whoami`, `schema`).
+
+use super::args::{Command, SendArgs, StateArgs};
+use super::format::{self, field, str_field};
+use super::{client_failure, node_failure, out, out_json, Ctx, Exit, Failure};
+use crate::control::{self, ClientError, Event, Request, Response};
+use crate::daemon::{self, Running, StartArgs};
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long `awp down` waits for the node to release its lock.
+const DOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Run one command.
+pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Up(args) => up(ctx, &StartArgs::from(&args)).await,
+        Command::Listen { node, text } => {
+            let output = if text {
+                super::foreground::Output::Text
+            } else {
+                super::foreground::Output::Json
+            };
+            super::foreground::run(ctx, &node, output).await
+        }
+        Command::Daemon(node) => {
+            super::foreground::run(ctx, &node, super::foreground::Output::None).await
+        }
+        Command::Down => down(ctx).await,
+        Command::Connect { address, timeout } => connect(ctx, address, timeout).await,
+        Command::Address => address(ctx).await,
+        Command::Send(args) => send(ctx, &args).await,
+        Command::State(args) => state(ctx, &args).await,
+        Command::Tail { once, thread, peer } => tail(ctx, once, thread, peer).await,
+        Command::Read { thread, no_mark } => read(ctx, thread, !no_mark).await,
+        Command::Wait {
+            thread,
+            state,
+            timeout,
+        } => wait(ctx, thread, state, timeout).await,
+        Command::Threads => list(ctx, Request::Threads, "threads").await,
+        Command::Peers => list(ctx, Request::Peers, "peers").await,
+        Command::Status => status(ctx).await,
+        Command::Whoami => whoami(ctx).await,
+        Command::Schema => out(&format!("{:#}", crate::wire::schema::schema())),
+        Command::Version => version(ctx),
+    }
+}
+
+impl Ctx {
+    fn socket(&self) -> PathBuf {
+        daemon::socket_path(&self.home)
+    }
+
+    /// Start the node in the background unless it answers.
+    async fn ensure_node(&self, args: &StartArgs) -> Result<Running, Failure> {
+        daemon::ensure_running(&self.home, args).await.map_err(|e| {
+            Failure::new(
+                Exit::Failed,
+                e.to_string(),
+                format!("see {}", self.home.join(daemon::LOG_FILE).display()),
+            )
+        })
+    }
+
+    /// One request to the node (starting it when needed); the body of an `ok` response.
+    async fn call(&self, req: &Request) -> Result<Map<String, Value>, Failure> {
+        self.ensure_node(&StartArgs::default()).await?;
+        self.call_running(req).await
+    }
+
+    /// One request to a node that should be running (no start).
+    async fn call_running(&self, req: &Request) -> Result<Map<String, Value>, Failure> {
+        let resp = control::request(&self.socket(), req)
+            .await
+            .map_err(|e| client_failure(&e, &self.home))?;
+        self.body(resp)
+    }
+
+    fn body(&self, resp: Response) -> Result<Map<String, Value>, Failure> {
+        if resp.ok {
+            Ok(resp.body)
+        } else {
+            let err = resp.error.unwrap_or(control::ControlError {
+                code: "internal".into(),
+                message: "the node refused without a reason".into(),
+            });
+            Err(node_failure(&err, &self.home))
+        }
+    }
+
+    async fn subscribe(&self, req: &Request) -> Result<control::Subscription, Failure> {
+        self.ensure_node(&StartArgs::default()).await?;
+        control::subscribe(&self.socket(), req)
+            .await
+            .map_err(|e| client_failure(&e, &self.home))
+    }
+}
+
+fn millis(d: Option<Duration>) -> Option<u64> {
+    d.map(|d| d.as_millis().min(u64::MAX as u128) as u64)
+}
+
+async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
+    let running = ctx.ensure_node(args).await?;
+    let status = ctx.call_running(&Request::Status).await?;
+    let who = ctx.call_running(&Request::Whoami).await.unwrap_or_default();
+    let addresses = format::listening_addresses(&status);
+    let key = str_field(&who, &["key"])
+        .or(str_field(&status, &["key"]))
+        .unwrap_or("?");
+    let name = str_field(&who, &["name"])
+        .or(str_field(&status, &["name"]))
+        .unwrap_or("?");
+    if ctx.json {
+        return out_json(&json!({
+            "event": "listening",
+            "address": addresses.first(),
+            "addresses": addresses,
+            "key": key,
+            "name": name,
+        }));
+    }
+    match running {
+        Running::Started { pid } => out(&format!("node started (pid {pid})"))?,
+        Running::Already => {
+            let pid = field(&status, &["pid"])
+                .map(Value::to_string)
+                .unwrap_or_else(|| "?".into());
+            out(&format!("node already running (pid {pid})"))?;
+            if *args != StartArgs::default() {
+                out("options ignored: the node already runs (`awp down` first to change them)")?;
+            }
+        }
+    }
+    let mut info = Map::new();
+    info.insert("name".into(), name.into());
+    info.insert("key".into(), key.into());
+    if let Some(fp) = str_field(&who, &["fingerprint"]) {
+        info.insert("fingerprint".into(), fp.into());
+    }
+    info.insert("addresses".into(), addresses.into());
+    out(&format::key_values(&info))
+}
+
+async fn down(ctx: &Ctx) -> Result<(), Failure> {
+    match control::request(&ctx.socket(), &Request::Shutdown).await {
+        Err(ClientError::NotRunning { .. }) => {
+            return if ctx.json {
+                out_json(&json!({"running": false}))
+            } else {
+                out("no node running")
+            };
+        }
+        Err(e) => return Err(client_failure(&e, &ctx.home)),
+        Ok(resp) => {
+            ctx.body(resp)?;
+        }
+    }
+    // Wait until the node has let go of the home, so `awp up` right after works.
+    let deadline = tokio::time::Instant::now() + DOWN_TIMEOUT;
+    loop {
+        match daemon::Lock::acquire(&ctx.home) {
+            Ok(lock) => {
+                drop(lock);
+                break;
+            }
+            Err(daemon::LockError::Held { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => {
+                return Err(Failure::new(
+                    Exit::Failed,
+                    format!(
+                        "the node did not stop within {}s ({e})",
+                        DOWN_TIMEOUT.as_secs()
+                    ),
+                    format!("see {}", ctx.home.join(daemon::LOG_FILE).display()),
+                ))
+            }
+        }
+    }
+    if ctx.json {
+        out_json(&json!({"stopped": true}))
+    } else {
+        out("node stopped")
+    }
+}
+
+async fn connect(ctx: &Ctx, address: String, timeout: Option<Duration>) -> Result<(), Failure> {
+    let body = ctx
+        .call(&Request::Connect {
+            address,
+            timeout_ms: millis(timeout),
+        })
+        .await?;
+    if ctx.json {
+        return out_json(&Value::Object(body));
+    }
+    let key = str_field(&body, &["peer", "key"]).unwrap_or("?");
+    match str_field(&body, &["peer_name", "name"]) {
+        Some(name) => out(&format!("connected to {name} ({key})")),
+        None => out(&format!("connected to {key}")),
+    }
+}
+
+async fn address(ctx: &Ctx) -> Result<(), Failure> {
+    let body = ctx.call(&Request::Address).await?;
+    if ctx.json {
+        return out_json(&Value::Object(body));
+    }
+    for a in format::listening_addresses(&body) {
+        out(&a)?;
+    }
+    Ok(())
+}
+
+/// Language of a code file from its extension.
+pub fn lang_for_path(path: &Path) -> Option<String> {
+    let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+    let lang = match ext.as_str() {
+        "rs" => "rust",
+        "py" => "python",
+        "js" | "mjs" | "cjs" => "javascript",
+        "ts" => "typescript",
+        "rb" => "ruby",
+        "sh" | "bash" => "sh",
+        "md" => "markdown",
+        "yml" | "yaml" => "yaml",
+        "h" => "c",
+        "cc" | "cpp" | "cxx" | "hpp" => "cpp",
+        "kt" => "kotlin",
+        other => other,
+    };
+    Some(lang.to_string())
+}
+
+/// The wire parts of a msg: a text part (when `text` is not empty), a code part, a data
+/// part, in that order.
+pub fn build_parts(
+    text: &str,
+    code: Option<(String, Option<String>)>,
+    data: Option<(Value, Option<String>)>,
+) -> Vec<Value> {
+    let mut parts = Vec::new();
+    if !text.is_empty() {
+        parts.push(json!({"k": "text", "text": text}));
+    }
+    if let Some((body, lang)) = code {
+        let mut p = json!({"k": "code", "text": body});
+        if let Some(l) = lang {
+            p["lang"] = l.into();
+        }
+        parts.push(p);
+    }
+    if let Some((data, mime)) = data {
+        let mut p = json!({"k": "data", "data": data});
+        if let Some(m) = mime {
+            p["mime"] = m.into();
+        }
+        parts.push(p);
+    }
+    parts
+}
+
+/// The text argument: `-` reads stdin (one trailing newline dropped).
+fn text_arg(text: &str) -> Result<String, Failure> {
+    if text != "-" {
+        return Ok(text.to_string());
+    }
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|e| {
+        Failure::usage(
+            format!("cannot read the text from stdin: {e}"),
+            "pipe UTF-8 text into `awp send … -`",
+        )
+    })?;
+    if s.ends_with('\n') {
+        s.pop();
+        if s.ends_with('\r') {
+            s.pop();
+        }
+    }
+    Ok(s)
+}
+
+/// The request of `awp send`, built before any node is contacted (all input errors are
+/// exit 2 with nothing sent).
+pub fn send_request(args: &SendArgs) -> Result<Request, Failure> {
+    let (peer, text) = args.peer_and_text();
+    if peer.is_none() && args.thread.is_none() {
+        return Err(Failure::usage(
+            "a new thread needs a peer",
+            "use `awp send PEER TEXT`, or `awp send -t THREAD TEXT` to answer in a thread",
+        ));
+    }
+    let text = text_arg(text)?;
+    let code = match &args.code {
+        Some(path) => {
+            let body = std::fs::read_to_string(path).map_err(|e| {
+                Failure::usage(
+                    format!("cannot read {}: {e}", path.display()),
+                    "check the --code file (UTF-8 text)",
+                )
+            })?;
+            Some((body, args.lang.clone().or_else(|| lang_for_path(path))))
+        }
+        None => None,
+    };
+    let data = args.data.clone().map(|d| (d, args.mime.clone()));
+    let parts = build_parts(&text, code, data);
+    if parts.is_empty() {
+        return Err(Failure::usage(
+            "nothing to send: the text is empty",
+            "give a text, --code FILE or --data JSON",
+        ));
+    }
+    Ok(Request::Send {
+        peer: peer.map(str::to_string),
+        th: args.thread.clone(),
+        subject: args.subject.clone(),
+        re: args.re.clone(),
+        parts,
+        wait_ack_ms: millis(args.wait_ack),
+    })
+}
+
+/// `delivered <id> in <th>` / `queued <id> in <th> (peer offline)`.
+pub fn delivery_line(body: &Map<String, Value>) -> String {
+    let id = str_field(body, &["id"]).unwrap_or("?");
+    let th = str_field(body, &["th"]).unwrap_or("?");
+    match str_field(body, &["status"]) {
+        Some("delivered") => format!("delivered {id} in {th}"),
+        Some("queued") => format!("queued {id} in {th} (peer offline)"),
+        Some(other) => format!("{other} {id} in {th}"),
+        None => format!("queued {id} in {th}"),
+    }
+}
+
+async fn send(ctx: &Ctx, args: &SendArgs) -> Result<(), Failure> {
+    let req = send_request(args)?;
+    let body = ctx.call(&req).await?;
+    if ctx.json {
+        out_json(&Value::Object(body))
+    } else {
+        out(&delivery_line(&body))
+    }
+}
+
+async fn state(ctx: &Ctx, args: &StateArgs) -> Result<(), Failure> {
+    let (peer, th, st) = args.split();
+    let req = Request::State {
+        peer: peer.map(str::to_string),
+        th: th.to_string(),
+        state: st.to_string(),
+        note: args.note.clone(),
+        wait_ack_ms: millis(args.wait_ack),
+    };
+    let body = ctx.call(&req).await?;
+    if ctx.json {
+        out_json(&Value::Object(body))
+    } else {
+        out(&delivery_line(&body))
+    }
+}
+
+fn print_event(ctx: &Ctx, ev: &Event) -> Result<(), Failure> {
+    if ctx.json {
+        return out_json(&Value::Object(ev.clone()));
+    }
+    match format::event_line(ev, format::now_ms()) {
+        Some(line) => out(&line),
+        None => Ok(()),
+    }
+}
+
+fn stream_ended(ctx: &Ctx, e: Option<ClientError>) -> Failure {
+    match e {
+        Some(e) => client_failure(&e, &ctx.home),
+        None => Failure::new(
+            Exit::Failed,
+            "the node closed the event stream",
+            "check it with `awp status`",
+        ),
+    }
+}
+
+async fn tail(
+    ctx: &Ctx,
+    once: bool,
+    th: Option<String>,
+    peer: Option<String>,
+) -> Result<(), Failure> {
+    let mut sub = ctx
+        .subscribe(&Request::Subscribe {
+            th,
+            peer,
+            from_seq: Some(0),
+        })
+        .await?;
+    loop {
+        let ev = match sub.next_event().await {
+            Ok(Some(ev)) => ev,
+            Ok(None) => return Err(stream_ended(ctx, None)),
+            Err(e) => return Err(stream_ended(ctx, Some(e))),
+        };
+        match str_field(&ev, &["event"]) {
+            Some("caught_up") if once => return Ok(()),
+            Some("line") => print_event(ctx, &ev)?,
+            _ => {}
+        }
+    }
+}
+
+async fn read(ctx: &Ctx, th: Option<String>, mark: bool) -> Result<(), Failure> {
+    let body = ctx.call(&Request::Read { th, mark }).await?;
+    let entries = field(&body, &["entries", "lines", "unread"])
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if entries.is_empty() && !ctx.json {
+        return out("no unread lines");
+    }
+    for entry in entries {
+        let Value::Object(mut ev) = entry else {
+            continue;
+        };
+        if ctx.json {
+            out_json(&Value::Object(ev))?;
+        } else {
+            ev.entry("event").or_insert_with(|| "line".into());
+            print_event(ctx, &ev)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether an event ends `awp wait`: an inbound line (in `th` when given); with
+/// `states`, an inbound state line whose state is listed.
+pub fn wait_matches(ev: &Event, th: Option<&str>, states: &[String]) -> bool {
+    if str_field(ev, &["event"]) != Some("line") || str_field(ev, &["dir"]) != Some("in") {
+        return false;
+    }
+    if th.is_some() && str_field(ev, &["th"]) != th {
+        return false;
+    }
+    if states.is_empty() {
+        return true;
+    }
+    let line = ev.get("line").and_then(Value::as_object);
+    let is_state =
+        str_field(ev, &["t"]).or(line.and_then(|l| str_field(l, &["t"]))) == Some("state");
+    let state = line.and_then(|l| str_field(l, &["state"]));
+    is_state && state.is_some_and(|s| states.iter().any(|w| w == s))
+}
+
+async fn wait(
+    ctx: &Ctx,
+    th: Option<String>,
+    states: Vec<String>,
+    timeout: Option<Duration>,
+) -> Result<(), Failure> {
+    let mut sub = ctx
+        .subscribe(&Request::Subscribe {
+            th: th.clone(),
+            peer: None,
+            from_seq: None,
+        })
+        .await?;
+    let waiting = async {
+        loop {
+            match sub.next_event().await {
+                Ok(Some(ev)) if wait_matches(&ev, th.as_deref(), &states) => return Ok(ev),
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(stream_ended(ctx, None)),
+                Err(e) => return Err(stream_ended(ctx, Some(e))),
+            }
+        }
+    };
+    let ev = match timeout {
+        None => waiting.await?,
+        Some(d) => match tokio::time::timeout(d, waiting).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Failure::usage(
+                    format!(
+                        "timed out after {} waiting for an inbound line",
+                        humantime::format_duration(d)
+                    ),
+                    "retry with a longer --timeout",
+                ))
+            }
+        },
+    };
+    print_event(ctx, &ev)
+}
+
+async fn list(ctx: &Ctx, req: Request, key: &str) -> Result<(), Failure> {
+    let body = ctx.call(&req).await?;
+    let items = body
+        .get(key)
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if ctx.json {
+        for item in &items {
+            out_json(item)?;
+        }
+        return Ok(());
+    }
+    if items.is_empty() {
+        return out(&format!("no {key} yet"));
+    }
+    let now = format::now_ms();
+    match key {
+        "threads" => out(&format::threads_table(&items, now)),
+        _ => out(&format::peers_table(&items, now)),
+    }
+}
+
+async fn status(ctx: &Ctx) -> Result<(), Failure> {
+    match control::request(&ctx.socket(), &Request::Status).await {
+        Err(ClientError::NotRunning { .. }) => Err(Failure::new(
+            Exit::NoNode,
+            format!("no node running on {}", ctx.home.display()),
+            "start one with `awp up`",
+        )),
+        Err(e) => Err(client_failure(&e, &ctx.home)),
+        Ok(resp) => {
+            let body = ctx.body(resp)?;
+            if ctx.json {
+                out_json(&Value::Object(body))
+            } else {
+                out(&format::key_values(&body))
+            }
+        }
+    }
+}
+
+async fn whoami(ctx: &Ctx) -> Result<(), Failure> {
+    // A running node knows its name too; without one, the identity file is enough.
+    let from_node =
+        control::request_with_timeout(&ctx.socket(), &Request::Whoami, Duration::from_secs(5))
+            .await;
+    let body = match from_node {
+        Ok(resp) if resp.ok => resp.body,
+        _ => {
+            let id = crate::identity::Identity::load_or_create(&ctx.home).map_err(|e| {
+                Failure::new(
+                    Exit::Failed,
+                    e.to_string(),
+                    "check the home directory and identity.json",
+                )
+            })?;
+            let key = id.key();
+            let mut m = Map::new();
+            m.insert("key".into(), key.to_string().into());
+            m.insert("fingerprint".into(), key.fingerprint().into());
+            m
+        }
+    };
+    if ctx.json {
+        out_json(&Value::Object(body))
+    } else {
+        out(&format::key_values(&body))
+    }
+}
+
+fn version(ctx: &Ctx) -> Result<(), Failure> {
+    let v = env!("CARGO_PKG_VERSION");
+    if ctx.json {
+        out_json(&json!({"version": v, "protocol": "awp/0"}))
+    } else {
+        out(&format!("awp {v} (protocol AWP v0)"))
+    }
+}

@@ -1,0 +1,129 @@
+//! `awp listen` and `awp daemon`: a node in this process until Ctrl-C, SIGTERM or a
+//! shutdown request.
+
+use super::args::NodeArgs;
+use super::{format, out, out_json, Ctx, Exit, Failure};
+use crate::net::Address;
+use crate::node::{NodeConfig, NodeHandle, StartError};
+use serde_json::Value;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::broadcast::error::RecvError;
+
+/// What the foreground node prints on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Nothing (`awp daemon`; logs go to stderr).
+    None,
+    /// The listening event, then every event as one JSON line.
+    Json,
+    /// The same as human lines.
+    Text,
+}
+
+/// The node configuration from the command line; bad addresses are usage errors.
+pub fn node_config(ctx: &Ctx, args: &NodeArgs) -> Result<NodeConfig, Failure> {
+    let listen = args
+        .listen
+        .iter()
+        .map(|a| {
+            a.parse::<Address>().map_err(|e| {
+                Failure::usage(
+                    format!("bad --listen address: {e}"),
+                    "use tls:HOST:PORT, tcp:HOST:PORT or unix:/path",
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(NodeConfig {
+        home: ctx.home.clone(),
+        listen,
+        allow_plaintext: args.allow_plaintext,
+        name: args.name.clone(),
+        about: args.about.clone(),
+    })
+}
+
+fn start_failure(ctx: &Ctx, e: StartError) -> Failure {
+    match e {
+        StartError::AlreadyRunning { .. } => Failure::new(
+            Exit::Failed,
+            e.to_string(),
+            "stop it with `awp down`, or use another --home",
+        ),
+        StartError::Other(msg) => Failure::new(
+            Exit::Failed,
+            format!("the node could not start: {msg}"),
+            format!("check --listen and the home {}", ctx.home.display()),
+        ),
+    }
+}
+
+fn emit(output: Output, ev: &crate::control::Event) -> Result<(), Failure> {
+    match output {
+        Output::None => Ok(()),
+        Output::Json => out_json(&Value::Object(ev.clone())),
+        Output::Text => match format::event_line(ev, format::now_ms()) {
+            Some(line) => out(&line),
+            None => Ok(()),
+        },
+    }
+}
+
+/// Run the node in the foreground until it stops.
+pub async fn run(ctx: &Ctx, args: &NodeArgs, output: Output) -> Result<(), Failure> {
+    let config = node_config(ctx, args)?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| {
+        Failure::new(
+            Exit::Failed,
+            format!("cannot handle SIGTERM: {e}"),
+            "check system limits",
+        )
+    })?;
+    let handle = NodeHandle::start(config)
+        .await
+        .map_err(|e| start_failure(ctx, e))?;
+    // Subscribe before printing the listening event, so no event falls in between.
+    let mut events = (output != Output::None).then(|| handle.subscribe());
+    let listening = handle.listening_event();
+    let listening_json = Value::Object(listening.clone()).to_string();
+    tracing::info!(event = %listening_json, "node running");
+    let mut result = emit(output, &listening);
+    if result.is_err() {
+        handle.shutdown();
+    }
+    let stopped = handle.stopped();
+    tokio::pin!(stopped);
+    let mut stopping = result.is_err();
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            _ = tokio::signal::ctrl_c(), if !stopping => {
+                tracing::info!("interrupted, shutting down");
+                stopping = true;
+                handle.shutdown();
+            }
+            _ = sigterm.recv(), if !stopping => {
+                tracing::info!("SIGTERM, shutting down");
+                stopping = true;
+                handle.shutdown();
+            }
+            ev = async { events.as_mut().expect("guarded").recv().await }, if events.is_some() => {
+                match ev {
+                    Ok(ev) => {
+                        if let Err(f) = emit(output, &ev) {
+                            // Nobody reads our output any more: stop the node.
+                            result = Err(f);
+                            events = None;
+                            stopping = true;
+                            handle.shutdown();
+                        }
+                    }
+                    Err(RecvError::Lagged(n)) => tracing::warn!(missed = n, "event output fell behind; events skipped"),
+                    Err(RecvError::Closed) => events = None,
+                }
+            }
+        }
+    }
+    tracing::info!("node stopped");
+    result
+}

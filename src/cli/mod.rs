@@ -1,0 +1,256 @@
+//! The `awp` command line: argument grammar ([`args`]), human output ([`format`]), the
+//! client commands ([`commands`]) and the foreground node ([`foreground`]).
+//!
+//! [`run`] returns the process exit code (see [`Exit`]); every failure is reported as one
+//! line on stderr: `awp: <what went wrong>; <what to do>`.
+
+pub mod args;
+pub mod commands;
+pub mod foreground;
+pub mod format;
+
+pub use args::{Cli, Command, NodeArgs};
+
+use crate::control::{ClientError, ControlError};
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Process exit codes (documented in `awp --help`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// 0: success.
+    Ok = 0,
+    /// 1: the operation failed (peer refused, connect failed, node error).
+    Failed = 1,
+    /// 2: usage error, bad input, or a wait timed out.
+    Usage = 2,
+    /// 3: no node running (`awp status`).
+    NoNode = 3,
+}
+
+impl Exit {
+    /// The numeric exit code.
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+/// A command failure: exit code plus the one-line report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Exit code.
+    pub exit: Exit,
+    /// What went wrong (empty: exit without a message).
+    pub what: String,
+    /// What to do about it.
+    pub hint: String,
+}
+
+impl Failure {
+    /// A failure with a message and a hint.
+    pub fn new(exit: Exit, what: impl Into<String>, hint: impl Into<String>) -> Failure {
+        Failure {
+            exit,
+            what: what.into(),
+            hint: hint.into(),
+        }
+    }
+    /// Usage / bad input (exit 2).
+    pub fn usage(what: impl Into<String>, hint: impl Into<String>) -> Failure {
+        Failure::new(Exit::Usage, what, hint)
+    }
+    /// Exit without printing anything (e.g. stdout closed by the reader).
+    pub fn silent(exit: Exit) -> Failure {
+        Failure {
+            exit,
+            what: String::new(),
+            hint: String::new(),
+        }
+    }
+    /// The stderr line, or `None` for a silent exit.
+    pub fn message(&self) -> Option<String> {
+        if self.what.is_empty() {
+            return None;
+        }
+        let what: String = self.what.lines().collect::<Vec<_>>().join(" ");
+        Some(if self.hint.is_empty() {
+            format!("awp: {what}")
+        } else {
+            format!("awp: {what}; {}", self.hint)
+        })
+    }
+}
+
+/// The exit code for a failed control request, by its error code: input the node could
+/// not resolve is a usage error (2), everything else an operation failure (1).
+pub fn exit_for_node_error(code: &str) -> Exit {
+    match code {
+        "bad_request" | "no_such_peer" | "ambiguous_peer" | "no_such_thread" => Exit::Usage,
+        _ => Exit::Failed,
+    }
+}
+
+/// A failure for an `ok: false` response.
+pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
+    let hint = match err.code.as_str() {
+        "no_such_peer" => {
+            "list known peers with `awp peers`, or dial one with `awp connect ADDRESS`".to_string()
+        }
+        "ambiguous_peer" => "give more characters of the key, or the full key".into(),
+        "no_such_thread" => "list threads with `awp threads`".into(),
+        "connect_failed" => "check the address and that the peer's node is up".into(),
+        "bad_request" => "check the arguments (`awp help`)".into(),
+        _ => format!("see {}", home.join(crate::daemon::LOG_FILE).display()),
+    };
+    Failure::new(exit_for_node_error(&err.code), err.message.clone(), hint)
+}
+
+/// A failure for a control request that got no answer.
+pub fn client_failure(err: &ClientError, home: &Path) -> Failure {
+    let log = home.join(crate::daemon::LOG_FILE);
+    match err {
+        ClientError::NotRunning { .. } => {
+            Failure::new(Exit::Failed, "no node running", "start one with `awp up`")
+        }
+        ClientError::Refused(e) => node_failure(e, home),
+        other => Failure::new(
+            Exit::Failed,
+            other.to_string(),
+            format!(
+                "check the node with `awp status`; its log is {}",
+                log.display()
+            ),
+        ),
+    }
+}
+
+/// Parse the command line. Help and version are printed here (`Err(0)`); any other
+/// problem is reported on one line (`Err(2)`).
+pub fn parse<I, T>(args: I) -> Result<Cli, i32>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    use clap::Parser;
+    Cli::try_parse_from(args).map_err(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                let _ = e.print();
+                e.exit_code()
+            }
+            _ => {
+                eprintln!("{}", clap_error_line(&e));
+                Exit::Usage.code()
+            }
+        }
+    })
+}
+
+/// A clap error as one line: `awp: <problem>; see `awp help``.
+pub fn clap_error_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    // The first paragraph, e.g. "the following required arguments were not provided:" and
+    // the indented list under it, joined into one line.
+    let first: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let first = first.join(" ");
+    let first = first.strip_prefix("error: ").unwrap_or(&first);
+    let first = if first.is_empty() {
+        "invalid arguments"
+    } else {
+        first
+    };
+    let mut hint = "see `awp --help`".to_string();
+    for line in text.lines().map(str::trim) {
+        if let Some(tip) = line.strip_prefix("tip: ") {
+            hint = format!("{tip}, or see `awp --help`");
+            break;
+        }
+    }
+    Failure::usage(first, hint).message().unwrap_or_default()
+}
+
+/// Run a parsed command; returns the exit code.
+pub fn run(cli: Cli) -> i32 {
+    let home = match crate::daemon::resolve_home(cli.home.clone()) {
+        Ok(h) => h,
+        Err(e) => {
+            let f = Failure::usage(
+                format!("cannot use the home directory: {e}"),
+                "pass --home DIR or set AWP_HOME",
+            );
+            eprintln!("{}", f.message().unwrap_or_default());
+            return f.exit.code();
+        }
+    };
+    let ctx = Ctx {
+        home,
+        json: cli.json,
+    };
+    let multi_thread = matches!(cli.command, Command::Daemon(_) | Command::Listen { .. });
+    let runtime = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("awp: cannot start the async runtime: {e}; check system limits");
+            return Exit::Failed.code();
+        }
+    };
+    let result = runtime.block_on(commands::dispatch(&ctx, cli.command));
+    match result {
+        Ok(()) => Exit::Ok.code(),
+        Err(f) => {
+            if let Some(m) = f.message() {
+                eprintln!("{m}");
+            }
+            f.exit.code()
+        }
+    }
+}
+
+/// What every command needs: the home and the output mode.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// The resolved `$AWP_HOME`.
+    pub home: PathBuf,
+    /// `--json`.
+    pub json: bool,
+}
+
+/// Write one line to stdout and flush. A closed stdout (`awp tail | head`) ends the
+/// command quietly.
+pub fn out(line: &str) -> Result<(), Failure> {
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Failure::silent(Exit::Ok)),
+        Err(e) => Err(Failure::new(
+            Exit::Failed,
+            format!("cannot write output: {e}"),
+            "check stdout",
+        )),
+    }
+}
+
+/// Write one JSON value as a line.
+pub fn out_json(v: &serde_json::Value) -> Result<(), Failure> {
+    out(&v.to_string())
+}
+
+#[cfg(test)]
+mod tests;
