@@ -104,14 +104,28 @@ async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
 async fn handle(inner: &Arc<Inner>, req: Request) -> Response {
     match handle_inner(inner, req).await {
         Ok(v) => Response::ok(v),
-        Err(r) => r,
+        Err(f) => f.response(),
     }
 }
 
-type Reply = Result<Value, Response>;
+type Reply = Result<Value, Fail>;
 
-fn internal(e: impl std::fmt::Display) -> Response {
-    Response::err("internal", e.to_string())
+/// A failed control request: an error code of [`crate::control::ControlError`] and a
+/// message saying what to do.
+#[derive(Debug)]
+pub(super) struct Fail(Box<(&'static str, String)>);
+
+impl Fail {
+    fn new(code: &'static str, message: impl Into<String>) -> Fail {
+        Fail(Box::new((code, message.into())))
+    }
+    fn response(&self) -> Response {
+        Response::err(self.0 .0, self.0 .1.clone())
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> Fail {
+    Fail::new("internal", e.to_string())
 }
 
 async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
@@ -168,12 +182,9 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
                 .into_iter()
                 .map(serde_json::from_value)
                 .collect::<Result<_, _>>()
-                .map_err(|e| Response::err("bad_request", format!("bad part: {e}")))?;
+                .map_err(|e| Fail::new("bad_request", format!("bad part: {e}")))?;
             if parts.is_empty() {
-                return Err(Response::err(
-                    "bad_request",
-                    "a msg needs at least one part",
-                ));
+                return Err(Fail::new("bad_request", "a msg needs at least one part"));
             }
             let (key, th, new_thread) = thread_and_peer(inner, peer.as_deref(), th.as_deref())?;
             let subject = subject.filter(|s| !s.is_empty());
@@ -197,7 +208,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             wait_ack_ms,
         } => {
             if state.is_empty() {
-                return Err(Response::err("bad_request", "state must not be empty"));
+                return Err(Fail::new("bad_request", "state must not be empty"));
             }
             let (key, th, _) = thread_and_peer(inner, peer.as_deref(), Some(&th))?;
             let build = move |id: &str, ts: &str| {
@@ -278,17 +289,16 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             let list: Vec<Value> = entries.iter().map(|e| entry_event(inner, e)).collect();
             Ok(json!({ "entries": list }))
         }
-        Request::Subscribe { .. } => Err(Response::err(
-            "bad_request",
-            "subscribe is handled separately",
-        )),
+        Request::Subscribe { .. } => {
+            Err(Fail::new("bad_request", "subscribe is handled separately"))
+        }
         Request::Shutdown => Ok(json!({"stopping": true})),
     }
 }
 
 /// Resolve a peer argument: full key, name, or a unique key prefix of at least 4 characters
 /// (with or without `ed25519:`).
-pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Response> {
+pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
     if let Ok(k) = PeerKey::parse(text) {
         return Ok(k);
     }
@@ -301,7 +311,7 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Respons
         return Ok(by_name[0].key);
     }
     if by_name.len() > 1 {
-        return Err(Response::err(
+        return Err(Fail::new(
             "ambiguous_peer",
             format!(
                 "{} peers are named {text:?}; use a key prefix",
@@ -319,7 +329,7 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Respons
     }
     let prefix = text.strip_prefix("ed25519:").unwrap_or(text);
     if prefix.len() < 4 {
-        return Err(Response::err(
+        return Err(Fail::new(
             "no_such_peer",
             format!("no peer named {text:?} (a key prefix needs at least 4 characters)"),
         ));
@@ -330,8 +340,8 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Respons
         .collect();
     match hits.len() {
         1 => Ok(hits[0].key),
-        0 => Err(Response::err("no_such_peer", format!("no known peer matches {text:?}; `awp peers` lists them, `awp connect ADDRESS` adds one"))),
-        n => Err(Response::err("ambiguous_peer", format!("{n} peers match {text:?}; give more of the key"))),
+        0 => Err(Fail::new("no_such_peer", format!("no known peer matches {text:?}; `awp peers` lists them, `awp connect ADDRESS` adds one"))),
+        n => Err(Fail::new("ambiguous_peer", format!("{n} peers match {text:?}; give more of the key"))),
     }
 }
 
@@ -341,19 +351,19 @@ fn thread_and_peer(
     inner: &Inner,
     peer: Option<&str>,
     th: Option<&str>,
-) -> Result<(PeerKey, String, bool), Response> {
+) -> Result<(PeerKey, String, bool), Fail> {
     let peer = peer.map(|p| resolve_peer(inner, p)).transpose()?;
     match th {
         Some(th) => {
             let existing = inner.store.thread(th).map_err(internal)?;
             match (existing, peer) {
-                (Some(t), Some(p)) if t.peer != p => Err(Response::err(
+                (Some(t), Some(p)) if t.peer != p => Err(Fail::new(
                     "bad_request",
                     format!("thread {th} is with {}, not {p}", t.peer),
                 )),
                 (Some(t), _) => Ok((t.peer, th.to_string(), false)),
                 (None, Some(p)) => Ok((p, th.to_string(), true)),
-                (None, None) => Err(Response::err(
+                (None, None) => Err(Fail::new(
                     "no_such_thread",
                     format!("no thread {th}; name a peer to start it"),
                 )),
@@ -361,7 +371,7 @@ fn thread_and_peer(
         }
         None => match peer {
             Some(p) => Ok((p, format!("thr_{}", ulid::Ulid::generate()), true)),
-            None => Err(Response::err("bad_request", "name a peer or a thread (-t)")),
+            None => Err(Fail::new("bad_request", "name a peer or a thread (-t)")),
         },
     }
 }
@@ -442,20 +452,15 @@ async fn queue(
 async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> Reply {
     let addr: Address = address
         .parse()
-        .map_err(|e: net::AddressError| Response::err("bad_request", e.to_string()))?;
+        .map_err(|e: net::AddressError| Fail::new("bad_request", e.to_string()))?;
     let timeout = Duration::from_millis(timeout_ms.unwrap_or(15_000));
     let deadline = tokio::time::Instant::now() + timeout.min(super::HANDSHAKE_TIMEOUT);
     let c = match tokio::time::timeout_at(deadline, net::dial(&addr, &inner.tls, &inner.dial_opts))
         .await
     {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(Response::err("connect_failed", format!("{address}: {e}"))),
-        Err(_) => {
-            return Err(Response::err(
-                "connect_failed",
-                format!("{address}: timed out"),
-            ))
-        }
+        Ok(Err(e)) => return Err(Fail::new("connect_failed", format!("{address}: {e}"))),
+        Err(_) => return Err(Fail::new("connect_failed", format!("{address}: timed out"))),
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let inner2 = inner.clone();
@@ -478,11 +483,8 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
                 json!({"peer": key.to_string(), "peer_name": inner.peer_name(&key), "address": address}),
             )
         }
-        Ok(Ok(Err(reason))) => Err(Response::err(
-            "connect_failed",
-            format!("{address}: {reason}"),
-        )),
-        _ => Err(Response::err(
+        Ok(Ok(Err(reason))) => Err(Fail::new("connect_failed", format!("{address}: {reason}"))),
+        _ => Err(Fail::new(
             "connect_failed",
             format!("{address}: handshake timed out"),
         )),
@@ -516,7 +518,7 @@ async fn subscribe(
 ) -> std::io::Result<()> {
     let peer = match peer.map(|p| resolve_peer(inner, &p)).transpose() {
         Ok(p) => p,
-        Err(r) => return write_json(w, &r).await,
+        Err(f) => return write_json(w, &f.response()).await,
     };
     let mut rx = inner.events.subscribe();
     write_json(w, &Response::ok(json!({"subscribed": true}))).await?;

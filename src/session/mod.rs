@@ -651,14 +651,12 @@ impl Session {
                     self.ping_deadline = now + PING_IDLE;
                 }
             }
-            Phase::Closing => {
-                if self.bye_deadline.is_some_and(|d| now >= d) {
-                    let reason = match self.close.take() {
-                        Some(CloseReason::Local(r)) => Some(r),
-                        _ => None,
-                    };
-                    self.finish(CloseReason::Bye { reason });
-                }
+            Phase::Closing if self.bye_deadline.is_some_and(|d| now >= d) => {
+                let reason = match self.close.take() {
+                    Some(CloseReason::Local(r)) => Some(r),
+                    _ => None,
+                };
+                self.finish(CloseReason::Bye { reason });
             }
             _ => {}
         }

@@ -45,7 +45,10 @@ impl TestNode {
 
     /// The node's first dialable address (pinned to its key).
     pub fn address(&self) -> String {
-        self.handle.listening_event()["address"].as_str().unwrap().to_string()
+        self.handle.listening_event()["address"]
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 
     pub fn key(&self) -> String {
@@ -75,7 +78,10 @@ impl TestNode {
     /// Inbound log entries (all, read or not).
     pub async fn inbound(&self) -> Vec<Value> {
         let r = self
-            .ctl(Request::Read { th: None, mark: false })
+            .ctl(Request::Read {
+                th: None,
+                mark: false,
+            })
             .await;
         assert!(r.ok, "{:?}", r.error);
         r.body["entries"].as_array().cloned().unwrap_or_default()
@@ -116,7 +122,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "condition not met within {secs} s");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met within {secs} s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -133,8 +142,14 @@ impl Raw {
         let identity = Identity::from_seed(&[seed; 32]);
         let tls = TlsConfig::new(&identity).unwrap();
         let addr: Address = addr.parse().unwrap();
-        let c = net::dial(&addr, &tls, &DialOptions::default()).await.expect("dial");
-        Raw { identity, reader: c.reader, writer: c.writer }
+        let c = net::dial(&addr, &tls, &DialOptions::default())
+            .await
+            .expect("dial");
+        Raw {
+            identity,
+            reader: c.reader,
+            writer: c.writer,
+        }
     }
 
     pub async fn write(&mut self, line: &[u8]) {
@@ -152,7 +167,9 @@ impl Raw {
     }
 
     pub async fn read_line(&mut self) -> Option<Line> {
-        self.read().await.map(|l| wire::parse_line(&l).expect("node sends valid lines"))
+        self.read()
+            .await
+            .map(|l| wire::parse_line(&l).expect("node sends valid lines"))
     }
 
     /// Our hello line (v may be overridden).
@@ -177,8 +194,12 @@ impl Raw {
         let mine = self.hello(0);
         self.write(&mine).await;
         let their_raw = self.read().await.expect("node hello");
-        let Ok(Line::Hello(h)) = wire::parse_line(&their_raw) else { panic!("first line must be hello") };
-        let sig = self.identity.sign(&awp_node::identity::auth_transcript(&mine, &their_raw));
+        let Ok(Line::Hello(h)) = wire::parse_line(&their_raw) else {
+            panic!("first line must be hello")
+        };
+        let sig = self
+            .identity
+            .sign(&awp_node::identity::auth_transcript(&mine, &their_raw));
         let auth = Line::Auth(wire::Auth {
             id: "01K00000000000000000000001".into(),
             ts: "2026-01-01T00:00:00.000Z".into(),
