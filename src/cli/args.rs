@@ -119,7 +119,8 @@ pub enum Command {
         #[arg(long)]
         no_mark: bool,
     },
-    /// Wait for an inbound line (exit 0), or time out (exit 2).
+    /// Wait for an inbound line (exit 0), or time out (exit 2). An unread matching line
+    /// that already arrived counts.
     Wait {
         /// Only this thread.
         #[arg(short = 't', long = "thread", value_name = "THREAD")]

@@ -466,13 +466,22 @@ async fn wait(
         .subscribe(&Request::Subscribe {
             th: th.clone(),
             peer: None,
-            from_seq: None,
+            from_seq: Some(0),
         })
         .await?;
+    // History first: an unread matching line that is already here counts (no race between
+    // arrival and the start of `wait`); after `caught_up`, any new matching line.
+    let mut live = false;
     let waiting = async {
         loop {
             match sub.next_event().await {
-                Ok(Some(ev)) if wait_matches(&ev, th.as_deref(), &states) => return Ok(ev),
+                Ok(Some(ev)) if str_field(&ev, &["event"]) == Some("caught_up") => live = true,
+                Ok(Some(ev))
+                    if wait_matches(&ev, th.as_deref(), &states)
+                        && (live || ev.get("read").and_then(Value::as_bool) == Some(false)) =>
+                {
+                    return Ok(ev)
+                }
                 Ok(Some(_)) => {}
                 Ok(None) => return Err(stream_ended(ctx, None)),
                 Err(e) => return Err(stream_ended(ctx, Some(e))),

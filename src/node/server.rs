@@ -239,6 +239,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
                         "their_note": t.their_note,
                         "since": wire::time::format_ms(t.since_ms),
                         "updated": wire::time::format_ms(t.updated_ms),
+                        "updated_ms": t.updated_ms,
                         "unread": t.unread,
                     })
                 })
@@ -266,9 +267,11 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
                         "fingerprint": p.key.fingerprint(),
                         "first_seen": wire::time::format_ms(p.first_seen_ms),
                         "last_seen": wire::time::format_ms(p.last_seen_ms),
+                        "last_seen_ms": p.last_seen_ms,
                         "parked": p.parked,
                         "connected": c.is_some_and(|c| c.up),
                         "remote": c.map(|c| c.remote.clone()),
+                        "address": store.addresses(&p.key).ok().and_then(|a| a.into_iter().next()).map(|a| a.address),
                         "outbox": store.outbox_len(&p.key).unwrap_or(0),
                         "addresses": addrs,
                     })
