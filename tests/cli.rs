@@ -390,9 +390,15 @@ fn wait_times_out_with_exit_2() {
     let node = FakeNode::start(
         home.path(),
         Box::new(|req| match req["op"].as_str() {
-            // An outbound line and a non-matching state do not end the wait.
+            // A matching state already read, an outbound line and a non-matching state do
+            // not end the wait.
             Some("subscribe") => vec![
                 ok(json!({})),
+                with_read(
+                    line_event(4, "in", "state", json!({"t": "state", "state": "done"})),
+                    true,
+                ),
+                json!({"event": "caught_up", "seq": 4}).to_string(),
                 line_event(5, "out", "msg", json!({"t": "msg", "parts": []})),
                 line_event(6, "in", "state", json!({"t": "state", "state": "working"})),
             ],
@@ -406,7 +412,10 @@ fn wait_times_out_with_exit_2() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert_one_error_line(&o);
     assert!(stderr(&o).contains("timed out"));
-    assert_eq!(node.calls(), vec![json!({"op": "subscribe"})]);
+    assert_eq!(
+        node.calls(),
+        vec![json!({"op": "subscribe", "from_seq": 0})]
+    );
 }
 
 #[test]
@@ -417,6 +426,7 @@ fn wait_returns_on_matching_state() {
         Box::new(|req| match req["op"].as_str() {
             Some("subscribe") => vec![
                 ok(json!({})),
+                json!({"event": "caught_up", "seq": 5}).to_string(),
                 line_event(6, "in", "state", json!({"t": "state", "state": "working"})),
                 line_event(7, "in", "state", json!({"t": "state", "state": "done"})),
             ],
@@ -439,6 +449,39 @@ fn wait_returns_on_matching_state() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(v["seq"], 7);
+}
+
+#[test]
+fn wait_returns_at_once_for_an_unread_line_already_here() {
+    let home = tempfile::tempdir().unwrap();
+    let _node = FakeNode::start(
+        home.path(),
+        Box::new(|req| match req["op"].as_str() {
+            Some("subscribe") => vec![
+                ok(json!({})),
+                with_read(
+                    line_event(3, "in", "msg", json!({"t": "msg", "parts": []})),
+                    true,
+                ),
+                with_read(
+                    line_event(4, "in", "msg", json!({"t": "msg", "parts": []})),
+                    false,
+                ),
+                json!({"event": "caught_up", "seq": 4}).to_string(),
+            ],
+            _ => vec![ok(json!({}))],
+        }),
+    );
+    let o = awp(home.path(), &["wait", "--timeout", "10s", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["seq"], 4, "the unread line, not the read one");
+}
+
+fn with_read(event: String, read: bool) -> String {
+    let mut v: Value = serde_json::from_str(&event).unwrap();
+    v["read"] = json!(read);
+    v.to_string()
 }
 
 #[test]
