@@ -18,8 +18,15 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-/// Lines buffered between the reader task and the session.
-const READ_QUEUE: usize = 1024;
+/// Batches buffered between the reader task and the session.
+const READ_QUEUE: usize = 4;
+/// A reader batch closes at this many bytes or [`READ_BATCH_LINES`] lines, so at most
+/// `READ_QUEUE × (READ_BATCH_BYTES + MAX_LINE)` bytes wait in the queue.
+const READ_BATCH_BYTES: usize = 256 * 1024;
+/// Lines per reader batch.
+const READ_BATCH_LINES: usize = 1024;
+/// Received bytes the session may hold before a commit and flush.
+const COMMIT_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes per write batch.
 const WRITE_BATCH: usize = 256 * 1024;
 /// Lines fed to the session before one group-committed flush.
@@ -107,18 +114,35 @@ pub async fn run_with(
         Instant::now(),
     );
 
-    // Reader task.
-    let (rtx, mut rrx) = mpsc::channel::<ReadItem>(READ_QUEUE);
+    // Reader task: frames lines and hands them over in batches (one await per batch).
+    let (rtx, mut rrx) = mpsc::channel::<Vec<ReadItem>>(READ_QUEUE);
     let reader_task = tokio::spawn(async move {
         loop {
-            let item = match reader.read_line().await {
-                Ok(Some(l)) => ReadItem::Line(l),
-                Ok(None) => ReadItem::Eof,
-                Err(ReadError::TooLarge) => ReadItem::TooLarge,
-                Err(ReadError::Io(_)) => ReadItem::Eof,
+            let first = reader.read_line().await;
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            let mut item = first;
+            let end = loop {
+                let it = match item {
+                    Ok(Some(l)) => {
+                        bytes += l.len();
+                        ReadItem::Line(l)
+                    }
+                    Ok(None) | Err(ReadError::Io(_)) => ReadItem::Eof,
+                    Err(ReadError::TooLarge) => ReadItem::TooLarge,
+                };
+                let end = !matches!(it, ReadItem::Line(_));
+                batch.push(it);
+                if end || bytes >= READ_BATCH_BYTES || batch.len() >= READ_BATCH_LINES {
+                    break end;
+                }
+                item = match reader.buffered_line() {
+                    Ok(Some(l)) => Ok(Some(l)),
+                    Ok(None) => break false,
+                    Err(e) => Err(e),
+                };
             };
-            let end = !matches!(item, ReadItem::Line(_));
-            if rtx.send(item).await.is_err() || end {
+            if rtx.send(batch).await.is_err() || end {
                 return;
             }
         }
@@ -264,26 +288,31 @@ pub async fn run_with(
                     Err(_) => { write_failed = true; break; }
                 }
             }
-            item = rrx.recv(), if !session.backlogged() => {
+            batch = rrx.recv(), if !session.backlogged() => {
                 let now = Instant::now();
-                let mut next = item;
+                let mut next = Some(batch.unwrap_or_else(|| vec![ReadItem::Eof]));
                 let mut n = 0;
-                loop {
-                    match next {
-                        Some(ReadItem::Line(l)) => session.handle_line(&l, now),
-                        Some(ReadItem::TooLarge) => session.handle_read_error(true),
-                        Some(ReadItem::Eof) | None => session.handle_eof(),
+                while let Some(items) = next.take() {
+                    for item in items {
+                        match item {
+                            ReadItem::Line(l) => session.handle_line(&l, now),
+                            ReadItem::TooLarge => session.handle_read_error(true),
+                            ReadItem::Eof => session.handle_eof(),
+                        }
+                        n += 1;
                     }
-                    n += 1;
-                    if session.is_closed() || n >= READ_BATCH || session.backlogged() {
+                    if session.is_closed()
+                        || n >= READ_BATCH
+                        || session.backlogged()
+                        || session.pending_bytes() >= COMMIT_BYTES
+                    {
                         break;
                     }
-                    match rrx.try_recv() {
-                        Ok(i) => next = Some(i),
-                        Err(_) => break,
-                    }
+                    next = rrx.try_recv().ok();
                 }
                 if session.wants_flush() {
+                    // One transaction and one fsync for the whole batch, then the acks.
+                    session.commit();
                     match inner.store.flush().await {
                         Ok(()) => session.flushed(),
                         Err(e) => session.flush_failed(&e),
@@ -307,10 +336,12 @@ pub async fn run_with(
     if write_failed {
         // Give a closing err from the peer a chance to be read and logged.
         let _ = tokio::time::timeout(ERROR_LINGER, async {
-            while let Some(item) = rrx.recv().await {
-                if let ReadItem::Line(l) = item {
-                    if let Ok(Line::Err(e)) = wire::parse_line(&l) {
-                        tracing::info!(code = %e.code, detail = ?e.detail, "peer's err before close");
+            while let Some(items) = rrx.recv().await {
+                for item in items {
+                    if let ReadItem::Line(l) = item {
+                        if let Ok(Line::Err(e)) = wire::parse_line(&l) {
+                            tracing::info!(code = %e.code, detail = ?e.detail, "peer's err before close");
+                        }
                     }
                 }
             }

@@ -8,9 +8,11 @@
 //! timeout, cumulative ack, permanent dedup, ack only after durable), §Liveness and close
 //! (ping after 30 s idle, two missed pongs, bye), §Errors (which codes close).
 //!
-//! Durability contract: lines that need an ack are stored with [`Store::receive`] (not yet
-//! durable) and their acks are held until the driver has run [`Store::flush`] and called
-//! [`Session::flushed`]. Events about received lines are released at the same time.
+//! Durability contract: lines that need an ack are collected while the driver feeds a
+//! batch; [`Session::commit`] stores them in one transaction (not yet durable); their acks
+//! are held until the driver has run [`Store::flush`] and called [`Session::flushed`].
+//! Events about received lines are released at the same time. So a burst of N lines costs
+//! one transaction and one fsync, and nothing is acked before it is on disk.
 
 use crate::identity::{auth_transcript, Identity};
 use crate::store::{Received, Store, StoreError};
@@ -125,6 +127,10 @@ pub struct Session {
     pending_hello: Option<wire::Hello>,
     /// Control lines (hello, auth, resume, ack, pong, ping, err, bye): before outbox lines.
     control: VecDeque<Vec<u8>>,
+    /// Acked-kind lines received but not yet handed to the store (stored in one
+    /// transaction by [`Session::commit`]).
+    pending_rx: Vec<(Line, Vec<u8>)>,
+    pending_bytes: usize,
     /// Acks waiting for the next durable flush.
     held_acks: Vec<Vec<u8>>,
     /// Events waiting for the next durable flush.
@@ -182,6 +188,8 @@ impl Session {
             peer: None,
             pending_hello: None,
             control,
+            pending_rx: Vec::new(),
+            pending_bytes: 0,
             held_acks: Vec::new(),
             held_events: Vec::new(),
             events: VecDeque::new(),
@@ -227,9 +235,58 @@ impl Session {
         self.close.as_ref()
     }
 
-    /// Whether stored lines are waiting for a durable flush before their acks go out.
+    /// Whether received lines wait for [`Session::commit`] and a durable flush before
+    /// their acks go out.
     pub fn wants_flush(&self) -> bool {
         self.needs_flush
+    }
+
+    /// Bytes of received lines waiting for [`Session::commit`] (the driver commits before
+    /// this grows large).
+    pub fn pending_bytes(&self) -> usize {
+        self.pending_bytes
+    }
+
+    /// Store the lines received since the last call in one transaction (not yet durable).
+    /// Duplicates (by peer and id, also within the batch) are re-acked without effect. The
+    /// driver then runs [`Store::flush`] and calls [`Session::flushed`] (or
+    /// [`Session::flush_failed`]). Lines that arrived before a closing error are still
+    /// stored, but not acked.
+    pub fn commit(&mut self) {
+        self.pending_bytes = 0;
+        if self.pending_rx.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.pending_rx);
+        let Some(peer) = self.peer else { return };
+        let refs: Vec<(&Line, &[u8])> = batch.iter().map(|(l, r)| (l, r.as_slice())).collect();
+        let results = match self.store.receive_batch(&peer, &refs) {
+            Ok(r) => r,
+            Err(e) => {
+                self.fail_storage(None, &e);
+                return;
+            }
+        };
+        let closed = self.phase == Phase::Closed;
+        for ((line, _), received) in batch.into_iter().zip(results) {
+            let (Some(id), Some(th)) = (line.id(), line.th()) else {
+                continue;
+            };
+            if !closed {
+                let ack = Line::Ack(wire::Ack {
+                    id: self.store.next_control_id(),
+                    ts: now_ts(),
+                    th: th.to_string(),
+                    re: id.to_string(),
+                });
+                self.held_acks.push(ack.encode());
+            }
+            if let Received::New(seq) = received {
+                if seq > 0 {
+                    self.held_events.push(SessionEvent::Received { seq, line });
+                }
+            }
+        }
     }
 
     /// Whether the control queue is over [`CONTROL_HIGH_WATER`] (stop reading for now).
@@ -246,10 +303,11 @@ impl Session {
     pub fn flushed(&mut self) {
         self.needs_flush = false;
         if self.phase == Phase::Closed {
+            // Nothing goes out after a closing err or bye; what was stored is still news.
             self.held_acks.clear();
-            return;
+        } else {
+            self.control.extend(self.held_acks.drain(..));
         }
-        self.control.extend(self.held_acks.drain(..));
         self.events.extend(self.held_events.drain(..));
     }
 
@@ -328,7 +386,7 @@ impl Session {
         match self.phase {
             Phase::AwaitHello => self.on_hello(raw, line, now),
             Phase::AwaitAuth => self.on_auth(line, now),
-            Phase::Open => self.on_open_line(line, now),
+            Phase::Open => self.on_open_line(raw, line),
             Phase::Closing => self.on_closing_line(line),
             Phase::Closed => {}
         }
@@ -460,7 +518,7 @@ impl Session {
         self.resume_deadline = Some(now + RESUME_TIMEOUT);
     }
 
-    fn on_open_line(&mut self, line: Line, now: Instant) {
+    fn on_open_line(&mut self, raw: &[u8], line: Line) {
         let Some(peer) = self.peer else { return };
         if !self.up_reported && !matches!(line, Line::Err(_)) {
             self.up_reported = true;
@@ -475,7 +533,7 @@ impl Session {
                 self.start_replay();
             }
             Line::Msg(_) | Line::State(_) | Line::Mirror(_) | Line::Private(_) => {
-                self.receive_acked(&peer, line, now);
+                self.receive_acked(line, raw);
             }
             Line::Ack(a) => match self.store.ack(&peer, &a.th, &a.re) {
                 Ok(_) => self
@@ -532,28 +590,13 @@ impl Session {
         }
     }
 
-    fn receive_acked(&mut self, peer: &PeerKey, line: Line, _now: Instant) {
-        let raw = line.encode();
-        let (id, th) = match (line.id(), line.th()) {
-            (Some(id), Some(th)) => (id.to_string(), th.to_string()),
-            _ => return,
-        };
-        match self.store.receive(peer, &line, &raw) {
-            Ok(received) => {
-                let ack = Line::Ack(wire::Ack {
-                    id: self.store.next_control_id(),
-                    ts: now_ts(),
-                    th,
-                    re: id,
-                });
-                self.held_acks.push(ack.encode());
-                self.needs_flush = true;
-                if let Received::New(seq) = received {
-                    self.held_events.push(SessionEvent::Received { seq, line });
-                }
-            }
-            Err(e) => self.fail_storage(Some(id), &e),
+    fn receive_acked(&mut self, line: Line, raw: &[u8]) {
+        if line.id().is_none() || line.th().is_none() {
+            return;
         }
+        self.pending_bytes += raw.len();
+        self.pending_rx.push((line, raw.to_vec()));
+        self.needs_flush = true;
     }
 
     fn start_replay(&mut self) {
@@ -619,10 +662,9 @@ impl Session {
         self.phase = Phase::Closed;
         self.replaying = false;
         self.batch.clear();
-        // Held acks can still go out once flushed; keep them (flushed() releases them only
-        // while not closed, so drop them here to be safe).
+        // Nothing goes out after a closing line: acks not yet sent are dropped (the peer
+        // replays, we dedup). Held events still come out at the next flush.
         self.held_acks.clear();
-        self.events.extend(self.held_events.drain(..));
         self.close = Some(reason.clone());
         self.events.push_back(SessionEvent::Closed(reason));
     }

@@ -47,6 +47,7 @@ fn pair(now: Instant) -> (End, End) {
 /// Drain one side: flush when asked, collect events and transmitted lines.
 fn drain(e: &mut End) -> Vec<Vec<u8>> {
     if e.s.wants_flush() {
+        e.s.commit();
         e.store.flush_blocking().unwrap();
         e.s.flushed();
     }
@@ -175,6 +176,11 @@ fn msg_is_acked_only_after_flush_and_delivered_once() {
     // Not yet durable: no ack may go out.
     assert!(b.s.wants_flush());
     assert!(b.s.poll_transmit().is_none());
+    b.s.commit();
+    assert!(
+        b.s.poll_transmit().is_none(),
+        "stored but not yet durable: still no ack"
+    );
     b.store.flush_blocking().unwrap();
     b.s.flushed();
     let out = drain(&mut b);
@@ -490,4 +496,53 @@ fn messages_queued_in_both_directions_cross_on_resume() {
     assert_eq!(received(&a), vec![y.clone()]);
     assert_eq!(acked(&a), vec![x]);
     assert_eq!(acked(&b), vec![y]);
+}
+
+#[test]
+fn a_batch_is_one_commit_with_dedup_inside_it_and_raw_bytes_kept() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let m1 = br#"{"t":"msg","id":"01K00000000000000000000021","ts":"2026-01-01T00:00:00Z","th":"t","parts":[],"x-priority":"high"}"#;
+    let m2 = br#"{"t":"msg","id":"01K00000000000000000000022","ts":"2026-01-01T00:00:00Z","th":"t","parts":[]}"#;
+    for l in [&m1[..], &m2[..], &m1[..]] {
+        b.s.handle_line(l, now);
+    }
+    assert!(b.s.pending_bytes() >= m1.len() * 2 + m2.len());
+    let flushes = b.store.flush_count();
+    let out = drain(&mut b);
+    assert_eq!(
+        b.store.flush_count(),
+        flushes + 1,
+        "one fsync for the batch"
+    );
+    assert_eq!(
+        kinds(&out),
+        ["ack", "ack", "ack"],
+        "the duplicate is acked too"
+    );
+    assert_eq!(received(&b).len(), 2, "delivered once each");
+    let log = b.store.log(0, Some("t"), false, 10).unwrap();
+    assert_eq!(log.len(), 2);
+    assert_eq!(
+        log[0].line,
+        m1.to_vec(),
+        "inbound lines are kept as received"
+    );
+}
+
+#[test]
+fn lines_before_a_bad_frame_are_stored_but_not_acked() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    b.s.handle_line(br#"{"t":"msg","id":"01K00000000000000000000031","ts":"2026-01-01T00:00:00Z","th":"t","parts":[]}"#, now);
+    b.s.handle_line(b"[1,2,3]", now);
+    let out = drain(&mut b);
+    assert_eq!(
+        kinds(&out),
+        ["err"],
+        "nothing after the closing err, no ack"
+    );
+    assert_eq!(received(&b).len(), 1, "the msg is on disk and reported");
 }
