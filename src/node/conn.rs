@@ -34,6 +34,22 @@ const READ_BATCH: usize = 4096;
 /// After a write error, keep reading this long for the peer's closing err (§Errors).
 const ERROR_LINGER: Duration = Duration::from_millis(500);
 
+/// Lines that are not queued in the outbox, waiting to be written to one connection.
+const EPHEMERAL_QUEUE: usize = 256;
+
+/// What other tasks use to reach a live connection.
+#[derive(Clone)]
+pub(crate) struct Handles {
+    /// Wakes the connection when new lines were queued in the outbox for its peer.
+    pub outbox: Arc<Notify>,
+    /// Stops the connection (replaced, tie break).
+    pub stop: CancellationToken,
+    /// Becomes true when the connection has ended.
+    pub done: watch::Receiver<bool>,
+    /// Lines to write that are not in the outbox (see [`super::Inner::send_ephemeral`]).
+    pub ephemeral: mpsc::Sender<Vec<u8>>,
+}
+
 /// How the connection came about.
 #[derive(Debug, Clone)]
 pub enum Dial {
@@ -169,6 +185,13 @@ pub async fn run_with(
     let outbox = Arc::new(Notify::new());
     let stop = CancellationToken::new();
     let (done_tx, done_rx) = watch::channel(false);
+    let (eph_tx, mut eph_rx) = mpsc::channel::<Vec<u8>>(EPHEMERAL_QUEUE);
+    let handles = Handles {
+        outbox: outbox.clone(),
+        stop: stop.clone(),
+        done: done_rx,
+        ephemeral: eph_tx,
+    };
     let conn_id = inner.conn_id();
     let mut registered: Option<PeerKey> = None;
     let mut up = false;
@@ -190,11 +213,7 @@ pub async fn run_with(
         while let Some(ev) = session.poll_event() {
             match ev {
                 SessionEvent::Authenticated { key, hello } => {
-                    match register(
-                        &inner, key, conn_id, dialed, &remote, &outbox, &stop, &done_rx,
-                    )
-                    .await
-                    {
+                    match register(&inner, key, conn_id, dialed, &remote, &handles).await {
                         true => {
                             registered = Some(key);
                             on_authenticated(&inner, key, &hello, dial_addr.as_ref());
@@ -320,6 +339,7 @@ pub async fn run_with(
                 }
             }
             _ = outbox.notified(), if registered.is_some() => session.outbox_changed(),
+            Some(line) = eph_rx.recv() => session.send_ephemeral(line),
             _ = sleep_until(wake) => session.handle_timeout(Instant::now()),
         }
     }
@@ -390,16 +410,13 @@ fn log_close(remote: &str, peer: Option<&PeerKey>, reason: &CloseReason) {
 
 /// Register the authenticated connection as the one for `key`. Returns false when a
 /// simultaneous open is decided against it (then it closes without an err).
-#[allow(clippy::too_many_arguments)]
 async fn register(
     inner: &Arc<Inner>,
     key: PeerKey,
     conn_id: u64,
     dialed: bool,
     remote: &str,
-    outbox: &Arc<Notify>,
-    stop: &CancellationToken,
-    done: &watch::Receiver<bool>,
+    handles: &Handles,
 ) -> bool {
     let me = inner.identity.key();
     let old = {
@@ -420,16 +437,14 @@ async fn register(
             since: Instant::now(),
             up: false,
             remote: remote.to_string(),
-            outbox: outbox.clone(),
-            stop: stop.clone(),
-            done: done.clone(),
+            handles: handles.clone(),
         };
         conns.insert(key, entry)
     };
     if let Some(old) = old {
         // Stop reading the old connection before processing the new one's resume.
-        old.stop.cancel();
-        let mut d = old.done;
+        old.handles.stop.cancel();
+        let mut d = old.handles.done;
         let _ = tokio::time::timeout(Duration::from_secs(3), d.wait_for(|v| *v)).await;
     }
     true

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{broadcast, Notify};
 use tokio_util::sync::CancellationToken;
 
 /// Default TLS port.
@@ -71,9 +71,7 @@ pub(crate) struct ConnEntry {
     pub since: Instant,
     pub up: bool,
     pub remote: String,
-    pub outbox: Arc<Notify>,
-    pub stop: CancellationToken,
-    pub done: watch::Receiver<bool>,
+    pub handles: conn::Handles,
 }
 
 /// State shared by all tasks of a node.
@@ -331,11 +329,25 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
-            .map(|c| c.outbox.clone());
+            .map(|c| c.handles.outbox.clone());
         match notify {
             Some(n) => n.notify_one(),
             None => dialer::ensure(self, *key),
         }
+    }
+
+    /// Send a line that is not queued in the outbox (presence, grant: lines that are not
+    /// acked and are re-sent on every connection) to `peer` if it is connected now, after
+    /// the lines already waiting. Returns false when not connected or its queue is full.
+    #[allow(dead_code)] // first users: presence and grant lines
+    pub fn send_ephemeral(&self, peer: &PeerKey, line: &wire::Line) -> bool {
+        let tx = self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(peer)
+            .map(|c| c.handles.ephemeral.clone());
+        tx.is_some_and(|tx| tx.try_send(line.encode()).is_ok())
     }
 
     /// A fresh connection id.

@@ -319,6 +319,15 @@ impl Session {
         self.fail_storage(None, err);
     }
 
+    /// Write `line` (encoded, without `\n`) after the control lines already waiting, if the
+    /// session is open; dropped otherwise. For lines that are not acked and not kept in the
+    /// outbox (presence, grant).
+    pub fn send_ephemeral(&mut self, line: Vec<u8>) {
+        if self.phase == Phase::Open {
+            self.control.push_back(line);
+        }
+    }
+
     /// New lines were queued for this peer: fetch the outbox again.
     pub fn outbox_changed(&mut self) {
         self.outbox_maybe_more = true;
