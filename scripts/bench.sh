@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Benchmark of one release build on this machine, printed in one run: fsync latency of the
+# disk that holds the node homes, handshake time, durable msg→ack round trip, pipelined
+# throughput, resume replay of a prefilled outbox, and the peak RSS of every node, with the
+# targets and whether each was met. Nodes run as `awp daemon` processes in temporary homes
+# on 127.0.0.1; they are killed when the run ends, also on failure or Ctrl-C.
+#
+# Optional environment: AWP_BENCH_DIR (where the temporary homes go; default $TMPDIR or
+# /tmp), BENCH_FSYNC_N, BENCH_HANDSHAKE_N, BENCH_RTT_N, BENCH_PIPE_N, BENCH_REPLAY_N,
+# BENCH_PHASE_LIMIT_S (see benches/node.rs).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+WORK=$(mktemp -d "${AWP_BENCH_DIR:-${TMPDIR:-/tmp}}/awp-bench.XXXXXX")
+PIDS="$WORK/pids"
+: >"$PIDS"
+
+cleanup() {
+    # The bench kills its nodes itself; this catches a bench that was killed first.
+    while read -r pid; do
+        [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
+    done <"$PIDS"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "building (release)…" >&2
+cargo build --release --quiet --bin awp
+cargo bench --quiet --bench node --no-run
+
+echo "commit   $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src modified)')"
+echo "kernel   $(uname -sr)"
+echo "fs       $(df -PT "$WORK" | awk 'NR==2 {print $2 " on " $1 " mounted at " $7}')"
+
+AWP_BIN="$ROOT/target/release/awp" \
+AWP_BENCH_DIR="$WORK" \
+AWP_BENCH_PIDS="$PIDS" \
+    cargo bench --quiet --bench node
