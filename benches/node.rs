@@ -169,10 +169,11 @@ impl Samples {
     }
     fn summary(&self) -> String {
         format!(
-            "p50 {}  p99 {}  (min {}  mean {}  max {}, n={})",
+            "p50 {}  p99 {}  (min {}  p90 {}  mean {}  max {}, n={})",
             ms(self.pct(50.0)),
             ms(self.pct(99.0)),
             ms(self.min()),
+            ms(self.pct(90.0)),
             ms(self.mean()),
             ms(self.max()),
             self.0.len()
@@ -837,6 +838,8 @@ async fn run() -> bool {
         }
     };
     let mut failed = false;
+    // Target lines for the summary: round trip, pipelined, replay.
+    let mut targets: [Option<String>; 3] = [None, None, None];
     let mut fail = |phase: &str, e: anyhow::Error| {
         println!("   {phase}: FAILED: {e:#}");
         failed = true;
@@ -869,10 +872,18 @@ async fn run() -> bool {
         }
     };
     match phase_store_flush(cfg.dir(), cfg.fsync_n, cfg.phase_limit) {
-        Ok(s) => println!(
-            "   Store::flush         {}   (1 line enqueued before each flush; what an ack waits for)",
-            s.summary()
-        ),
+        Ok(s) => {
+            println!(
+                "   Store::flush         {}   (1 line enqueued before each flush; what an ack waits for)",
+                s.summary()
+            );
+            if let Some(f) = &fsync {
+                println!(
+                    "   Store::flush p50 / fsync p50 = {:.2}",
+                    s.pct(50.0).as_secs_f64() / f.pct(50.0).as_secs_f64()
+                );
+            }
+        }
         Err(e) => fail("Store::flush", e),
     }
     println!();
@@ -926,12 +937,15 @@ async fn run() -> bool {
                 if let Some(f) = &fsync {
                     let limit = f.pct(50.0).mul_f64(RTT_FACTOR);
                     let p50 = s.pct(50.0);
-                    println!(
-                        "   target: p50 ≤ {RTT_FACTOR} × fsync p50 = {}  →  {} ({:.2} × fsync p50)",
+                    let line = format!(
+                        "round trip p50 ≤ {RTT_FACTOR} × fsync p50 = {}: {} → {} ({:.2} × fsync p50)",
                         ms(limit),
+                        ms(p50),
                         verdict(p50 <= limit),
                         p50.as_secs_f64() / f.pct(50.0).as_secs_f64()
                     );
+                    println!("   target: {line}");
+                    targets[0] = Some(line);
                 }
             }
             Err(e) => fail("round trip", e),
@@ -967,10 +981,12 @@ async fn run() -> bool {
                     100.0 * p.node_cpu / p.elapsed.as_secs_f64(),
                     p.client_cpu
                 );
-                println!(
-                    "   target: ≥ {PIPE_TARGET:.0} msgs/s  →  {}",
+                let line = format!(
+                    "pipelined ≥ {PIPE_TARGET:.0} msgs/s: {rate:.0} msgs/s → {}",
                     verdict(rate >= PIPE_TARGET)
                 );
+                println!("   target: {line}");
+                targets[1] = Some(line);
             }
             Err(e) => fail("pipelined", e),
         }
@@ -1007,10 +1023,14 @@ async fn run() -> bool {
                 r.n as f64 / r.replay.as_secs_f64(),
                 r.node_cpu
             );
-            println!(
-                "   target: replay ≤ {REPLAY_TARGET_S} s  →  {}",
+            let line = format!(
+                "replay of {} lines ≤ {REPLAY_TARGET_S} s: {:.3} s → {}",
+                r.n,
+                r.replay.as_secs_f64(),
                 verdict(r.replay.as_secs_f64() <= REPLAY_TARGET_S)
             );
+            println!("   target: {line}");
+            targets[2] = Some(line);
             nodes.push((node_b, "resume replay"));
         }
         Err(e) => fail("replay", e),
@@ -1039,6 +1059,15 @@ async fn run() -> bool {
         }
     }
     drop(nodes);
+    println!();
+    println!("Targets");
+    let names = ["round trip", "pipelined", "replay"];
+    for (t, name) in targets.iter().zip(names) {
+        match t {
+            Some(line) => println!("   {line}"),
+            None => println!("   {name}: NOT MEASURED (phase failed)"),
+        }
+    }
     failed
 }
 
