@@ -288,7 +288,11 @@ fn send_reads_text_from_stdin() {
     let home = tempfile::tempdir().unwrap();
     let node = FakeNode::start(
         home.path(),
-        Box::new(|_| vec![ok(json!({"id": "01Y", "th": "thr_9", "status": "queued"}))]),
+        Box::new(|_| {
+            vec![ok(
+                json!({"id": "01Y", "th": "thr_9", "status": "queued", "connected": false}),
+            )]
+        }),
     );
     let mut child = Command::new(env!("CARGO_BIN_EXE_awp"))
         .args(["send", "alice", "-", "-s", "topic"])

@@ -231,7 +231,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (use e.g. 500ms, 5s, 2m)"))
 }
 
-/// A JSON value (for `--data`).
+/// A JSON value (for `--data`), by the wire's rules: no duplicate keys, integers within
+/// ±(2^53−1), bounded nesting ([`crate::wire::parse::parse_json_value`]).
 pub fn parse_json(s: &str) -> Result<serde_json::Value, String> {
-    serde_json::from_str(s).map_err(|e| format!("not valid JSON: {e}"))
+    crate::wire::parse::parse_json_value(s).map_err(|e| format!("not valid JSON for the wire: {e}"))
 }

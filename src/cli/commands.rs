@@ -327,13 +327,16 @@ pub fn send_request(args: &SendArgs) -> Result<Request, Failure> {
     })
 }
 
-/// `delivered <id> in <th>` / `queued <id> in <th> (peer offline)`.
+/// `delivered <id> in <th>` / `queued <id> in <th>` (with `(peer offline)` when the
+/// response says the peer is not connected).
 pub fn delivery_line(body: &Map<String, Value>) -> String {
     let id = str_field(body, &["id"]).unwrap_or("?");
     let th = str_field(body, &["th"]).unwrap_or("?");
+    let offline = body.get("connected").and_then(Value::as_bool) == Some(false);
     match str_field(body, &["status"]) {
         Some("delivered") => format!("delivered {id} in {th}"),
-        Some("queued") => format!("queued {id} in {th} (peer offline)"),
+        Some("queued") if offline => format!("queued {id} in {th} (peer offline)"),
+        Some("queued") => format!("queued {id} in {th}"),
         Some(other) => format!("{other} {id} in {th}"),
         None => format!("queued {id} in {th}"),
     }

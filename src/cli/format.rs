@@ -99,8 +99,29 @@ pub fn clip(s: &str, max: usize) -> String {
     }
 }
 
-/// Columns aligned with two spaces between them; the last column is not padded.
+/// `s` with every control character (including newlines) shown as an escape such as
+/// `\u{1b}`, so text a peer chose (names, subjects, messages) cannot move the cursor,
+/// retitle the terminal or forge table rows.
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Columns aligned with two spaces between them; the last column is not padded. Cells
+/// are passed through [`printable`].
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| printable(c)).collect())
+        .collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
@@ -388,6 +409,16 @@ mod tests {
         assert_eq!(clip("a\nb", 10), "a b");
         assert_eq!(clip("abcdef", 4), "abc…");
         assert_eq!(clip("abcd", 4), "abcd");
+    }
+
+    #[test]
+    fn peer_text_cannot_reach_the_terminal_raw() {
+        let evil = "\u{1b}]0;pwned\u{7}\u{1b}[2Jbob\nfake";
+        let p = printable(evil);
+        assert!(!p.chars().any(|c| c.is_control()), "{p}");
+        let t = table(&["NAME"], &[vec![evil.to_string()]]);
+        assert_eq!(t.lines().count(), 2, "no forged row: {t}");
+        assert!(!t.contains('\u{1b}'));
     }
 
     #[test]

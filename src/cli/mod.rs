@@ -235,6 +235,18 @@ pub struct Ctx {
 /// Write one line to stdout and flush. A closed stdout (`awp tail | head`) ends the
 /// command quietly.
 pub fn out(line: &str) -> Result<(), Failure> {
+    // Human output may carry text a peer chose: keep newlines and tabs, escape every other
+    // control character (terminal escape sequences).
+    let line: String = line
+        .split('\n')
+        .map(|l| {
+            l.split('\t')
+                .map(format::printable)
+                .collect::<Vec<_>>()
+                .join("\t")
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut stdout = std::io::stdout().lock();
     match writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
         Ok(()) => Ok(()),

@@ -413,9 +413,16 @@ fn delivery_lines() {
     );
     assert_eq!(
         delivery_line(&body(
-            json!({"status": "queued", "id": "01A", "th": "thr_1"})
+            json!({"status": "queued", "id": "01A", "th": "thr_1", "connected": false})
         )),
         "queued 01A in thr_1 (peer offline)"
+    );
+    assert_eq!(
+        delivery_line(&body(
+            json!({"status": "queued", "id": "01A", "th": "thr_1", "connected": true})
+        )),
+        "queued 01A in thr_1",
+        "connected: not offline, just not waited for"
     );
 }
 

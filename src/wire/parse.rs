@@ -59,7 +59,7 @@ fn bad(detail: impl Into<String>, id: Option<&str>) -> FrameError {
 /// Also refuses, on known types, an empty `id` and an `id`, `th`, `re` or `seen` entry
 /// longer than [`MAX_ID_LEN`] bytes. Whitespace around the object (including a trailing
 /// `\r`) is accepted, as by any JSON parser; the caller keeps the bytes as received.
-/// Never panics; nesting deeper than 128 levels is refused.
+/// Never panics; nesting deeper than [`MAX_DEPTH`] levels is refused.
 pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
     if bytes.len() > MAX_LINE {
         return Err(FrameError::TooLarge { max: MAX_LINE });
@@ -72,6 +72,13 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
     let Value::Object(obj) = value else {
         return Err(bad("not a JSON object", None));
     };
+    let id = match obj.get("id") {
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= MAX_ID_LEN => Some(id.as_str()),
+        _ => None,
+    };
+    if depth(&obj) > MAX_DEPTH {
+        return Err(bad(format!("nested deeper than {MAX_DEPTH} levels"), id));
+    }
     let id = match obj.get("id") {
         Some(Value::String(id)) if !id.is_empty() && id.len() <= MAX_ID_LEN => Some(id.as_str()),
         _ => None,
@@ -92,6 +99,46 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
         detail: format!("malformed {t}: {e}"),
         id: id_owned,
     })
+}
+
+/// Deepest nesting accepted in a line, counting the line's own object as 1. Anything a
+/// peer sends is shown and re-wrapped locally (control responses, events), so the bound
+/// stays well below serde_json's recursion limit of 128.
+pub const MAX_DEPTH: usize = 64;
+
+/// Nesting depth of an object (the object itself is 1), computed without recursion.
+fn depth(obj: &Map<String, Value>) -> usize {
+    let mut max = 1;
+    let mut stack: Vec<(&Value, usize)> = obj.values().map(|v| (v, 2)).collect();
+    while let Some((v, d)) = stack.pop() {
+        match v {
+            Value::Object(m) => {
+                max = max.max(d);
+                stack.extend(m.values().map(|c| (c, d + 1)));
+            }
+            Value::Array(a) => {
+                max = max.max(d);
+                stack.extend(a.iter().map(|c| (c, d + 1)));
+            }
+            _ => {}
+        }
+    }
+    max
+}
+
+/// Parse a JSON value by the same rules as a line's content: no duplicate keys, integers
+/// within ±(2^53−1), nesting at most [`MAX_DEPTH`] (a top-level array or object counts 1).
+/// For local input that will travel on the wire (e.g. `awp send --data`).
+pub fn parse_json_value(text: &str) -> Result<Value, String> {
+    let v = strict_from_str(text).map_err(|e| e.to_string())?;
+    check_integer_bounds(text)?;
+    let mut wrapped = Map::new();
+    wrapped.insert(String::new(), v);
+    // The wrapper adds one level.
+    if depth(&wrapped) - 1 > MAX_DEPTH {
+        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+    }
+    Ok(wrapped.remove("").unwrap_or(Value::Null))
 }
 
 /// The top-level `id` of a line that the strict reader refused (e.g. for a duplicate key
@@ -489,6 +536,37 @@ mod tests {
         assert!(check_integer_bounds(r#"[-9007199254740992]"#).is_err());
         assert!(check_integer_bounds(r#"[123456789012345678901234567890]"#).is_err());
         assert!(check_integer_bounds(r#"[0,-0,1e400,9007199254740993.0]"#).is_ok());
+    }
+
+    #[test]
+    fn nesting_beyond_max_depth_is_refused() {
+        let line = |n: usize| {
+            format!(
+                r#"{{"t":"msg","id":"m","ts":"2026-01-01T00:00:00Z","th":"t","parts":[{{"k":"data","data":{}{}}}]}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        // Object (1) > parts array (2) > part object (3) > data arrays (4..).
+        assert!(parse_line(line(MAX_DEPTH - 3).as_bytes()).is_ok());
+        let e = parse_line(line(MAX_DEPTH - 2).as_bytes()).unwrap_err();
+        assert_eq!(e.code(), "bad_frame");
+        assert_eq!(e.id(), Some("m"));
+        assert!(parse_json_value(&"[".repeat(MAX_DEPTH)).is_err());
+        assert!(parse_json_value(&format!(
+            "{}{}",
+            "[".repeat(MAX_DEPTH),
+            "]".repeat(MAX_DEPTH)
+        ))
+        .is_ok());
+        assert!(parse_json_value(&format!(
+            "{}{}",
+            "[".repeat(MAX_DEPTH + 1),
+            "]".repeat(MAX_DEPTH + 1)
+        ))
+        .is_err());
+        assert!(parse_json_value(r#"{"a":1,"a":2}"#).is_err());
+        assert!(parse_json_value(r#"{"a":9007199254740993}"#).is_err());
     }
 
     #[test]
