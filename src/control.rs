@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Largest control line accepted by the node, in bytes (a msg line plus framing).
-pub const MAX_CONTROL_LINE: usize = 2 * 1024 * 1024;
+pub const MAX_CONTROL_LINE: usize = 8 * 1024 * 1024;
 
 /// A CLI → node request. `peer` arguments are a full key, a name, or a unique key prefix of
 /// at least 4 characters (with or without `ed25519:`); the node resolves them.

@@ -419,3 +419,99 @@ async fn simultaneous_dial_leaves_one_connection_per_peer() {
     assert_eq!(r.body["status"], "delivered", "{:?}", r.error);
     assert_eq!(count(&a.ctl(Request::Status).await), 1);
 }
+
+#[tokio::test]
+async fn a_stranger_cannot_take_over_a_peers_name_or_key_prefix() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    connect(&a, &b).await;
+    let bob_prefix = b.key()["ed25519:".len().."ed25519:".len() + 8].to_string();
+    // Two strangers: one calls itself "bob", one uses bob's key prefix as its name.
+    for (seed, name) in [(21u8, "bob"), (22u8, bob_prefix.as_str())] {
+        let mut raw = Raw::dial(&a.address(), seed).await;
+        let hello = raw.hello_full(0, name, Some("tcp:127.0.0.1:9"));
+        raw.handshake_with(hello).await;
+        // Keep it alive until the node has stored the peer.
+        raw.write(br#"{"t":"ping","id":"p","ts":"2026-01-01T00:00:00Z"}"#)
+            .await;
+        assert_eq!(raw.read_line().await.unwrap().kind(), "pong");
+    }
+    for who in ["bob", bob_prefix.as_str()] {
+        let r = a
+            .ctl(Request::Send {
+                peer: Some(who.into()),
+                th: None,
+                subject: None,
+                re: None,
+                parts: vec![json!({"k":"text","text":"secret"})],
+                wait_ack_ms: None,
+            })
+            .await;
+        assert!(!r.ok, "{who:?} must not resolve to a stranger");
+        assert_eq!(r.error.unwrap().code, "ambiguous_peer");
+    }
+    // The full name still works and goes to bob.
+    let r = a
+        .ctl(Request::Send {
+            peer: Some("bob@test".into()),
+            th: None,
+            subject: None,
+            re: None,
+            parts: vec![json!({"k":"text","text":"hi"})],
+            wait_ack_ms: None,
+        })
+        .await;
+    assert_eq!(r.body["peer"], b.key());
+    // A plaintext hello.addr from a stranger is not kept as a dial-back address.
+    let peers = a.ctl(Request::Peers).await;
+    for p in peers.body["peers"].as_array().unwrap() {
+        for addr in p["addresses"].as_array().unwrap() {
+            assert!(
+                addr["address"].as_str().unwrap().starts_with("tls:"),
+                "{addr}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_state_from_another_peer_does_not_change_the_thread() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    connect(&a, &b).await;
+    let th = a.send(Some(&b.key()), None, "job").await["th"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut raw = Raw::dial(&a.address(), 23).await;
+    raw.handshake().await;
+    let st = format!(
+        r#"{{"t":"state","id":"01K00000000000000000000077","ts":"2026-01-01T00:00:00Z","th":"{th}","state":"done"}}"#
+    );
+    raw.write(st.as_bytes()).await;
+    while let Some(l) = raw.read_line().await {
+        if l.kind() == "ack" {
+            break;
+        }
+    }
+    let threads = a.ctl(Request::Threads).await;
+    let t = threads.body["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["th"] == th.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(t["peer"], b.key());
+    assert_ne!(t["theirs"], "done", "a stranger cannot finish bob's thread");
+    let r = a
+        .ctl(Request::Read {
+            th: Some(th),
+            mark: false,
+        })
+        .await;
+    assert!(
+        r.body["entries"].as_array().unwrap().is_empty(),
+        "the stranger's line is not shown as part of the thread"
+    );
+}

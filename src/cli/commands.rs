@@ -418,24 +418,45 @@ async fn tail(
 }
 
 async fn read(ctx: &Ctx, th: Option<String>, mark: bool) -> Result<(), Failure> {
-    let body = ctx.call(&Request::Read { th, mark }).await?;
-    let entries = field(&body, &["entries", "lines", "unread"])
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if entries.is_empty() && !ctx.json {
-        return out("no unread lines");
-    }
-    for entry in entries {
-        let Value::Object(mut ev) = entry else {
-            continue;
-        };
-        if ctx.json {
-            out_json(&Value::Object(ev))?;
-        } else {
-            ev.entry("event").or_insert_with(|| "line".into());
-            print_event(ctx, &ev)?;
+    // The node answers in pages and marks read only what it returned; ask again while it
+    // says `more` (bounded, in case a peer keeps sending).
+    let mut shown = 0usize;
+    for _ in 0..10_000 {
+        let body = ctx
+            .call(&Request::Read {
+                th: th.clone(),
+                mark,
+            })
+            .await?;
+        let entries = field(&body, &["entries", "lines", "unread"])
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let more = body.get("more").and_then(Value::as_bool) == Some(true);
+        for entry in entries {
+            let Value::Object(mut ev) = entry else {
+                continue;
+            };
+            shown += 1;
+            if ctx.json {
+                out_json(&Value::Object(ev))?;
+            } else {
+                ev.entry("event").or_insert_with(|| "line".into());
+                print_event(ctx, &ev)?;
+            }
         }
+        if !more {
+            break;
+        }
+        if !mark {
+            if !ctx.json {
+                out("… more unread lines (read without --no-mark to page through them)")?;
+            }
+            break;
+        }
+    }
+    if shown == 0 && !ctx.json {
+        return out("no unread lines");
     }
     Ok(())
 }

@@ -53,8 +53,9 @@ pub(crate) struct Handles {
 /// How the connection came about.
 #[derive(Debug, Clone)]
 pub enum Dial {
-    /// Accepted by a listener.
-    Inbound,
+    /// Accepted by a listener; holds a slot of the node's handshake limit until auth is
+    /// verified (or the connection ends).
+    Inbound(Option<Arc<tokio::sync::OwnedSemaphorePermit>>),
     /// We dialed `address`; `expected` is the key we dialed for, if known.
     Outbound {
         address: String,
@@ -106,13 +107,13 @@ pub async fn run_with(
         transport: _,
         remote,
     } = conn;
-    let (dialed, expected, dial_addr) = match &dial {
-        Dial::Inbound => (false, None, None),
+    let (dialed, expected, dial_addr, mut handshake_slot) = match dial {
+        Dial::Inbound(slot) => (false, None, None, slot),
         Dial::Outbound {
             address,
             expected,
             source,
-        } => (true, *expected, Some((address.clone(), *source))),
+        } => (true, expected, Some((address, source)), None),
     };
     let cfg = SessionConfig {
         dialed,
@@ -213,6 +214,8 @@ pub async fn run_with(
         while let Some(ev) = session.poll_event() {
             match ev {
                 SessionEvent::Authenticated { key, hello } => {
+                    // The handshake is over: free its slot for the next inbound one.
+                    drop(handshake_slot.take());
                     match register(&inner, key, conn_id, dialed, &remote, &handles).await {
                         true => {
                             registered = Some(key);
@@ -373,7 +376,7 @@ pub async fn run_with(
 
     let reason = session
         .close_reason()
-        .map(|r| format!("{r:?}"))
+        .map(|r| r.to_string())
         .unwrap_or_else(|| "closed".into());
     if let Some(key) = registered {
         unregister(&inner, key, conn_id, &reason);
@@ -489,28 +492,54 @@ fn on_authenticated(
     dial_addr: Option<&(String, AddrSource)>,
 ) {
     let now = wire::time::now_ms();
-    if let Err(e) = inner.store.peer_seen(
-        &key,
-        hello.name.as_deref(),
-        hello.about.as_deref(),
-        &hello.caps,
-        now,
-    ) {
+    // Peers choose these texts: keep them short enough to list and show.
+    let name = hello.name.as_deref().map(|n| truncate(n, MAX_NAME));
+    let about = hello.about.as_deref().map(|a| truncate(a, MAX_ABOUT));
+    let caps: Vec<String> = hello
+        .caps
+        .iter()
+        .take(MAX_CAPS)
+        .map(|c| truncate(c, MAX_NAME).to_string())
+        .collect();
+    if let Err(e) = inner.store.peer_seen(&key, name, about, &caps, now) {
         tracing::warn!("store peer {key}: {e}");
     }
     if let Some((addr, source)) = dial_addr {
         let _ = inner.store.add_address(&key, addr, *source);
     }
-    // hello.addr: a hint for dialing back, pinned to the key that proved itself.
+    // hello.addr: a hint for dialing back. Only a TLS address, pinned to the key that just
+    // proved itself, is kept: a plaintext or unix address named by a stranger would make
+    // this node connect wherever that stranger says.
     if let Some(a) = &hello.addr {
         match a.parse::<net::Address>() {
-            Ok(addr) if addr.pin().is_none_or(|p| p == key) => {
+            Ok(addr @ net::Address::Tls { .. }) if addr.pin().is_none_or(|p| p == key) => {
                 let pinned = addr.with_pin(key).to_string();
                 let _ = inner.store.add_address(&key, &pinned, AddrSource::Hello);
             }
-            _ => tracing::debug!(peer = %key, addr = %a, "ignoring unusable hello.addr"),
+            _ => {
+                tracing::debug!(peer = %key, addr = %a, "ignoring hello.addr that is not a tls: address for this key")
+            }
         }
     }
+}
+
+/// Longest peer name (and capability name) kept, in bytes.
+const MAX_NAME: usize = 256;
+/// Longest peer `about` kept, in bytes.
+const MAX_ABOUT: usize = 1024;
+/// Most capabilities kept from a hello.
+const MAX_CAPS: usize = 64;
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// The `line` event for a stored content line.

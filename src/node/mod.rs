@@ -32,6 +32,13 @@ pub const DEFAULT_PORT: u16 = 7700;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A second connection within this age of the first is a simultaneous open (§Threads).
 pub const SIMULTANEOUS_OPEN: Duration = Duration::from_secs(5);
+/// Most connections (inbound and outbound, authenticated or not) at once; more inbound
+/// sockets are closed at accept.
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Most inbound connections still in their handshake at once (each may buffer up to one
+/// line of 1 MiB); more are closed at accept.
+pub const MAX_HANDSHAKES: usize = 256;
+
 /// Capability families we announce in hello.
 pub const CAPS: &[&str] = &[];
 
@@ -91,6 +98,10 @@ pub(crate) struct Inner {
     pub next_conn: AtomicU64,
     pub started: Instant,
     pub tasks: tokio_util::task::TaskTracker,
+    /// Slots for inbound connections ([`MAX_CONNECTIONS`]).
+    pub conn_slots: Arc<tokio::sync::Semaphore>,
+    /// Slots for inbound handshakes in progress ([`MAX_HANDSHAKES`]).
+    pub handshake_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// A started node.
@@ -119,7 +130,11 @@ impl NodeHandle {
         let dial_opts = DialOptions {
             allow_plaintext: config.allow_plaintext,
         };
-        let name = config.name.clone().unwrap_or_else(default_name);
+        // --name / --about are remembered in the home, so a node started later without them
+        // (e.g. in the background by another command) keeps them.
+        let name = remembered(&store, "name", config.name.as_deref())?.unwrap_or_else(default_name);
+        let about = remembered(&store, "about", config.about.as_deref())?;
+        warn_if_open(&home);
         let (events, _) = broadcast::channel(4096);
         let inner = Arc::new(Inner {
             home: home.clone(),
@@ -127,7 +142,7 @@ impl NodeHandle {
             store,
             tls,
             name,
-            about: config.about.clone(),
+            about,
             dial_opts,
             addresses: Mutex::new(Vec::new()),
             events,
@@ -137,6 +152,8 @@ impl NodeHandle {
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
             tasks: tokio_util::task::TaskTracker::new(),
+            conn_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            handshake_slots: Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES)),
         });
 
         // Listeners.
@@ -241,6 +258,43 @@ impl NodeHandle {
     }
 }
 
+/// `given` (saved in the store's meta under `key`) or the value saved before.
+fn remembered(store: &Store, key: &str, given: Option<&str>) -> Result<Option<String>, StartError> {
+    let meta_key = format!("node/{key}");
+    match given {
+        Some(v) => {
+            store
+                .meta_put(&meta_key, v.as_bytes())
+                .map_err(other("store"))?;
+            store.flush_blocking().map_err(other("store"))?;
+            Ok(Some(v.to_string()))
+        }
+        None => Ok(store
+            .meta_get(&meta_key)
+            .map_err(other("store"))?
+            .and_then(|b| String::from_utf8(b).ok())),
+    }
+}
+
+/// Log a warning when the home or the identity file can be read by other users.
+fn warn_if_open(home: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for (path, what) in [
+        (home.to_path_buf(), "home directory"),
+        (home.join(crate::identity::IDENTITY_FILE), "identity file"),
+    ] {
+        if let Ok(meta) = std::fs::metadata(&path) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    "{what} {} has mode {mode:o}: other users can read it (chmod go-rwx)",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
 fn default_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -259,8 +313,17 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
         };
         match incoming {
             Ok(inc) => {
+                let (Ok(conn_slot), Ok(hs_slot)) = (
+                    inner.conn_slots.clone().try_acquire_owned(),
+                    inner.handshake_slots.clone().try_acquire_owned(),
+                ) else {
+                    tracing::warn!(remote = %inc.remote(), "connection limit reached: closing an inbound connection");
+                    continue;
+                };
                 let inner2 = inner.clone();
                 inner.tasks.spawn(async move {
+                    let _conn_slot = conn_slot;
+                    let hs_slot = Arc::new(hs_slot);
                     let remote = inc.remote();
                     let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
                     let conn = match tokio::time::timeout_at(deadline, inc.handshake()).await {
@@ -274,7 +337,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
                             return;
                         }
                     };
-                    conn::run(inner2, conn, conn::Dial::Inbound, deadline).await;
+                    conn::run(inner2, conn, conn::Dial::Inbound(Some(hs_slot)), deadline).await;
                 });
             }
             Err(e) => {

@@ -280,17 +280,34 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             Ok(json!({ "peers": list }))
         }
         Request::Read { th, mark } => {
+            // At most READ_PAGE_BYTES of lines per response (at least one line); only what
+            // is returned is marked read. `more` tells the client to ask again.
             let entries = store
-                .log(0, th.as_deref(), true, 10_000)
+                .log(0, th.as_deref(), true, READ_PAGE_LINES + 1)
                 .map_err(internal)?;
-            let entries: Vec<LogEntry> = entries.into_iter().filter(|e| e.dir == Dir::In).collect();
+            let mut page = Vec::new();
+            let mut bytes = 0;
+            let mut more = false;
+            for e in entries.into_iter().filter(|e| e.dir == Dir::In) {
+                if !page.is_empty()
+                    && (bytes + e.line.len() > READ_PAGE_BYTES || page.len() >= READ_PAGE_LINES)
+                {
+                    more = true;
+                    break;
+                }
+                if th.is_some() && !owns_thread(inner, &e) {
+                    continue;
+                }
+                bytes += e.line.len();
+                page.push(e);
+            }
             if mark {
-                let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+                let seqs: Vec<u64> = page.iter().map(|e| e.seq).collect();
                 store.mark_read(&seqs).map_err(internal)?;
                 store.flush().await.map_err(internal)?;
             }
-            let list: Vec<Value> = entries.iter().map(|e| entry_event(inner, e)).collect();
-            Ok(json!({ "entries": list }))
+            let list: Vec<Value> = page.iter().map(|e| entry_event(inner, e)).collect();
+            Ok(json!({ "entries": list, "more": more }))
         }
         Request::Subscribe { .. } => {
             Err(Fail::new("bad_request", "subscribe is handled separately"))
@@ -299,52 +316,63 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
     }
 }
 
-/// Resolve a peer argument: full key, name, or a unique key prefix of at least 4 characters
-/// (with or without `ed25519:`).
+/// Most bytes of lines in one `read` response.
+const READ_PAGE_BYTES: usize = 1024 * 1024;
+/// Most lines in one `read` response.
+const READ_PAGE_LINES: usize = 1000;
+
+/// Whether a log entry comes from the peer its thread is with (a line another peer sent
+/// with the same thread id does not count as that thread's).
+fn owns_thread(inner: &Inner, e: &LogEntry) -> bool {
+    match e.th.as_deref().map(|th| inner.store.thread(th)) {
+        Some(Ok(Some(t))) => t.peer == e.peer,
+        _ => true,
+    }
+}
+
+/// Resolve a peer argument: a full key, or else every known peer whose key starts with
+/// the text (at least 4 characters, with or without `ed25519:`), whose name equals it, or
+/// whose name before `@` equals it. Exactly one distinct peer must match: names are chosen
+/// by peers themselves, so a name that collides with another peer's key prefix or name is
+/// reported as ambiguous instead of silently picking one.
 pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
     if let Ok(k) = PeerKey::parse(text) {
         return Ok(k);
     }
     let peers = inner.store.peers().map_err(internal)?;
-    let by_name: Vec<_> = peers
-        .iter()
-        .filter(|p| p.name.as_deref() == Some(text))
-        .collect();
-    if by_name.len() == 1 {
-        return Ok(by_name[0].key);
-    }
-    if by_name.len() > 1 {
-        return Err(Fail::new(
-            "ambiguous_peer",
-            format!(
-                "{} peers are named {text:?}; use a key prefix",
-                by_name.len()
-            ),
-        ));
-    }
-    // Names of the form user@host also match on the part before '@'.
-    let short: Vec<_> = peers
-        .iter()
-        .filter(|p| p.name.as_deref().and_then(|n| n.split('@').next()) == Some(text))
-        .collect();
-    if short.len() == 1 {
-        return Ok(short[0].key);
-    }
     let prefix = text.strip_prefix("ed25519:").unwrap_or(text);
-    if prefix.len() < 4 {
-        return Err(Fail::new(
-            "no_such_peer",
-            format!("no peer named {text:?} (a key prefix needs at least 4 characters)"),
-        ));
-    }
-    let hits: Vec<_> = peers
+    let mut hits: Vec<&crate::store::PeerRecord> = peers
         .iter()
-        .filter(|p| p.key.to_string()["ed25519:".len()..].starts_with(prefix))
+        .filter(|p| {
+            let by_key =
+                prefix.len() >= 4 && p.key.to_string()["ed25519:".len()..].starts_with(prefix);
+            let name = p.name.as_deref();
+            let by_name =
+                name == Some(text) || name.and_then(|n| n.split('@').next()) == Some(text);
+            by_key || by_name
+        })
         .collect();
+    hits.dedup_by_key(|p| p.key);
     match hits.len() {
         1 => Ok(hits[0].key),
-        0 => Err(Fail::new("no_such_peer", format!("no known peer matches {text:?}; `awp peers` lists them, `awp connect ADDRESS` adds one"))),
-        n => Err(Fail::new("ambiguous_peer", format!("{n} peers match {text:?}; give more of the key"))),
+        0 if prefix.len() < 4 => Err(Fail::new(
+            "no_such_peer",
+            format!("no peer named {text:?}; a key prefix needs at least 4 characters (`awp peers` lists peers)"),
+        )),
+        0 => Err(Fail::new(
+            "no_such_peer",
+            format!("no known peer matches {text:?}; `awp peers` lists them, `awp connect ADDRESS` adds one"),
+        )),
+        _ => {
+            let list: Vec<String> = hits
+                .iter()
+                .map(|p| format!("{} ({})", p.name.as_deref().unwrap_or("?"), &p.key.to_string()[..16]))
+                .collect();
+            Err(Fail::new(
+                "ambiguous_peer",
+                format!("{text:?} matches {}; give more of the key", list.join(", ")),
+            ))
+        }
     }
 }
 
@@ -356,6 +384,12 @@ fn thread_and_peer(
     th: Option<&str>,
 ) -> Result<(PeerKey, String, bool), Fail> {
     let peer = peer.map(|p| resolve_peer(inner, p)).transpose()?;
+    if peer == Some(inner.identity.key()) {
+        return Err(Fail::new(
+            "bad_request",
+            "that is this node's own key; name another peer",
+        ));
+    }
     match th {
         Some(th) => {
             let existing = inner.store.thread(th).map_err(internal)?;
@@ -538,7 +572,7 @@ async fn subscribe(
             }
             for e in &batch {
                 after = e.seq;
-                if peer.is_some_and(|p| p != e.peer) {
+                if peer.is_some_and(|p| p != e.peer) || (th.is_some() && !owns_thread(inner, e)) {
                     continue;
                 }
                 write_json(w, &entry_event(inner, e)).await?;
@@ -568,8 +602,20 @@ async fn subscribe(
             if seq != 0 && seq <= last_seq {
                 continue;
             }
-            if th.is_some() && ev.get("th").and_then(Value::as_str) != th.as_deref() {
-                continue;
+            if let Some(th) = th.as_deref() {
+                if ev.get("th").and_then(Value::as_str) != Some(th) {
+                    continue;
+                }
+                // Only the thread's own peer speaks in it.
+                let owner = inner
+                    .store
+                    .thread(th)
+                    .ok()
+                    .flatten()
+                    .map(|t| t.peer.to_string());
+                if owner.is_some() && ev.get("peer").and_then(Value::as_str) != owner.as_deref() {
+                    continue;
+                }
             }
         }
         if let Some(p) = &peer_s {

@@ -93,6 +93,27 @@ pub enum CloseReason {
     Local(String),
 }
 
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CloseReason::SentErr { code, detail } => {
+                write!(f, "refused the peer: {code}: {detail}")
+            }
+            CloseReason::PeerErr {
+                code,
+                detail: Some(d),
+            } => write!(f, "the peer refused: {code}: {d}"),
+            CloseReason::PeerErr { code, detail: None } => write!(f, "the peer refused: {code}"),
+            CloseReason::Bye { reason: Some(r) } => write!(f, "bye ({r})"),
+            CloseReason::Bye { reason: None } => write!(f, "bye"),
+            CloseReason::Eof => write!(f, "the peer closed the connection"),
+            CloseReason::Dead => write!(f, "no answer to two pings"),
+            CloseReason::Storage(e) => write!(f, "storage failure: {e}"),
+            CloseReason::Local(r) => write!(f, "{r}"),
+        }
+    }
+}
+
 /// Something the node should know about.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SessionEvent {

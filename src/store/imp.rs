@@ -536,6 +536,12 @@ impl Store {
                 tx.put(T::Seen, skey, id.as_bytes().to_vec());
             }
             let mut t = self.thread_for_update(&tx, th, peer, now)?;
+            if t.peer != peer_hex {
+                // Another peer's thread id: the line is logged (and deduplicated) under its
+                // sender, but it must not change a thread that belongs to someone else.
+                out.push(Received::New(seq));
+                continue;
+            }
             t.updated = t.updated.max(now);
             if unread {
                 t.unread += 1;

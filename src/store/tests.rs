@@ -818,3 +818,28 @@ fn measure_rates() {
     let e = t.elapsed();
     eprintln!("receive: {:.0}/s", n as f64 / e.as_secs_f64());
 }
+
+#[test]
+fn another_peer_cannot_change_a_thread_it_does_not_own() {
+    let (_d, s) = open();
+    let (owner, stranger) = (key(1), key(2));
+    send(&s, &owner, "thr_own");
+    let before = s.thread("thr_own").unwrap().unwrap();
+    let st = state(
+        "thr_own",
+        "done",
+        Some("hijacked"),
+        "01K00000000000000000000099",
+        "2026-01-01T00:00:00Z",
+    );
+    let r = s.receive(&stranger, &st, &st.encode()).unwrap();
+    assert!(
+        matches!(r, Received::New(n) if n > 0),
+        "logged under its sender"
+    );
+    let after = s.thread("thr_own").unwrap().unwrap();
+    assert_eq!(after.peer, owner);
+    assert_eq!(after.theirs, before.theirs);
+    assert_eq!(after.their_note, None);
+    assert_eq!(after.unread, before.unread);
+}

@@ -174,16 +174,21 @@ impl Raw {
 
     /// Our hello line (v may be overridden).
     pub fn hello(&self, v: u64) -> Vec<u8> {
+        self.hello_full(v, "raw@test", None)
+    }
+
+    /// A hello with a chosen version, name and `addr`.
+    pub fn hello_full(&self, v: u64, name: &str, addr: Option<&str>) -> Vec<u8> {
         Line::Hello(wire::Hello {
             id: "01K00000000000000000000000".into(),
             ts: "2026-01-01T00:00:00.000Z".into(),
             v,
             key: self.identity.key().to_string(),
-            name: Some("raw@test".into()),
+            name: Some(name.into()),
             nonce: wire::b64::encode_url(&[7u8; 32]),
             caps: vec![],
             about: None,
-            addr: None,
+            addr: addr.map(str::to_string),
             shares: None,
         })
         .encode()
@@ -192,6 +197,11 @@ impl Raw {
     /// Full handshake: hello, read node hello, auth, read node auth + resume.
     pub async fn handshake(&mut self) -> wire::Hello {
         let mine = self.hello(0);
+        self.handshake_with(mine).await
+    }
+
+    /// Full handshake with a given hello line.
+    pub async fn handshake_with(&mut self, mine: Vec<u8>) -> wire::Hello {
         self.write(&mine).await;
         let their_raw = self.read().await.expect("node hello");
         let Ok(Line::Hello(h)) = wire::parse_line(&their_raw) else {
