@@ -9,6 +9,7 @@
 //!   monotonic ULID ids, the generated JSON Schema.
 //! - [`canonical`]: RFC 8785 canonical JSON (JCS) and signing of JSON objects (grants,
 //!   presence).
+//! - [`grant`]: signed capability grants: mint, verify, hash, the honoring rules.
 //! - [`identity`]: the node's key file and the auth transcript.
 //! - [`net`]: addresses, TLS binding (mTLS, self-signed Ed25519 certificates), listeners,
 //!   dialers and line framing with the 1 MiB cap.
@@ -26,6 +27,7 @@ pub mod canonical;
 pub mod cli;
 pub mod control;
 pub mod daemon;
+pub mod grant;
 pub mod identity;
 pub mod net;
 pub mod node;

@@ -195,6 +195,7 @@ pub async fn run_with(
     };
     let conn_id = inner.conn_id();
     let mut registered: Option<PeerKey> = None;
+    let mut peer_name: Option<String> = None;
     let mut up = false;
     let mut pending: Vec<u8> = Vec::new();
     let mut write_failed = false;
@@ -219,6 +220,10 @@ pub async fn run_with(
                     match register(&inner, key, conn_id, dialed, &remote, &handles).await {
                         true => {
                             registered = Some(key);
+                            peer_name = hello
+                                .name
+                                .as_deref()
+                                .map(|n| truncate(n, MAX_NAME).to_string());
                             on_authenticated(&inner, key, &hello, dial_addr.as_ref());
                         }
                         false => session.close_local("simultaneous open", false, Instant::now()),
@@ -249,8 +254,9 @@ pub async fn run_with(
                     }
                 }
                 SessionEvent::Received { seq, line } => {
-                    if let Some(key) = registered {
-                        inner.emit(line_event(&inner, seq, "in", &key, &line));
+                    // Events are built only when someone listens (tail, wait, listen).
+                    if let (Some(key), true) = (registered, inner.events.receiver_count() > 0) {
+                        inner.emit(line_event(seq, "in", &key, peer_name.as_deref(), &line));
                     }
                 }
                 SessionEvent::Acked { th, re } => {
@@ -542,19 +548,24 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// The `line` event for a stored content line.
-pub fn line_event(inner: &Inner, seq: u64, dir: &str, peer: &PeerKey, line: &Line) -> Value {
-    let body: Value = serde_json::from_slice(&line.encode()).unwrap_or(Value::Null);
+/// The `line` event for a stored content line (see [`crate::control::Event`]).
+pub fn line_event(
+    seq: u64,
+    dir: &str,
+    peer: &PeerKey,
+    peer_name: Option<&str>,
+    line: &Line,
+) -> Value {
     json!({
         "event": "line",
         "seq": seq,
         "dir": dir,
         "peer": peer.to_string(),
-        "peer_name": inner.peer_name(peer),
+        "peer_name": peer_name,
         "th": line.th(),
         "id": line.id(),
         "t": line.kind(),
-        "line": body,
+        "line": line.to_value(),
         "at": wire::time::format_ms(wire::time::now_ms()),
     })
 }

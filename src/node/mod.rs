@@ -348,16 +348,22 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
     }
 }
 
+/// Retention sweep every hour, the first an hour after start (a sweep scans the outbox
+/// and the log; it runs on the blocking pool so connections keep going).
 async fn housekeeping(inner: Arc<Inner>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    let period = Duration::from_secs(3600);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
         tokio::select! {
             _ = inner.shutdown.cancelled() => return,
             _ = tick.tick() => {
-                match inner.store.prune(wire::time::now_ms()) {
-                    Ok(n) if n > 0 => tracing::info!("retention: dropped {n} entries older than 7 days"),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!("retention: {e}"),
+                let store = inner.store.clone();
+                let r = tokio::task::spawn_blocking(move || store.prune(wire::time::now_ms())).await;
+                match r {
+                    Ok(Ok(n)) if n > 0 => tracing::info!("retention: dropped {n} entries older than 7 days"),
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!("retention: {e}"),
+                    Err(e) => tracing::warn!("retention task: {e}"),
                 }
             }
         }

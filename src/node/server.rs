@@ -428,18 +428,14 @@ async fn queue(
         return Err(internal("nothing queued"));
     };
     if let Ok(line) = wire::parse_line(&entry.line) {
-        let seq = inner
-            .store
-            .log(0, entry.th.as_deref(), false, usize::MAX)
-            .ok()
-            .and_then(|l| {
-                l.iter()
-                    .rev()
-                    .find(|e| e.id == entry.id && e.dir == Dir::Out)
-                    .map(|e| e.seq)
-            })
-            .unwrap_or(0);
-        inner.emit(conn::line_event(inner, seq, "out", &key, &line));
+        let name = inner.peer_name(&key);
+        inner.emit(conn::line_event(
+            entry.seq,
+            "out",
+            &key,
+            name.as_deref(),
+            &line,
+        ));
     }
     inner.outbox_changed(&key);
     let mut status = "queued";

@@ -145,7 +145,16 @@ impl Store {
             Some(v) => read_u64("meta", &v)?,
             None => 0,
         };
-        let group = Group::new(db.clone());
+        // sled keeps its data in one file, `db`, inside the directory.
+        let data_file = std::fs::File::open(dir.join("db")).ok();
+        if data_file.is_none() {
+            tracing::warn!(
+                "{}: no sled data file to fsync; flushes rely on sync_file_range",
+                dir.display()
+            );
+        }
+        restrict(dir);
+        let group = Group::new(db.clone(), data_file);
         Ok(Store {
             db,
             trees,
@@ -263,6 +272,7 @@ impl Store {
                 th,
                 kind,
                 line: bytes,
+                seq,
             });
         }
         if out.is_empty() {
@@ -905,6 +915,24 @@ impl Store {
     }
 }
 
+/// Make the database directory and its files private to this user (0700 / 0600): they
+/// hold every message. Best effort; failures are logged.
+fn restrict(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |p: &Path, mode: u32| {
+        if let Err(e) = std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)) {
+            tracing::warn!("chmod {:o} {}: {e}", mode, p.display());
+        }
+    };
+    set(dir, 0o700);
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            set(&p, if p.is_dir() { 0o700 } else { 0o600 });
+        }
+    }
+}
+
 fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
     let (_, id) = split_pkey("outbox", k)?;
     let (rec, line): (OutRec, &[u8]) = unpack("outbox", v)?;
@@ -913,6 +941,7 @@ fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
         th: rec.th,
         kind: rec.kind,
         line: line.to_vec(),
+        seq: rec.seq,
     })
 }
 

@@ -63,6 +63,8 @@ pub struct OutboxEntry {
     pub kind: String,
     /// Encoded line without `\n`.
     pub line: Vec<u8>,
+    /// Sequence number of its out log entry.
+    pub seq: u64,
 }
 
 /// Result of [`Store::receive`].
