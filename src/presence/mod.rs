@@ -26,9 +26,18 @@ pub const MAX_AGE_MS: u64 = 10 * 60 * 1000;
 pub const MAX_FUTURE_MS: u64 = 5 * 60 * 1000;
 /// A document is forwarded only while `hops + 1` stays below this.
 pub const MAX_HOPS: u64 = 8;
-/// Origins held at most; beyond, the one with the oldest `ts` is evicted.
+/// Origins held at most (by default); beyond, the one with the oldest `ts` is evicted.
 pub const MAX_ORIGINS: usize = 1000;
-/// At most one document per origin is accepted per this many milliseconds.
+/// At most one document per origin is accepted per this many milliseconds of the
+/// origin's signed time: a newer document must have a `ts` at least this much later than
+/// the held one.
+///
+/// Why signed time and not arrival time: copies of one origin's documents reach a node
+/// over several paths (forwarding, and the anti-entropy burst on every new connection),
+/// so two documents signed seconds apart can arrive milliseconds apart; an arrival-time
+/// limit would drop honest updates at random. Because `ts` must stay within
+/// [`MAX_FUTURE_MS`] of our clock, an origin still cannot sustain more than one accepted
+/// document per second; the most it can do is spend its 15-minute window once.
 pub const RATE_INTERVAL_MS: u64 = 1000;
 
 /// Why a received document was not accepted. Each variant is counted by the table.
@@ -59,7 +68,7 @@ pub enum Refusal {
     /// another path).
     #[error("seq {got} is not newer than the held {held}")]
     NotNewer { got: u64, held: u64 },
-    /// A newer document from this origin was accepted less than [`RATE_INTERVAL_MS`] ago.
+    /// The document's `ts` is less than [`RATE_INTERVAL_MS`] after the held one's.
     #[error("origin over its rate limit (one document per second)")]
     RateLimited,
 }
@@ -123,7 +132,7 @@ pub struct Counters {
     pub forwarded: u64,
     /// Refused documents, by [`Refusal::name`].
     pub refused: std::collections::BTreeMap<&'static str, u64>,
-    /// Documents forgotten: expired after [`MAX_AGE_MS`] or evicted at [`MAX_ORIGINS`].
+    /// Documents forgotten: expired after [`MAX_AGE_MS`] or evicted when full.
     pub expired: u64,
     /// Held documents evicted because the table was full.
     pub evicted: u64,
@@ -142,6 +151,7 @@ impl Counters {
 #[derive(Debug)]
 pub struct PresenceTable {
     me: PeerKey,
+    max_origins: usize,
     held: HashMap<PeerKey, Held>,
     counters: Counters,
 }
@@ -154,10 +164,16 @@ struct Head {
 }
 
 impl PresenceTable {
-    /// An empty table for the node whose key is `me`.
+    /// An empty table for the node whose key is `me`, holding up to [`MAX_ORIGINS`].
     pub fn new(me: PeerKey) -> PresenceTable {
+        PresenceTable::with_max_origins(me, MAX_ORIGINS)
+    }
+
+    /// An empty table holding documents of at most `max_origins` (≥ 1) origins.
+    pub fn with_max_origins(me: PeerKey, max_origins: usize) -> PresenceTable {
         PresenceTable {
             me,
+            max_origins: max_origins.max(1),
             held: HashMap::new(),
             counters: Counters::default(),
         }
@@ -167,8 +183,8 @@ impl PresenceTable {
     /// at `now_ms` (Unix ms). Checks, cheapest first: encoded size ≤ [`MAX_DOC_BYTES`];
     /// shape (`origin`, `seq`, `ts`, `sig` present and typed, optional fields typed as in
     /// the schema); origin key parses and is not weak; not our own origin; `ts` within
-    /// [`MAX_AGE_MS`] past / [`MAX_FUTURE_MS`] future; seq above the held seq; the origin's
-    /// last accepted document at least [`RATE_INTERVAL_MS`] ago; then the signature
+    /// [`MAX_AGE_MS`] past / [`MAX_FUTURE_MS`] future; seq above the held seq; `ts`
+    /// at least [`RATE_INTERVAL_MS`] after the held one's; then the signature
     /// (strict Ed25519 over the canonical JSON without `sig`).
     ///
     /// On success the document replaces the held one; see [`Accepted::forward_to_hops`].
@@ -221,16 +237,16 @@ impl PresenceTable {
                     held: h.seq,
                 });
             }
-            if now_ms < h.received_ms.saturating_add(RATE_INTERVAL_MS) {
+            if head.ts_ms < h.ts_ms.saturating_add(RATE_INTERVAL_MS) {
                 return Err(Refusal::RateLimited);
             }
         }
         if !verify_object(&head.origin, &doc) {
             return Err(Refusal::BadSignature);
         }
-        if !self.held.contains_key(&head.origin) && self.held.len() >= MAX_ORIGINS {
+        if !self.held.contains_key(&head.origin) && self.held.len() >= self.max_origins {
             self.expire(now_ms);
-            if self.held.len() >= MAX_ORIGINS {
+            if self.held.len() >= self.max_origins {
                 self.evict_oldest();
             }
         }

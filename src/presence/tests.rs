@@ -232,13 +232,16 @@ fn one_document_per_origin_per_second() {
     let o = id(3);
     t.accept(signed(&o, 1, NOW, json!({})), 0, from(), NOW)
         .unwrap();
+    // Signed 999 ms after the held one: dropped, however late it arrives.
     assert_eq!(
-        t.accept(signed(&o, 2, NOW, json!({})), 0, from(), NOW + 999),
+        t.accept(signed(&o, 2, NOW + 999, json!({})), 0, from(), NOW + 5000),
         Err(Refusal::RateLimited)
     );
     assert_eq!(t.counters().refused["rate_limited"], 1);
+    assert_eq!(t.get(&o.key(), NOW).unwrap().seq, 1);
+    // Signed a second later: accepted even when it arrives right after the first.
     assert!(t
-        .accept(signed(&o, 3, NOW, json!({})), 0, from(), NOW + 1000)
+        .accept(signed(&o, 3, NOW + 1000, json!({})), 0, from(), NOW + 1)
         .is_ok());
     // Another origin is not affected.
     assert!(t
@@ -263,8 +266,9 @@ fn documents_expire_after_ten_minutes() {
 
 #[test]
 fn storage_is_capped_by_evicting_the_oldest() {
-    let mut t = table();
-    for i in 0..MAX_ORIGINS as u64 {
+    const CAP: usize = 16;
+    let mut t = PresenceTable::with_max_origins(id(1).key(), CAP);
+    for i in 0..CAP as u64 {
         let who = Identity::from_seed(&{
             let mut s = [0u8; 32];
             s[..8].copy_from_slice(&i.to_be_bytes());
@@ -274,7 +278,7 @@ fn storage_is_capped_by_evicting_the_oldest() {
         t.accept(signed(&who, 1, NOW + i, json!({})), 0, from(), NOW + i)
             .unwrap();
     }
-    assert_eq!(t.len(), MAX_ORIGINS);
+    assert_eq!(t.len(), CAP);
     let newest = id(250);
     t.accept(
         signed(&newest, 1, NOW + 5000, json!({})),
@@ -283,7 +287,7 @@ fn storage_is_capped_by_evicting_the_oldest() {
         NOW + 5000,
     )
     .unwrap();
-    assert_eq!(t.len(), MAX_ORIGINS);
+    assert_eq!(t.len(), CAP);
     assert_eq!(t.counters().evicted, 1);
     // The document with the oldest ts (i = 0) went.
     assert_eq!(t.fresh(NOW + 5000).last().unwrap().ts_ms, NOW + 1);
