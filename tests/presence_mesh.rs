@@ -80,19 +80,32 @@ fn u(m: &Map<String, Value>, k: &str) -> u64 {
 }
 
 /// Wait until the origin's latest seq is held by every node in `reach`, and return it.
+/// On timeout, fail with what each node holds and counted.
 async fn settle(nodes: &[TestNode], reach: &[usize]) -> u64 {
     let origin = nodes[0].key();
-    eventually(20, || async {
-        let seq = status(&nodes[0]).await["own_seq"].as_u64()?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let seq = status(&nodes[0]).await["own_seq"].as_u64();
+        let mut missing = Vec::new();
         for &i in reach {
-            if held(&nodes[i], &origin).await?.0 != seq {
-                return None;
+            let h = held(&nodes[i], &origin).await;
+            if seq.is_none() || h.as_ref().map(|h| h.0) != seq {
+                missing.push((i, h));
             }
         }
-        // Still the latest: nothing was published meanwhile.
-        (status(&nodes[0]).await["own_seq"].as_u64() == Some(seq)).then_some(seq)
-    })
-    .await
+        let still = status(&nodes[0]).await["own_seq"].as_u64() == seq;
+        if missing.is_empty() && still {
+            return seq.unwrap();
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let mut report = format!("own_seq {seq:?}; not there: {missing:?}\n");
+            for (i, n) in nodes.iter().enumerate() {
+                report += &format!("node {i}: {:?}\n", status(n).await);
+            }
+            panic!("presence did not settle in 30 s\n{report}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Each accepted (origin, seq) is forwarded at most once, to at most degree − 1 peers.
@@ -203,4 +216,58 @@ async fn relay_refuses_to_queue_and_limits_connections() {
     for n in [relay, a, b] {
         n.stop().await;
     }
+}
+
+/// A hostile peer's presence lines are refused and counted; the node stays up, and a
+/// valid document from the same peer is still taken.
+#[tokio::test]
+async fn hostile_presence_lines_are_counted_not_fatal() {
+    use awp_node::canonical::sign_object;
+    use awp_node::wire::{self, Line, PresenceMsg};
+    let node = start("n", false, false, None).await;
+    let mut raw = common::Raw::dial(&node.address(), 77).await;
+    raw.handshake().await;
+    let now = wire::time::now_ms();
+    let me = raw.identity.key().to_string();
+    let doc = |seq: u64, ts: u64| {
+        let mut d = Map::new();
+        d.insert("origin".into(), me.clone().into());
+        d.insert("seq".into(), seq.into());
+        d.insert("ts".into(), wire::time::format_ms(ts).into());
+        d
+    };
+    let line = |d: Map<String, Value>, hops: u64| {
+        Line::Presence(PresenceMsg {
+            id: "01K00000000000000000000009".into(),
+            ts: wire::time::format_ms(now),
+            doc: d,
+            hops,
+        })
+        .encode()
+    };
+    let mut forged = doc(1, now);
+    forged.insert("sig".into(), wire::b64::encode_url(&[0u8; 64]).into());
+    raw.write(&line(forged, 0)).await;
+    let mut stale = doc(2, now - 11 * 60 * 1000);
+    let sig = sign_object(&raw.identity, &stale);
+    stale.insert("sig".into(), sig.into());
+    raw.write(&line(stale, 0)).await;
+    let mut good = doc(3, now);
+    let sig = sign_object(&raw.identity, &good);
+    good.insert("sig".into(), sig.into());
+    raw.write(&line(good, 7)).await;
+    let s = eventually(10, || async {
+        let s = status(&node).await;
+        (u(&s, "accepted") == 1 && u(&s, "dropped") == 2).then_some(s)
+    })
+    .await;
+    assert_eq!(s["refused"]["bad_signature"], 1, "{s:?}");
+    assert_eq!(s["refused"]["stale"], 1, "{s:?}");
+    // hops 7 is the bound: held, not forwarded.
+    assert_eq!(u(&s, "forwarded"), 0, "{s:?}");
+    assert_eq!(
+        held(&node, &raw.identity.key().to_string()).await,
+        Some((3, 7, raw.identity.key().to_string()))
+    );
+    node.stop().await;
 }
