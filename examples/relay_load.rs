@@ -5,7 +5,9 @@
 //! - the relay's resident memory per connection (VmRSS delta / N, from /proc);
 //! - the time from client 0 writing a new signed document until all N − 1 others hold it.
 //!
-//! Usage: `relay_load ADDRESS CLIENTS RELAY_PID [ROUNDS]`. Prints one JSON object.
+//! Usage: `relay_load ADDRESS CLIENTS RELAY_PID [ROUNDS [RELAY_HOME]]`. Prints one JSON
+//! object; with RELAY_HOME, it includes the relay's presence status taken while all
+//! clients are still connected.
 
 use awp_node::identity::{auth_transcript, Identity};
 use awp_node::net::{self, Address, DialOptions, TlsConfig};
@@ -169,6 +171,7 @@ async fn main() {
     let n: usize = args[2].parse().expect("clients");
     let pid: u32 = args[3].parse().expect("relay pid");
     let rounds: usize = args.get(4).and_then(|r| r.parse().ok()).unwrap_or(5);
+    let relay_home = args.get(5).map(std::path::PathBuf::from);
     let target = Arc::new(Target::default());
 
     let rss_before = rss_kib(pid);
@@ -237,6 +240,16 @@ async fn main() {
     } else {
         0.0
     };
+    let relay_status = match &relay_home {
+        Some(h) => awp_node::control::request(
+            &awp_node::daemon::socket_path(h),
+            &awp_node::control::Request::PresenceStatus,
+        )
+        .await
+        .map(|r| serde_json::Value::Object(r.body))
+        .unwrap_or_default(),
+        None => serde_json::Value::Null,
+    };
     let mut sorted = times_ms.clone();
     sorted.sort_by(f64::total_cmp);
     println!(
@@ -250,6 +263,7 @@ async fn main() {
             "relay_kib_per_connection": (per_conn_kib * 10.0).round() / 10.0,
             "fanout_ms": times_ms.iter().map(|t| (t * 10.0).round() / 10.0).collect::<Vec<_>>(),
             "fanout_median_ms": sorted.get(sorted.len() / 2).map(|t| (t * 10.0).round() / 10.0),
+            "relay_status": relay_status,
         })
     );
     drop(clients);

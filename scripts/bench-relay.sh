@@ -34,9 +34,8 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
-result=$(target/release/examples/relay_load "tls:127.0.0.1:$port" "$clients" "$relay_pid" 5)
+result=$(target/release/examples/relay_load "tls:127.0.0.1:$port" "$clients" "$relay_pid" 5 "$work/relay")
 echo "$result"
-target/release/awp --home "$work/relay" relay status
 python3 - "$result" <<'EOF'
 import json, sys
 r = json.loads(sys.argv[1])
@@ -44,4 +43,10 @@ print(f"\nrelay with {r['connected']}/{r['clients']} connected clients (connect 
 print(f"  memory per connection: {r['relay_kib_per_connection']} KiB "
       f"(RSS {r['relay_rss_before_kib']} -> {r['relay_rss_after_kib']} KiB)")
 print(f"  one document to all others: median {r['fanout_median_ms']} ms, rounds {r['fanout_ms']} ms")
+s = r.get("relay_status") or {}
+if s:
+    print(f"  relay status (clients connected): {s.get('connections')} connections, "
+          f"{s.get('documents')} documents held, {s.get('forwarded')} forwarded in "
+          f"{s.get('forward_lines')} lines, {s.get('dropped')} dropped, "
+          f"{s.get('forward_dropped')} lines dropped (queue full)")
 EOF

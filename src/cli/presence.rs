@@ -210,6 +210,46 @@ mod tests {
     }
 
     #[test]
+    fn relay_and_presence_arguments_parse() {
+        use crate::cli::args::{Cli, Command};
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["awp", "relay", "status"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Relay(RelayArgs {
+                action: Some(RelayAction::Status),
+                ..
+            })
+        ));
+        let cli = Cli::try_parse_from([
+            "awp",
+            "relay",
+            "--listen",
+            "tls:0.0.0.0:7700",
+            "--max-connections",
+            "10",
+        ])
+        .unwrap();
+        let Command::Relay(r) = cli.command else {
+            panic!()
+        };
+        assert_eq!((r.action.is_none(), r.max_connections), (true, 10));
+        assert_eq!(r.node.listen, ["tls:0.0.0.0:7700"]);
+        let cli = Cli::try_parse_from(["awp", "relay"]).unwrap();
+        let Command::Relay(r) = cli.command else {
+            panic!()
+        };
+        assert_eq!(r.max_connections, crate::node::DEFAULT_MAX_CONNECTIONS);
+        let cli = Cli::try_parse_from(["awp", "up", "--presence"]).unwrap();
+        let Command::Up(n) = cli.command else {
+            panic!()
+        };
+        assert!(n.presence);
+        let cli = Cli::try_parse_from(["awp", "presence", "-abc"]).unwrap();
+        assert!(matches!(cli.command, Command::Presence { peer: Some(p) } if p == "-abc"));
+    }
+
+    #[test]
     fn document_text_says_whether_it_verified() {
         let b = json!({"verified": false, "via": "k", "hops": 2, "doc": {"seq": 1}});
         let Value::Object(b) = b else { unreachable!() };
