@@ -79,6 +79,25 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         from_seq: Option<u64>,
     },
+    /// Known agents from presence documents (`awp presence`): `{"agents":[{origin, name,
+    /// host, harness, model, version, active, waiting, peers_up, peers, threads, outbox,
+    /// unread, seq, ts, hops, via, via_name, own}…]}`, our own document first. With
+    /// `peer` (an origin key, a key prefix of at least 4 characters, or a name): that one
+    /// document with `doc` (as received) and `verified` (its signature checks now);
+    /// `no_such_peer` when none matches.
+    Presence {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer: Option<String>,
+    },
+    /// Presence and relay counters (`awp relay status`): `relay`, `publishing`,
+    /// `connections` (sessions up), `presence_peers`, `max_connections`,
+    /// `refused_connections`, `documents` (held), `accepted`, `forwarded` (accepted
+    /// documents passed on, at most one per origin and seq), `forward_lines` (lines
+    /// written by forwarding), `greeting_lines` (lines written to new connections:
+    /// anti-entropy), `forward_dropped` (peer queue full),
+    /// `dropped` (refused documents) and `refused` (by reason), `expired`, `published`,
+    /// `own_seq`.
+    PresenceStatus,
     /// Stop the node (answers, then exits).
     Shutdown,
 }

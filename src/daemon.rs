@@ -219,6 +219,8 @@ pub struct StartArgs {
     pub about: Option<String>,
     /// `--allow-plaintext`.
     pub allow_plaintext: bool,
+    /// `--presence`.
+    pub presence: bool,
 }
 
 impl StartArgs {
@@ -239,6 +241,9 @@ impl StartArgs {
         }
         if self.allow_plaintext {
             args.push("--allow-plaintext".into());
+        }
+        if self.presence {
+            args.push("--presence".into());
         }
         args
     }
@@ -448,6 +453,7 @@ mod tests {
             name: Some("bob".into()),
             about: None,
             allow_plaintext: true,
+            presence: true,
         };
         let args: Vec<String> = a
             .to_args()
@@ -463,7 +469,8 @@ mod tests {
                 "unix:/tmp/x",
                 "--name",
                 "bob",
-                "--allow-plaintext"
+                "--allow-plaintext",
+                "--presence"
             ]
         );
     }

@@ -18,6 +18,7 @@
 //! - [`session`]: the per-connection protocol state machine (handshake, resume, acks,
 //!   dedup, ping, bye), free of I/O and driven with an explicit clock.
 //! - [`node`]: wiring: listeners, dialers, one connection per peer, reconnects, events.
+//! - [`presence`]: signed presence documents and the rules for relaying them (sans-I/O).
 //! - [`control`]: the local control socket protocol (NDJSON) between the CLI and the node.
 //! - [`cli`]: the `awp` command line.
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
@@ -31,6 +32,7 @@ pub mod grant;
 pub mod identity;
 pub mod net;
 pub mod node;
+pub mod presence;
 pub mod session;
 pub mod store;
 pub mod wire;

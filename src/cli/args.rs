@@ -49,6 +49,10 @@ pub struct NodeArgs {
     /// Allow plaintext tcp to and from public addresses.
     #[arg(long)]
     pub allow_plaintext: bool,
+    /// Publish this node's signed presence document to its peers (every node relays
+    /// others' documents either way).
+    #[arg(long)]
+    pub presence: bool,
 }
 
 impl From<&NodeArgs> for StartArgs {
@@ -58,6 +62,7 @@ impl From<&NodeArgs> for StartArgs {
             name: a.name.clone(),
             about: a.about.clone(),
             allow_plaintext: a.allow_plaintext,
+            presence: a.presence,
         }
     }
 }
@@ -140,10 +145,40 @@ pub enum Command {
     Status,
     /// Print this node's key, name and fingerprint (no running node needed).
     Whoami,
+    /// List agents known from presence documents, or show one document in full.
+    Presence {
+        /// An agent: its key, a key prefix (4+ characters) or its name.
+        #[arg(allow_hyphen_values = true)]
+        peer: Option<String>,
+    },
+    /// Run a relay in the foreground (many inbound connections, forwards presence, queues
+    /// nothing for peers); `awp relay status` shows its counters.
+    Relay(RelayArgs),
     /// Print the JSON Schema of AWP v0 lines.
     Schema,
     /// Print the version.
     Version,
+}
+
+/// `awp relay`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct RelayArgs {
+    /// `status`: the running relay's counters instead of running one.
+    #[command(subcommand)]
+    pub action: Option<RelayAction>,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Simultaneous inbound connections at most; beyond, new sockets are closed.
+    #[arg(long, value_name = "N", default_value_t = crate::node::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+}
+
+/// `awp relay` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum RelayAction {
+    /// Connected nodes, documents held, forwarded and dropped counts.
+    Status,
 }
 
 /// `awp send`.

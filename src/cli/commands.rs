@@ -43,6 +43,8 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Threads => list(ctx, Request::Threads, "threads").await,
         Command::Peers => list(ctx, Request::Peers, "peers").await,
         Command::Status => status(ctx).await,
+        Command::Presence { peer } => super::presence::show(ctx, peer).await,
+        Command::Relay(args) => super::presence::relay(ctx, &args).await,
         Command::Whoami => whoami(ctx).await,
         Command::Schema => out(&format!("{:#}", crate::wire::schema::schema())),
         Command::Version => version(ctx),
@@ -50,7 +52,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
 }
 
 impl Ctx {
-    fn socket(&self) -> PathBuf {
+    pub(super) fn socket(&self) -> PathBuf {
         daemon::socket_path(&self.home)
     }
 
@@ -66,7 +68,7 @@ impl Ctx {
     }
 
     /// One request to the node (starting it when needed); the body of an `ok` response.
-    async fn call(&self, req: &Request) -> Result<Map<String, Value>, Failure> {
+    pub(super) async fn call(&self, req: &Request) -> Result<Map<String, Value>, Failure> {
         self.ensure_node(&StartArgs::default()).await?;
         self.call_running(req).await
     }
@@ -79,7 +81,7 @@ impl Ctx {
         self.body(resp)
     }
 
-    fn body(&self, resp: Response) -> Result<Map<String, Value>, Failure> {
+    pub(super) fn body(&self, resp: Response) -> Result<Map<String, Value>, Failure> {
         if resp.ok {
             Ok(resp.body)
         } else {

@@ -40,6 +40,8 @@ pub fn node_config(ctx: &Ctx, args: &NodeArgs) -> Result<NodeConfig, Failure> {
         allow_plaintext: args.allow_plaintext,
         name: args.name.clone(),
         about: args.about.clone(),
+        presence: args.presence,
+        ..Default::default()
     })
 }
 
@@ -71,7 +73,11 @@ fn emit(output: Output, ev: &crate::control::Event) -> Result<(), Failure> {
 
 /// Run the node in the foreground until it stops.
 pub async fn run(ctx: &Ctx, args: &NodeArgs, output: Output) -> Result<(), Failure> {
-    let config = node_config(ctx, args)?;
+    run_config(ctx, node_config(ctx, args)?, output).await
+}
+
+/// [`run`] with a prepared configuration (`awp relay`).
+pub async fn run_config(ctx: &Ctx, config: NodeConfig, output: Output) -> Result<(), Failure> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| {
         Failure::new(
             Exit::Failed,

@@ -8,6 +8,7 @@ pub mod args;
 pub mod commands;
 pub mod foreground;
 pub mod format;
+pub mod presence;
 
 pub use args::{Cli, Command, NodeArgs};
 
@@ -194,7 +195,10 @@ pub fn run(cli: Cli) -> i32 {
         home,
         json: cli.json,
     };
-    let multi_thread = matches!(cli.command, Command::Daemon(_) | Command::Listen { .. });
+    let multi_thread = matches!(
+        cli.command,
+        Command::Daemon(_) | Command::Listen { .. } | Command::Relay(_)
+    );
     let runtime = if multi_thread {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()

@@ -217,7 +217,9 @@ pub async fn run_with(
                 SessionEvent::Authenticated { key, hello } => {
                     // The handshake is over: free its slot for the next inbound one.
                     drop(handshake_slot.take());
-                    match register(&inner, key, conn_id, dialed, &remote, &handles).await {
+                    let presence = hello.caps.iter().any(|c| c == super::presence::CAP);
+                    match register(&inner, key, conn_id, dialed, &remote, &handles, presence).await
+                    {
                         true => {
                             registered = Some(key);
                             peer_name = hello
@@ -241,6 +243,9 @@ pub async fn run_with(
                             );
                         }
                         set_up(&inner, &key);
+                        for line in super::presence::greeting(&inner, &key) {
+                            session.send_ephemeral(line);
+                        }
                         inner.emit(json!({
                             "event": "peer_up",
                             "peer": key.to_string(),
@@ -273,6 +278,11 @@ pub async fn run_with(
                 SessionEvent::PeerError(e) => {
                     tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
                     inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
+                }
+                SessionEvent::Other(Line::Presence(p)) => {
+                    if let Some(key) = registered {
+                        super::presence::received(&inner, key, p);
+                    }
                 }
                 SessionEvent::Other(line) => {
                     tracing::debug!(t = line.kind(), "line not acted on by this version");
@@ -426,6 +436,7 @@ async fn register(
     dialed: bool,
     remote: &str,
     handles: &Handles,
+    presence: bool,
 ) -> bool {
     let me = inner.identity.key();
     let old = {
@@ -447,6 +458,7 @@ async fn register(
             up: false,
             remote: remote.to_string(),
             handles: handles.clone(),
+            presence,
         };
         conns.insert(key, entry)
     };

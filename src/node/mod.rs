@@ -6,10 +6,15 @@
 //! - `dialer`: per-peer redial with jittered exponential backoff (protocol-notes
 //!   §Liveness and close).
 //! - `server`: the control socket (see [`crate::control`]).
+//! - `presence`: receiving, relaying and publishing presence documents (the rules are in
+//!   [`crate::presence`]).
 
 mod conn;
 mod dialer;
+mod presence;
 mod server;
+
+pub use presence::PresenceTiming;
 
 use crate::control::Event;
 use crate::daemon::{Lock, LockError};
@@ -32,15 +37,14 @@ pub const DEFAULT_PORT: u16 = 7700;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A second connection within this age of the first is a simultaneous open (§Threads).
 pub const SIMULTANEOUS_OPEN: Duration = Duration::from_secs(5);
-/// Most connections (inbound and outbound, authenticated or not) at once; more inbound
-/// sockets are closed at accept.
-pub const MAX_CONNECTIONS: usize = 4096;
 /// Most inbound connections still in their handshake at once (each may buffer up to one
 /// line of 1 MiB); more are closed at accept.
 pub const MAX_HANDSHAKES: usize = 256;
-
-/// Capability families we announce in hello.
-pub const CAPS: &[&str] = &[];
+/// Capability families we announce in hello. Every node lists `presence`, publishing or
+/// not, so that it receives and relays presence documents.
+pub const CAPS: &[&str] = &[presence::CAP];
+/// Default limit of simultaneous inbound connections (`--max-connections`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 /// How a node is started (`awp daemon`, `awp listen`, `awp up`).
 #[derive(Debug, Clone, Default)]
@@ -55,6 +59,15 @@ pub struct NodeConfig {
     pub name: Option<String>,
     /// About text in hello.
     pub about: Option<String>,
+    /// Publish our signed presence document (`--presence`). Every node relays others'.
+    pub presence: bool,
+    /// When our presence document is published (tests shorten the delays).
+    pub presence_timing: PresenceTiming,
+    /// Relay mode (`awp relay`): refuse to queue msgs and states for peers.
+    pub relay: bool,
+    /// Simultaneous inbound connections accepted at most; beyond, new sockets are closed
+    /// at once. `None`: [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: Option<usize>,
 }
 
 /// Why the node could not start.
@@ -79,6 +92,8 @@ pub(crate) struct ConnEntry {
     pub up: bool,
     pub remote: String,
     pub handles: conn::Handles,
+    /// The peer's hello caps list `presence`.
+    pub presence: bool,
 }
 
 /// State shared by all tasks of a node.
@@ -98,10 +113,14 @@ pub(crate) struct Inner {
     pub next_conn: AtomicU64,
     pub started: Instant,
     pub tasks: tokio_util::task::TaskTracker,
-    /// Slots for inbound connections ([`MAX_CONNECTIONS`]).
-    pub conn_slots: Arc<tokio::sync::Semaphore>,
     /// Slots for inbound handshakes in progress ([`MAX_HANDSHAKES`]).
     pub handshake_slots: Arc<tokio::sync::Semaphore>,
+    pub presence: presence::PresenceState,
+    pub relay: bool,
+    pub max_connections: usize,
+    pub conn_limit: Arc<tokio::sync::Semaphore>,
+    /// Inbound sockets closed because [`Inner::max_connections`] were open.
+    pub refused_conns: AtomicU64,
 }
 
 /// A started node.
@@ -136,6 +155,12 @@ impl NodeHandle {
         let about = remembered(&store, "about", config.about.as_deref())?;
         warn_if_open(&home);
         let (events, _) = broadcast::channel(4096);
+        let max_connections = config
+            .max_connections
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS)
+            .max(1);
+        let presence =
+            presence::PresenceState::new(identity.key(), config.presence, config.presence_timing);
         let inner = Arc::new(Inner {
             home: home.clone(),
             identity,
@@ -152,8 +177,12 @@ impl NodeHandle {
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
             tasks: tokio_util::task::TaskTracker::new(),
-            conn_slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             handshake_slots: Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES)),
+            presence,
+            relay: config.relay,
+            max_connections,
+            conn_limit: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+            refused_conns: AtomicU64::new(0),
         });
 
         // Listeners.
@@ -202,6 +231,7 @@ impl NodeHandle {
 
         // Housekeeping: retention, and redial peers with queued lines or open threads.
         inner.tasks.spawn(housekeeping(inner.clone()));
+        inner.tasks.spawn(presence::run(inner.clone()));
         for peer in dialer::wanted_peers(&inner) {
             dialer::ensure(&inner, peer);
         }
@@ -313,16 +343,24 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
         };
         match incoming {
             Ok(inc) => {
-                let (Ok(conn_slot), Ok(hs_slot)) = (
-                    inner.conn_slots.clone().try_acquire_owned(),
+                let (Ok(permit), Ok(hs_slot)) = (
+                    inner.conn_limit.clone().try_acquire_owned(),
                     inner.handshake_slots.clone().try_acquire_owned(),
                 ) else {
-                    tracing::warn!(remote = %inc.remote(), "connection limit reached: closing an inbound connection");
+                    let n = inner.refused_conns.fetch_add(1, Ordering::Relaxed) + 1;
+                    tracing::warn!(
+                        remote = %inc.remote(),
+                        limit = inner.max_connections,
+                        handshakes = MAX_HANDSHAKES,
+                        refused = n,
+                        "connection or handshake limit reached: closing the new socket"
+                    );
+                    drop(inc);
                     continue;
                 };
                 let inner2 = inner.clone();
                 inner.tasks.spawn(async move {
-                    let _conn_slot = conn_slot;
+                    let _permit = permit;
                     let hs_slot = Arc::new(hs_slot);
                     let remote = inc.remote();
                     let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;

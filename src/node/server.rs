@@ -178,6 +178,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             parts,
             wait_ack_ms,
         } => {
+            refuse_in_relay_mode(inner)?;
             let parts: Vec<Part> = parts
                 .into_iter()
                 .map(serde_json::from_value)
@@ -207,6 +208,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             note,
             wait_ack_ms,
         } => {
+            refuse_in_relay_mode(inner)?;
             if state.is_empty() {
                 return Err(Fail::new("bad_request", "state must not be empty"));
             }
@@ -312,8 +314,31 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
         Request::Subscribe { .. } => {
             Err(Fail::new("bad_request", "subscribe is handled separately"))
         }
+        Request::Presence { peer } => match super::presence::list(inner, peer.as_deref()) {
+            Ok(Some(v)) => Ok(v),
+            Ok(None) => Err(Fail::new(
+                "no_such_peer",
+                format!(
+                    "no presence document from {:?}; `awp presence` lists known agents",
+                    peer.unwrap_or_default()
+                ),
+            )),
+            Err(m) => Err(Fail::new("ambiguous_peer", m)),
+        },
+        Request::PresenceStatus => Ok(super::presence::status(inner)),
         Request::Shutdown => Ok(json!({"stopping": true})),
     }
+}
+
+/// A relay queues nothing for peers: msgs and states are refused.
+fn refuse_in_relay_mode(inner: &Inner) -> Result<(), Fail> {
+    if inner.relay {
+        return Err(Fail::new(
+            "bad_request",
+            "this node runs as a relay and keeps no outbox: send from a regular node (`awp up`)",
+        ));
+    }
+    Ok(())
 }
 
 /// Most bytes of lines in one `read` response.

@@ -33,6 +33,7 @@ impl TestNode {
             allow_plaintext: false,
             name: Some(name.to_string()),
             about: None,
+            ..Default::default()
         })
         .await
         .expect("node starts");

@@ -1,0 +1,260 @@
+//! `awp presence` (known agents from presence documents) and `awp relay` (run a relay, or
+//! show its counters).
+
+use super::args::{RelayAction, RelayArgs};
+use super::format::{clip, field, format_age, short_key, str_field, table, timestamp_ms};
+use super::{client_failure, out, out_json, Ctx, Failure};
+use crate::control::{self, Request};
+use serde_json::{Map, Value};
+
+/// `awp presence [PEER]`.
+pub async fn show(ctx: &Ctx, peer: Option<String>) -> Result<(), Failure> {
+    let one = peer.is_some();
+    let body = ctx.call(&Request::Presence { peer }).await?;
+    if one {
+        return if ctx.json {
+            out_json(&Value::Object(body))
+        } else {
+            out(&document_text(&body))
+        };
+    }
+    let agents = body
+        .get("agents")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if ctx.json {
+        for a in &agents {
+            out_json(a)?;
+        }
+        return Ok(());
+    }
+    if agents.is_empty() {
+        return out("no presence documents yet (peers publish with `awp up --presence`)");
+    }
+    out(&presence_table(&agents, super::format::now_ms()))
+}
+
+/// The `awp presence` table: NAME, KEY, HOST, HARNESS/MODEL, ACTIVE, WAITING, PEERS UP,
+/// VIA, HOPS. Our own document shows `(self)` as VIA.
+pub fn presence_table(agents: &[Value], now_ms: i64) -> String {
+    let rows: Vec<Vec<String>> = agents
+        .iter()
+        .filter_map(Value::as_object)
+        .map(|a| {
+            let dash = |k: &str| clip(str_field(a, &[k]).unwrap_or("-"), 30);
+            let hm = match (str_field(a, &["harness"]), str_field(a, &["model"])) {
+                (None, None) => "-".to_string(),
+                (h, m) => clip(&format!("{}/{}", h.unwrap_or("-"), m.unwrap_or("-")), 40),
+            };
+            let active = field(a, &["active"])
+                .and_then(timestamp_ms)
+                .map(|t| format_age((now_ms - t) / 1000))
+                .unwrap_or_else(|| "-".into());
+            let waiting = match a.get("waiting").and_then(Value::as_bool) {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            };
+            let peers = format!(
+                "{}/{}",
+                a.get("peers_up").and_then(Value::as_u64).unwrap_or(0),
+                a.get("peers").and_then(Value::as_u64).unwrap_or(0)
+            );
+            let via = if a.get("own").and_then(Value::as_bool) == Some(true) {
+                "(self)".to_string()
+            } else {
+                match (str_field(a, &["via_name"]), str_field(a, &["via"])) {
+                    (Some(n), _) => clip(n, 30),
+                    (None, Some(k)) => short_key(k),
+                    _ => "-".into(),
+                }
+            };
+            let hops = a
+                .get("hops")
+                .and_then(Value::as_u64)
+                .map_or("-".into(), |h| h.to_string());
+            vec![
+                dash("name"),
+                short_key(str_field(a, &["origin"]).unwrap_or("?")),
+                dash("host"),
+                hm,
+                active,
+                waiting.into(),
+                peers,
+                via,
+                hops,
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NAME",
+            "KEY",
+            "HOST",
+            "HARNESS/MODEL",
+            "ACTIVE",
+            "WAITING",
+            "PEERS UP",
+            "VIA",
+            "HOPS",
+        ],
+        &rows,
+    )
+}
+
+/// One document in full: a `signature:` line, where it came from, then the document
+/// pretty-printed.
+pub fn document_text(body: &Map<String, Value>) -> String {
+    let verified = match body.get("verified").and_then(Value::as_bool) {
+        Some(true) => "verified",
+        _ => "DOES NOT VERIFY",
+    };
+    let from = if body.get("own").and_then(Value::as_bool) == Some(true) {
+        "our own document".to_string()
+    } else {
+        format!(
+            "via {} after {} hop(s)",
+            str_field(body, &["via_name", "via"]).unwrap_or("?"),
+            body.get("hops").and_then(Value::as_u64).unwrap_or(0)
+        )
+    };
+    let doc = body.get("doc").cloned().unwrap_or(Value::Null);
+    format!(
+        "signature: {verified}\nfrom:      {from}\n{}",
+        serde_json::to_string_pretty(&doc).unwrap_or_default()
+    )
+}
+
+/// `awp relay [--listen ADDR]… [--max-connections N]` and `awp relay status`.
+pub async fn relay(ctx: &Ctx, args: &RelayArgs) -> Result<(), Failure> {
+    match args.action {
+        Some(RelayAction::Status) => relay_status(ctx).await,
+        None => {
+            let mut config = super::foreground::node_config(ctx, &args.node)?;
+            config.relay = true;
+            config.max_connections = Some(args.max_connections);
+            super::foreground::run_config(ctx, config, super::foreground::Output::None).await
+        }
+    }
+}
+
+async fn relay_status(ctx: &Ctx) -> Result<(), Failure> {
+    let resp = control::request(&ctx.socket(), &Request::PresenceStatus)
+        .await
+        .map_err(|e| client_failure(&e, &ctx.home))?;
+    let body = ctx.body(resp)?;
+    if ctx.json {
+        return out_json(&Value::Object(body));
+    }
+    let n = |k: &str| body.get(k).map_or("-".into(), Value::to_string);
+    let mut lines = vec![
+        format!(
+            "mode:        {}",
+            if body.get("relay").and_then(Value::as_bool) == Some(true) {
+                "relay"
+            } else {
+                "node"
+            }
+        ),
+        format!(
+            "connected:   {} ({} presence peers, limit {}, {} refused)",
+            n("connections"),
+            n("presence_peers"),
+            n("max_connections"),
+            n("refused_connections")
+        ),
+        format!(
+            "documents:   {} held, {} accepted, {} expired",
+            n("documents"),
+            n("accepted"),
+            n("expired")
+        ),
+        format!(
+            "forwarded:   {} documents in {} lines ({} lines dropped: peer queue full)",
+            n("forwarded"),
+            n("forward_lines"),
+            n("forward_dropped")
+        ),
+        format!("dropped:     {}", n("dropped")),
+    ];
+    if let Some(Value::Object(r)) = body.get("refused") {
+        for (reason, count) in r {
+            lines.push(format!("  {reason}: {count}"));
+        }
+    }
+    out(&lines.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn table_shows_self_via_and_hops() {
+        let agents = vec![
+            json!({"origin": "ed25519:AAAAAAAAAAAA", "name": "me", "own": true, "peers_up": 1, "peers": 2, "waiting": false}),
+            json!({"origin": "ed25519:BBBBBBBBBBBB", "name": "bob", "host": "ci", "harness": "codex",
+                   "active": "2026-01-01T00:00:00Z", "waiting": true, "via": "ed25519:CCCCCCCCCC",
+                   "hops": 3, "own": false}),
+        ];
+        let now = 1_767_225_660_000; // one minute after `active`
+        let t = presence_table(&agents, now);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("NAME"));
+        assert!(lines[1].contains("(self)") && lines[1].contains("1/2"));
+        assert!(lines[2].contains("codex/-") && lines[2].contains("1m ago"));
+        assert!(lines[2].contains("CCCCCCCC") && lines[2].trim_end().ends_with('3'));
+        assert!(lines[2].contains("yes"));
+    }
+
+    #[test]
+    fn relay_and_presence_arguments_parse() {
+        use crate::cli::args::{Cli, Command};
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["awp", "relay", "status"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Relay(RelayArgs {
+                action: Some(RelayAction::Status),
+                ..
+            })
+        ));
+        let cli = Cli::try_parse_from([
+            "awp",
+            "relay",
+            "--listen",
+            "tls:0.0.0.0:7700",
+            "--max-connections",
+            "10",
+        ])
+        .unwrap();
+        let Command::Relay(r) = cli.command else {
+            panic!()
+        };
+        assert_eq!((r.action.is_none(), r.max_connections), (true, 10));
+        assert_eq!(r.node.listen, ["tls:0.0.0.0:7700"]);
+        let cli = Cli::try_parse_from(["awp", "relay"]).unwrap();
+        let Command::Relay(r) = cli.command else {
+            panic!()
+        };
+        assert_eq!(r.max_connections, crate::node::DEFAULT_MAX_CONNECTIONS);
+        let cli = Cli::try_parse_from(["awp", "up", "--presence"]).unwrap();
+        let Command::Up(n) = cli.command else {
+            panic!()
+        };
+        assert!(n.presence);
+        let cli = Cli::try_parse_from(["awp", "presence", "-abc"]).unwrap();
+        assert!(matches!(cli.command, Command::Presence { peer: Some(p) } if p == "-abc"));
+    }
+
+    #[test]
+    fn document_text_says_whether_it_verified() {
+        let b = json!({"verified": false, "via": "k", "hops": 2, "doc": {"seq": 1}});
+        let Value::Object(b) = b else { unreachable!() };
+        let t = document_text(&b);
+        assert!(t.starts_with("signature: DOES NOT VERIFY"));
+        assert!(t.contains("after 2 hop(s)"));
+    }
+}

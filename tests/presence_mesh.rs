@@ -1,0 +1,273 @@
+//! Presence over real TLS on 127.0.0.1: 12 nodes in a chain and in a ring. One end
+//! publishes; its document reaches every node within the hop bound and never beyond, and
+//! no node forwards an (origin, seq) more than once. Also relay mode: no outbox, a
+//! connection limit.
+
+mod common;
+
+use awp_node::control::Request;
+use awp_node::node::{NodeConfig, NodeHandle, PresenceTiming};
+use common::{eventually, TestNode};
+use serde_json::{Map, Value};
+use std::time::Duration;
+use tempfile::TempDir;
+
+const N: usize = 12;
+
+async fn start(name: &str, presence: bool, relay: bool, max_conns: Option<usize>) -> TestNode {
+    let home = TempDir::new().unwrap();
+    let handle = NodeHandle::start(NodeConfig {
+        home: home.path().to_path_buf(),
+        listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+        name: Some(name.to_string()),
+        presence,
+        presence_timing: PresenceTiming {
+            debounce: Duration::from_millis(50),
+            heartbeat: Duration::from_secs(600),
+            min_interval: Duration::from_millis(1100),
+        },
+        relay,
+        max_connections: max_conns,
+        ..Default::default()
+    })
+    .await
+    .expect("node starts");
+    TestNode { home, handle }
+}
+
+/// Node 0 publishes; the others only relay.
+async fn nodes() -> Vec<TestNode> {
+    let mut v = Vec::new();
+    for i in 0..N {
+        v.push(start(&format!("n{i}"), i == 0, false, None).await);
+    }
+    v
+}
+
+async fn connect(from: &TestNode, to: &TestNode) {
+    let r = from
+        .ctl(Request::Connect {
+            address: to.address(),
+            timeout_ms: Some(10_000),
+        })
+        .await;
+    assert!(r.ok, "connect: {:?}", r.error);
+}
+
+async fn status(n: &TestNode) -> Map<String, Value> {
+    let r = n.ctl(Request::PresenceStatus).await;
+    assert!(r.ok, "{:?}", r.error);
+    r.body
+}
+
+/// The document of `origin` held by `n`: (seq, hops, via), if any.
+async fn held(n: &TestNode, origin: &str) -> Option<(u64, u64, String)> {
+    let r = n.ctl(Request::Presence { peer: None }).await;
+    assert!(r.ok, "{:?}", r.error);
+    r.body["agents"].as_array()?.iter().find_map(|a| {
+        (a["origin"] == origin && a["own"] == false).then(|| {
+            (
+                a["seq"].as_u64().unwrap(),
+                a["hops"].as_u64().unwrap(),
+                a["via"].as_str().unwrap().to_string(),
+            )
+        })
+    })
+}
+
+fn u(m: &Map<String, Value>, k: &str) -> u64 {
+    m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m:?}"))
+}
+
+/// Wait until the origin's latest seq is held by every node in `reach`, and return it.
+/// On timeout, fail with what each node holds and counted.
+async fn settle(nodes: &[TestNode], reach: &[usize]) -> u64 {
+    let origin = nodes[0].key();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let seq = status(&nodes[0]).await["own_seq"].as_u64();
+        let mut missing = Vec::new();
+        for &i in reach {
+            let h = held(&nodes[i], &origin).await;
+            if seq.is_none() || h.as_ref().map(|h| h.0) != seq {
+                missing.push((i, h));
+            }
+        }
+        let still = status(&nodes[0]).await["own_seq"].as_u64() == seq;
+        if missing.is_empty() && still {
+            return seq.unwrap();
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let mut report = format!("own_seq {seq:?}; not there: {missing:?}\n");
+            for (i, n) in nodes.iter().enumerate() {
+                report += &format!("node {i}: {:?}\n", status(n).await);
+            }
+            panic!("presence did not settle in 30 s\n{report}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Each accepted (origin, seq) is forwarded at most once, to at most degree − 1 peers.
+async fn forwarded_at_most_once(n: &TestNode, degree: u64) {
+    let s = status(n).await;
+    assert!(u(&s, "forwarded") <= u(&s, "accepted"), "{s:?}");
+    assert!(
+        u(&s, "forward_lines") <= u(&s, "forwarded") * (degree - 1),
+        "{s:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chain_reaches_the_hop_bound_and_stops() {
+    let nodes = nodes().await;
+    for i in 0..N - 1 {
+        connect(&nodes[i], &nodes[i + 1]).await;
+    }
+    // Node k gets the document with hops k − 1 and forwards while hops + 1 < 8: nodes 1..=8
+    // hold it, node 8 does not pass it on.
+    let reach: Vec<usize> = (1..=8).collect();
+    let seq = settle(&nodes, &reach).await;
+    let origin = nodes[0].key();
+    for &k in &reach {
+        let (s, hops, via) = held(&nodes[k], &origin).await.unwrap();
+        assert_eq!((s, hops), (seq, k as u64 - 1), "node {k}");
+        assert_eq!(via, nodes[k - 1].key(), "node {k}");
+        let degree = if k == N - 1 { 1 } else { 2 };
+        forwarded_at_most_once(&nodes[k], degree).await;
+    }
+    let last = status(&nodes[8]).await;
+    assert_eq!(u(&last, "forwarded"), 0, "{last:?}");
+    assert_eq!(u(&last, "forward_lines"), 0, "{last:?}");
+    for (k, n) in nodes.iter().enumerate().skip(9) {
+        assert_eq!(held(n, &origin).await, None, "node {k} is beyond the bound");
+        assert_eq!(u(&status(n).await, "accepted"), 0);
+    }
+    // The document shows in full, with its signature checked, at the far end.
+    let r = nodes[8]
+        .ctl(Request::Presence {
+            peer: Some(origin.clone()),
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(r.body["verified"], true);
+    assert_eq!(r.body["doc"]["name"], "n0");
+    assert_eq!(r.body["doc"]["origin"], origin.as_str());
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ring_reaches_everyone_once() {
+    let nodes = nodes().await;
+    for i in 0..N {
+        connect(&nodes[i], &nodes[(i + 1) % N]).await;
+    }
+    let reach: Vec<usize> = (1..N).collect();
+    let seq = settle(&nodes, &reach).await;
+    let origin = nodes[0].key();
+    for (k, n) in nodes.iter().enumerate().skip(1) {
+        let (s, hops, _) = held(n, &origin).await.unwrap();
+        let distance = k.min(N - k) as u64;
+        assert_eq!(s, seq);
+        assert!(hops + 1 >= distance && hops < 8, "node {k}: hops {hops}");
+        forwarded_at_most_once(n, 2).await;
+    }
+    // The origin never takes its own document back.
+    let o = status(&nodes[0]).await;
+    assert_eq!(u(&o, "accepted"), 0, "{o:?}");
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn relay_refuses_to_queue_and_limits_connections() {
+    let relay = start("relay", false, true, Some(1)).await;
+    let a = start("a", true, false, None).await;
+    let b = start("b", false, false, None).await;
+    connect(&a, &relay).await;
+    let r = relay
+        .ctl(Request::Send {
+            peer: Some(a.key()),
+            th: None,
+            subject: None,
+            re: None,
+            parts: vec![serde_json::json!({"k":"text","text":"hi"})],
+            wait_ack_ms: None,
+        })
+        .await;
+    assert!(!r.ok);
+    assert!(r.error.unwrap().message.contains("relay"));
+    // The second inbound connection is over the limit: closed at once.
+    let refused = b
+        .ctl(Request::Connect {
+            address: relay.address(),
+            timeout_ms: Some(5_000),
+        })
+        .await;
+    assert!(!refused.ok);
+    let s = status(&relay).await;
+    assert_eq!(u(&s, "refused_connections"), 1, "{s:?}");
+    assert_eq!(s["relay"], true);
+    // a's document is held by the relay.
+    eventually(10, || async { held(&relay, &a.key()).await }).await;
+    for n in [relay, a, b] {
+        n.stop().await;
+    }
+}
+
+/// A hostile peer's presence lines are refused and counted; the node stays up, and a
+/// valid document from the same peer is still taken.
+#[tokio::test]
+async fn hostile_presence_lines_are_counted_not_fatal() {
+    use awp_node::canonical::sign_object;
+    use awp_node::wire::{self, Line, PresenceMsg};
+    let node = start("n", false, false, None).await;
+    let mut raw = common::Raw::dial(&node.address(), 77).await;
+    raw.handshake().await;
+    let now = wire::time::now_ms();
+    let me = raw.identity.key().to_string();
+    let doc = |seq: u64, ts: u64| {
+        let mut d = Map::new();
+        d.insert("origin".into(), me.clone().into());
+        d.insert("seq".into(), seq.into());
+        d.insert("ts".into(), wire::time::format_ms(ts).into());
+        d
+    };
+    let line = |d: Map<String, Value>, hops: u64| {
+        Line::Presence(PresenceMsg {
+            id: "01K00000000000000000000009".into(),
+            ts: wire::time::format_ms(now),
+            doc: d,
+            hops,
+        })
+        .encode()
+    };
+    let mut forged = doc(1, now);
+    forged.insert("sig".into(), wire::b64::encode_url(&[0u8; 64]).into());
+    raw.write(&line(forged, 0)).await;
+    let mut stale = doc(2, now - 11 * 60 * 1000);
+    let sig = sign_object(&raw.identity, &stale);
+    stale.insert("sig".into(), sig.into());
+    raw.write(&line(stale, 0)).await;
+    let mut good = doc(3, now);
+    let sig = sign_object(&raw.identity, &good);
+    good.insert("sig".into(), sig.into());
+    raw.write(&line(good, 7)).await;
+    let s = eventually(10, || async {
+        let s = status(&node).await;
+        (u(&s, "accepted") == 1 && u(&s, "dropped") == 2).then_some(s)
+    })
+    .await;
+    assert_eq!(s["refused"]["bad_signature"], 1, "{s:?}");
+    assert_eq!(s["refused"]["stale"], 1, "{s:?}");
+    // hops 7 is the bound: held, not forwarded.
+    assert_eq!(u(&s, "forwarded"), 0, "{s:?}");
+    assert_eq!(
+        held(&node, &raw.identity.key().to_string()).await,
+        Some((3, 7, raw.identity.key().to_string()))
+    );
+    node.stop().await;
+}
