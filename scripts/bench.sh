@@ -39,3 +39,7 @@ AWP_BIN="$ROOT/target/release/awp" \
 AWP_BENCH_DIR="$WORK" \
 AWP_BENCH_PIDS="$PIDS" \
     cargo bench --quiet --bench node
+
+echo
+echo "7. relay: 2,000 connected nodes (scripts/bench-relay.sh)"
+bash "$ROOT/scripts/bench-relay.sh" "${BENCH_RELAY_CLIENTS:-2000}"
