@@ -142,6 +142,8 @@ pub enum Command {
     Whoami,
     /// Print the JSON Schema of AWP v0 lines.
     Schema,
+    /// Check an AWP peer against the v0 conformance scenarios.
+    Conform(crate::conform::ConformArgs),
     /// Print the version.
     Version,
 }
