@@ -25,7 +25,7 @@ pub struct ConformArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// With --listen: run CMD (via `sh -c`) once bound, `{addr}` replaced by our address.
-    #[arg(long, value_name = "CMD", requires = "listen")]
+    #[arg(long, value_name = "CMD")]
     pub run: Option<String>,
     /// List the scenarios (name, section, what) and exit.
     #[arg(long)]
@@ -115,6 +115,12 @@ pub async fn run(ctx: &Ctx, args: ConformArgs) -> Result<(), Failure> {
             "list them with `awp conform --list`",
         )
     })?;
+    if args.run.is_some() && args.listen.is_none() {
+        return Err(Failure::usage(
+            "--run needs --listen",
+            "e.g. awp conform --listen tcp:127.0.0.1:0 --run 'CMD {addr}'",
+        ));
+    }
     if args.timeout.is_zero() {
         return Err(Failure::usage(
             "--timeout must be above zero",

@@ -195,6 +195,7 @@ pub async fn run_connect(addr: &Address, opts: &Options) -> Result<Report, Confo
             report.results.push(Outcome::ran(s, checks));
             continue;
         }
+        let mut opening = Vec::new();
         if session.as_ref().is_none_or(|p| p.closed) {
             let (p, checks) = open_session(addr, &dial_opts, &shared).await;
             if p.is_none() {
@@ -203,9 +204,24 @@ pub async fn run_connect(addr: &Address, opts: &Options) -> Result<Report, Confo
                 continue;
             }
             session = p;
+            // What went wrong while opening (e.g. a schema violation) belongs to the
+            // scenario that needed the session.
+            opening = checks
+                .into_iter()
+                .filter(|c| !c.ok)
+                .map(|c| Check {
+                    what: format!("opening the session: {}", c.what),
+                    ..c
+                })
+                .collect();
         }
         if let Some(p) = session.as_mut() {
-            report.results.push(shared_outcome(s, p).await);
+            let mut outcome = shared_outcome(s, p).await;
+            if !opening.is_empty() {
+                opening.append(&mut outcome.checks);
+                outcome = Outcome::ran(s, opening);
+            }
+            report.results.push(outcome);
         }
     }
     Ok(report)
