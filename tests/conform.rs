@@ -164,6 +164,10 @@ enum Fault {
     /// Like NeverAcks, and sends a line whose envelope breaks the schema (empty id)
     /// between its auth and its resume.
     BadEnvelope,
+    /// Announces caps `blob` and `grant`, acks msg and state lines, and checks what the
+    /// chunk and grant scenarios send: a wrong chunk or grant gets a closing `err
+    /// bad_frame` with the reason in `detail`.
+    Capable,
 }
 
 /// A raw TCP peer on 127.0.0.1 that speaks just enough AWP; serves connections until the
@@ -196,7 +200,10 @@ async fn serve_fake(sock: tokio::net::TcpStream, fault: Fault) {
         key: id.key().to_string(),
         name: Some("fake@test".into()),
         nonce: b64::encode_url(&[9u8; 32]),
-        caps: vec![],
+        caps: match fault {
+            Fault::Capable => vec!["blob".into(), "grant".into()],
+            _ => vec![],
+        },
         about: None,
         addr: None,
         shares: None,
@@ -235,18 +242,124 @@ async fn serve_fake(sock: tokio::net::TcpStream, fault: Fault) {
     if w.write_all(&out).await.is_err() {
         return;
     }
+    // Blob refs named by a msg, and the next chunk index expected for each.
+    let mut blobs: std::collections::HashMap<String, (u64, u64, String)> = Default::default();
     while let Ok(Some(line)) = reader.read_line().await {
-        if let Ok(Line::Ping(p)) = wire::parse_line(&line) {
-            let pong = Line::Pong(wire::Pong {
+        let reply = match wire::parse_line(&line) {
+            Ok(Line::Ping(p)) => Line::Pong(wire::Pong {
                 id: next_id(),
                 ts: ts.clone(),
                 re: p.id,
-            });
-            if w.write_all(&send(pong.encode())).await.is_err() {
-                return;
+            }),
+            Ok(Line::Msg(m)) if matches!(fault, Fault::Capable) => {
+                for part in &m.parts {
+                    if let wire::Part::Blob(b) = part {
+                        blobs.insert(b.blob_ref.clone(), (0, b.size, m.th.clone()));
+                    }
+                }
+                ack(next_id(), &ts, &m.th, &m.id)
             }
+            Ok(Line::State(st)) if matches!(fault, Fault::Capable) => {
+                ack(next_id(), &ts, &st.th, &st.id)
+            }
+            Ok(Line::Chunk(c)) => match check_chunk(&c, &mut blobs) {
+                Ok(()) => continue,
+                Err(why) => refuse(next_id(), &ts, why),
+            },
+            Ok(Line::Grant(g)) => match check_grant(&line, &g.grant, &id) {
+                Ok(()) => continue,
+                Err(why) => refuse(next_id(), &ts, why),
+            },
+            _ => continue,
+        };
+        let closing = matches!(&reply, Line::Err(_));
+        if w.write_all(&send(reply.encode())).await.is_err() || closing {
+            return;
         }
     }
+}
+
+fn ack(id: String, ts: &str, th: &str, re: &str) -> Line {
+    Line::Ack(wire::Ack {
+        id,
+        ts: ts.into(),
+        th: th.into(),
+        re: re.into(),
+    })
+}
+
+fn refuse(id: String, ts: &str, why: String) -> Line {
+    Line::Err(wire::ErrLine {
+        id,
+        ts: ts.into(),
+        th: None,
+        re: None,
+        code: "bad_frame".into(),
+        detail: Some(why),
+        blob_ref: None,
+    })
+}
+
+/// A chunk must follow its naming msg, count from 0, carry the msg's th and standard
+/// base64, and end (last) exactly at the declared size.
+fn check_chunk(
+    c: &wire::Chunk,
+    blobs: &mut std::collections::HashMap<String, (u64, u64, String)>,
+) -> Result<(), String> {
+    let Some((next, left, th)) = blobs.get_mut(&c.blob_ref) else {
+        return Err("chunk before its msg".into());
+    };
+    if c.n != *next {
+        return Err(format!("chunk n {} where {} was next", c.n, next));
+    }
+    if c.th.as_deref() != Some(th.as_str()) {
+        return Err("chunk without the msg's th".into());
+    }
+    use base64::Engine;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(&c.data)
+        .map_err(|e| format!("chunk data is not padded standard base64: {e}"))?;
+    *left = left
+        .checked_sub(data.len() as u64)
+        .ok_or("more data than the declared size")?;
+    *next += 1;
+    if c.last != (*left == 0) {
+        return Err(format!("last is {} with {} bytes left", c.last, left));
+    }
+    Ok(())
+}
+
+/// A grant must be for us, issued by the sender's key, for exec, expire in about an hour
+/// at whole seconds, carry a 16-byte nonce, and verify over its canonical JSON.
+fn check_grant(raw: &[u8], g: &wire::Grant, me: &Identity) -> Result<(), String> {
+    let v: Value = serde_json::from_slice(raw).unwrap();
+    let obj = v["grant"].as_object().unwrap();
+    let iss = awp_node::wire::PeerKey::parse(&g.iss).map_err(|e| e.to_string())?;
+    if !awp_node::canonical::verify_object(&iss, obj) {
+        return Err("grant signature does not verify".into());
+    }
+    if g.sub != me.key().to_string() {
+        return Err("grant sub is not the peer's key".into());
+    }
+    if g.caps != ["exec"] {
+        return Err(format!("grant caps {:?}", g.caps));
+    }
+    let exp = time::OffsetDateTime::parse(&g.exp, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| format!("exp {:?}: {e}", g.exp))?;
+    let left = exp - time::OffsetDateTime::now_utc();
+    if exp.nanosecond() != 0
+        || left < time::Duration::minutes(55)
+        || left > time::Duration::hours(1)
+    {
+        return Err(format!("exp {:?} is not now + 1 h in whole seconds", g.exp));
+    }
+    if b64::decode_any(&g.nonce).map(|n| n.len()) != Ok(16) || g.nonce.contains(['+', '/', '=']) {
+        return Err(format!(
+            "nonce {:?} is not 16 bytes of unpadded base64url",
+            g.nonce
+        ));
+    }
+    Ok(())
 }
 
 fn quick(names: &[&str]) -> Options {
@@ -491,4 +604,19 @@ async fn listen_mode_runs_shared_scenarios_on_one_inbound_connection() {
     );
     assert!(text.contains("--listen accepts one"), "{text}");
     stop(handle).await;
+}
+
+#[tokio::test]
+async fn chunk_and_grant_run_against_a_peer_with_the_caps() {
+    let addr = fake_peer(Fault::Capable).await;
+    let report = conform::run_connect(
+        &addr.parse().unwrap(),
+        &quick(&["handshake", "msg-ack", "chunk", "grant"]),
+    )
+    .await
+    .unwrap();
+    for r in &report.results {
+        assert_eq!(r.status, Status::Ok, "{r:#?}");
+    }
+    assert_eq!(report.summary(), "4 passed, 0 failed, 0 skipped");
 }
