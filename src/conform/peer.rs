@@ -12,6 +12,10 @@ use tokio::time::Instant;
 
 /// Longest line shown by `--trace`, in bytes.
 const TRACE_MAX: usize = 400;
+/// Most lines one wait keeps: a peer that floods us ends the wait instead of growing it.
+const MAX_LINES_PER_WAIT: usize = 10_000;
+/// Most violations kept per scenario; later ones are counted in one last entry.
+const MAX_VIOLATIONS: usize = 50;
 
 /// What every connection of a run shares.
 pub(crate) struct Shared {
@@ -173,6 +177,15 @@ impl<'s> Peer<'s> {
             .collect()
     }
 
+    /// Record a violation, keeping at most [`MAX_VIOLATIONS`] per scenario.
+    fn violation(&mut self, v: String) {
+        match self.violations.len() {
+            n if n < MAX_VIOLATIONS => self.violations.push(v),
+            n if n == MAX_VIOLATIONS => self.violations.push("more violations (not shown)".into()),
+            _ => {}
+        }
+    }
+
     fn trace(&self, dir: char, bytes: &[u8]) {
         if self.shared.trace {
             eprintln!("{dir} {}", clip(&String::from_utf8_lossy(bytes), TRACE_MAX));
@@ -221,8 +234,7 @@ impl<'s> Peer<'s> {
             }
             Err(ReadError::TooLarge) => {
                 self.closed = true;
-                self.violations
-                    .push("the peer sent a line over 1,048,576 bytes".into());
+                self.violation("the peer sent a line over 1,048,576 bytes".into());
                 return Err(End::TooLarge);
             }
             Err(ReadError::Io(e)) => {
@@ -240,7 +252,7 @@ impl<'s> Peer<'s> {
         let parsed = match wire::parse_line(&raw) {
             Ok(l) => Some(l),
             Err(e) => {
-                self.violations.push(format!(
+                self.violation(format!(
                     "malformed line ({e}): {}",
                     clip(&String::from_utf8_lossy(&raw), 160)
                 ));
@@ -254,7 +266,7 @@ impl<'s> Peer<'s> {
                 .unwrap_or("?")
                 .to_string();
             for m in self.shared.schema.violations(&v) {
-                self.violations.push(format!("{t} line: {m}"));
+                self.violation(format!("{t} line: {m}"));
             }
         }
         Ok((raw, parsed))
@@ -282,6 +294,12 @@ impl<'s> Peer<'s> {
                     }
                     out.lines.push(line);
                     if done(&out.lines) {
+                        return out;
+                    }
+                    if out.lines.len() >= MAX_LINES_PER_WAIT {
+                        out.end = Some(End::Failed(format!(
+                            "{MAX_LINES_PER_WAIT} lines without the one awaited"
+                        )));
                         return out;
                     }
                 }
@@ -514,14 +532,25 @@ impl<'s> Peer<'s> {
                         if shared.trace {
                             eprintln!("< {}", clip(&String::from_utf8_lossy(&raw), TRACE_MAX));
                         }
+                        if out.lines.len() >= MAX_LINES_PER_WAIT {
+                            out.end = Some(End::Failed(format!(
+                                "{MAX_LINES_PER_WAIT} lines without a close"
+                            )));
+                            break;
+                        }
                         match wire::parse_line(&raw) {
                             Ok(l) => out.lines.push(l),
-                            Err(e) => violations.push(format!("malformed line ({e})")),
+                            Err(e) if violations.len() < MAX_VIOLATIONS => {
+                                violations.push(format!("malformed line ({e})"))
+                            }
+                            Err(_) => {}
                         }
                         if let Ok(v) = wire::parse::strict_from_str(&String::from_utf8_lossy(&raw))
                         {
                             for m in shared.schema.violations(&v) {
-                                violations.push(m);
+                                if violations.len() < MAX_VIOLATIONS {
+                                    violations.push(m);
+                                }
                             }
                         }
                     }
