@@ -21,11 +21,13 @@
 //! - [`presence`]: signed presence documents and the rules for relaying them (sans-I/O).
 //! - [`control`]: the local control socket protocol (NDJSON) between the CLI and the node.
 //! - [`cli`]: the `awp` command line.
+//! - [`conform`]: `awp conform`, a conformance runner that checks any AWP peer.
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
 #![forbid(unsafe_code)]
 
 pub mod canonical;
 pub mod cli;
+pub mod conform;
 pub mod control;
 pub mod daemon;
 pub mod grant;

@@ -156,6 +156,8 @@ pub enum Command {
     Relay(RelayArgs),
     /// Print the JSON Schema of AWP v0 lines.
     Schema,
+    /// Check an AWP peer against the v0 conformance scenarios.
+    Conform(crate::conform::ConformArgs),
     /// Print the version.
     Version,
 }

@@ -48,6 +48,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Whoami => whoami(ctx).await,
         Command::Schema => out(&format!("{:#}", crate::wire::schema::schema())),
         Command::Version => version(ctx),
+        Command::Conform(args) => crate::conform::cli::run(ctx, args).await,
     }
 }
 

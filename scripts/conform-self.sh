@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run `awp conform` against our own node over each binding (TLS, TCP, Unix): start a node
+# in a temporary home listening on all three, run the conformance scenarios against each
+# address, stop the node. Exits non-zero when any scenario fails on any binding.
+# Output lines are prefixed with the binding, e.g. `[tcp]   ok    ping  §9.4  …`.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cargo build --quiet --manifest-path "$ROOT/Cargo.toml" --bin awp
+AWP="$ROOT/target/debug/awp"
+WORK=$(mktemp -d)
+H="$WORK/home"
+
+cleanup() {
+    "$AWP" --home "$H" down >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+"$AWP" --home "$H" up --name conform-self@ci \
+    --listen tls:127.0.0.1:0 \
+    --listen tcp:127.0.0.1:0 \
+    --listen "unix:$WORK/n.sock" >/dev/null
+
+failed=0
+for scheme in tls tcp unix; do
+    addr=$("$AWP" --home "$H" address | grep "^$scheme:" | head -1 || true)
+    if [ -z "$addr" ]; then
+        echo "[$scheme] the node lists no $scheme: address" >&2
+        failed=1
+        continue
+    fi
+    echo "[$scheme] awp conform $addr"
+    if ! "$AWP" conform "$addr" "$@" | sed "s/^/[$scheme] /"; then
+        failed=1
+    fi
+done
+
+if [ "$failed" -ne 0 ]; then
+    echo "conform-self: FAILED on at least one binding" >&2
+    exit 1
+fi
+echo "conform-self: every binding conforms"

@@ -1,0 +1,289 @@
+//! Results of a conformance run and their two renderings: aligned text lines and one JSON
+//! object.
+
+use super::Scenario;
+use serde_json::{json, Value};
+
+/// One check of a scenario.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// What was checked, e.g. `pong re = ping id`.
+    pub what: String,
+    /// Whether it held.
+    pub ok: bool,
+    /// What was observed (why it failed, or a note); may be empty.
+    pub detail: String,
+}
+
+impl Check {
+    /// A check that held.
+    pub fn pass(what: impl Into<String>) -> Check {
+        Check {
+            what: what.into(),
+            ok: true,
+            detail: String::new(),
+        }
+    }
+
+    /// A check that failed, with what was observed instead.
+    pub fn fail(what: impl Into<String>, detail: impl Into<String>) -> Check {
+        Check {
+            what: what.into(),
+            ok: false,
+            detail: detail.into(),
+        }
+    }
+
+    /// A check that held when `ok`, else failed with `detail`.
+    pub fn new(what: impl Into<String>, ok: bool, detail: impl Into<String>) -> Check {
+        let detail = if ok { String::new() } else { detail.into() };
+        Check {
+            what: what.into(),
+            ok,
+            detail,
+        }
+    }
+}
+
+/// How a scenario ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Every check held.
+    Ok,
+    /// A check failed (or the scenario could not run: connect or handshake failed).
+    Fail,
+    /// Not run: the peer lacks a required capability, or the mode cannot run it.
+    Skip,
+}
+
+impl Status {
+    /// `ok`, `fail` or `skip` (the JSON form).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Fail => "fail",
+            Status::Skip => "skip",
+        }
+    }
+}
+
+/// The result of one scenario.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Scenario name.
+    pub name: &'static str,
+    /// Protocol section.
+    pub section: &'static str,
+    /// What the scenario checks.
+    pub what: &'static str,
+    /// ok, fail or skip.
+    pub status: Status,
+    /// Why it was skipped, or the first failed check; `None` when ok.
+    pub reason: Option<String>,
+    /// The checks, in the order they were made (empty when skipped).
+    pub checks: Vec<Check>,
+}
+
+impl Outcome {
+    /// The outcome of a scenario that ran: ok when every check held (and there was at
+    /// least one), else fail with the first failed check as the reason.
+    pub fn ran(s: &Scenario, checks: Vec<Check>) -> Outcome {
+        let first_failed = checks.iter().find(|c| !c.ok);
+        let (status, reason) = match first_failed {
+            Some(c) if c.detail.is_empty() => (Status::Fail, Some(c.what.clone())),
+            Some(c) => (Status::Fail, Some(format!("{}: {}", c.what, c.detail))),
+            None if checks.is_empty() => (Status::Fail, Some("no checks were made".into())),
+            None => (Status::Ok, None),
+        };
+        Outcome {
+            name: s.name,
+            section: s.section,
+            what: s.what,
+            status,
+            reason,
+            checks,
+        }
+    }
+
+    /// A skipped scenario.
+    pub fn skipped(s: &Scenario, why: impl Into<String>) -> Outcome {
+        Outcome {
+            name: s.name,
+            section: s.section,
+            what: s.what,
+            status: Status::Skip,
+            reason: Some(why.into()),
+            checks: Vec::new(),
+        }
+    }
+
+    /// `{name, section, status, reason, checks: [{what, ok, detail}]}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "section": self.section,
+            "status": self.status.as_str(),
+            "reason": self.reason,
+            "checks": self.checks.iter().map(|c| json!({
+                "what": c.what,
+                "ok": c.ok,
+                "detail": c.detail,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// All outcomes of a run, in run order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// One outcome per selected scenario.
+    pub results: Vec<Outcome>,
+}
+
+impl Report {
+    /// How many scenarios have `status`.
+    pub fn count(&self, status: Status) -> usize {
+        self.results.iter().filter(|r| r.status == status).count()
+    }
+
+    /// Whether no scenario failed (skips do not fail a run).
+    pub fn success(&self) -> bool {
+        self.count(Status::Fail) == 0
+    }
+
+    /// The outcome of scenario `name`, if it was selected.
+    pub fn get(&self, name: &str) -> Option<&Outcome> {
+        self.results.iter().find(|r| r.name == name)
+    }
+
+    /// The closing line: `N passed, N failed, N skipped`.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} passed, {} failed, {} skipped",
+            self.count(Status::Ok),
+            self.count(Status::Fail),
+            self.count(Status::Skip)
+        )
+    }
+
+    /// Text lines: `  ok|FAIL|skip  <name>  §<section>  <what>` aligned in columns; under
+    /// a failed scenario its failed checks, under a skipped one the reason (indented);
+    /// then [`Report::summary`].
+    pub fn render_text(&self) -> Vec<String> {
+        let name_w = self.results.iter().map(|r| r.name.len()).max().unwrap_or(0);
+        let sec_w = self
+            .results
+            .iter()
+            .map(|r| r.section.len() + 1)
+            .max()
+            .unwrap_or(0);
+        let mut out = Vec::new();
+        for r in &self.results {
+            let tag = match r.status {
+                Status::Ok => "ok",
+                Status::Fail => "FAIL",
+                Status::Skip => "skip",
+            };
+            out.push(format!(
+                "  {tag:<4}  {:<name_w$}  {:<sec_w$}  {}",
+                r.name,
+                format!("§{}", r.section),
+                r.what
+            ));
+            match r.status {
+                Status::Fail => {
+                    for c in r.checks.iter().filter(|c| !c.ok) {
+                        if c.detail.is_empty() {
+                            out.push(format!("          - {}", c.what));
+                        } else {
+                            out.push(format!("          - {}: {}", c.what, one_line(&c.detail)));
+                        }
+                    }
+                    if r.checks.iter().all(|c| c.ok) {
+                        if let Some(reason) = &r.reason {
+                            out.push(format!("          - {}", one_line(reason)));
+                        }
+                    }
+                }
+                Status::Skip => {
+                    if let Some(reason) = &r.reason {
+                        out.push(format!("          ({})", one_line(reason)));
+                    }
+                }
+                Status::Ok => {}
+            }
+        }
+        out.push(self.summary());
+        out
+    }
+
+    /// `{passed, failed, skipped, results: [Outcome::to_json…]}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "passed": self.count(Status::Ok),
+            "failed": self.count(Status::Fail),
+            "skipped": self.count(Status::Skip),
+            "results": self.results.iter().map(Outcome::to_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// `s` on one line (newlines as spaces).
+fn one_line(s: &str) -> String {
+    s.lines().collect::<Vec<_>>().join(" ")
+}
+
+/// The first `max` bytes of `s` on a char boundary, with `… (N bytes)` when cut.
+pub(crate) fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conform::SCENARIOS;
+
+    #[test]
+    fn status_from_checks() {
+        let s = &SCENARIOS[0];
+        assert_eq!(Outcome::ran(s, vec![Check::pass("a")]).status, Status::Ok);
+        let o = Outcome::ran(s, vec![Check::pass("a"), Check::fail("b", "why")]);
+        assert_eq!(o.status, Status::Fail);
+        assert_eq!(o.reason.as_deref(), Some("b: why"));
+        assert_eq!(Outcome::ran(s, vec![]).status, Status::Fail);
+    }
+
+    #[test]
+    fn text_is_aligned_and_summarised() {
+        let r = Report {
+            results: vec![
+                Outcome::ran(&SCENARIOS[0], vec![Check::pass("a")]),
+                Outcome::ran(&SCENARIOS[6], vec![Check::fail("ack arrives", "none")]),
+                Outcome::skipped(&SCENARIOS[12], "no blob cap"),
+            ],
+        };
+        let lines = r.render_text();
+        assert!(lines[0].starts_with("  ok    handshake  "));
+        assert!(lines[1].starts_with("  FAIL  msg-ack    "));
+        assert_eq!(lines[2], "          - ack arrives: none");
+        assert!(lines[3].starts_with("  skip  chunk      "));
+        assert_eq!(lines.last().unwrap(), "1 passed, 1 failed, 1 skipped");
+        // The section column starts at the same offset on every scenario line.
+        let col = |l: &str| l.find('§').unwrap();
+        assert_eq!(col(&lines[0]), col(&lines[1]));
+        assert_eq!(col(&lines[0]), col(&lines[3]));
+    }
+
+    #[test]
+    fn clip_cuts_on_char_boundary() {
+        assert_eq!(clip("abc", 5), "abc");
+        assert_eq!(clip("aéb", 2), "a… (4 bytes)");
+    }
+}
