@@ -98,6 +98,32 @@ pub enum Request {
     /// `dropped` (refused documents) and `refused` (by reason), `expired`, `published`,
     /// `own_seq`.
     PresenceStatus,
+    /// Mint a grant from us to `peer` for `caps`, valid `ttl_s` seconds (optionally only
+    /// for audience `aud`), store it and send it when connected. Answers the grant and its
+    /// hash.
+    Grant {
+        peer: String,
+        caps: Vec<String>,
+        ttl_s: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        aud: Option<String>,
+    },
+    /// Grants issued by us, held by us, and presented to us, with validity.
+    Grants,
+    /// Revoke a grant by hash: never honored here again (and dropped when it was ours).
+    Revoke { hash: String },
+    /// Introduce `peer` to `to`: send `to` an `introduce` line with `peer`'s key, name and
+    /// address and a grant (sub = `to`, aud = `peer`) for `caps`, in thread `th` (a new
+    /// thread when None).
+    Introduce {
+        to: String,
+        peer: String,
+        #[serde(default)]
+        caps: Vec<String>,
+        ttl_s: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        th: Option<String>,
+    },
     /// Stop the node (answers, then exits).
     Shutdown,
 }

@@ -19,6 +19,7 @@
 //!   dedup, ping, bye), free of I/O and driven with an explicit clock.
 //! - [`node`]: wiring: listeners, dialers, one connection per peer, reconnects, events.
 //! - [`presence`]: signed presence documents and the rules for relaying them (sans-I/O).
+//! - [`config`]: settings from `config.toml`, `AWP_*` variables and flags.
 //! - [`control`]: the local control socket protocol (NDJSON) between the CLI and the node.
 //! - [`cli`]: the `awp` command line.
 //! - [`conform`]: `awp conform`, a conformance runner that checks any AWP peer.
@@ -27,6 +28,7 @@
 
 pub mod canonical;
 pub mod cli;
+pub mod config;
 pub mod conform;
 pub mod control;
 pub mod daemon;

@@ -154,6 +154,46 @@ pub enum Command {
     /// Run a relay in the foreground (many inbound connections, forwards presence, queues
     /// nothing for peers); `awp relay status` shows its counters.
     Relay(RelayArgs),
+    /// Grant PEER capabilities (e.g. exec fs:read): signed by this node, sent when connected.
+    Grant {
+        /// The subject: a key, a key prefix (4+ characters) or a name.
+        #[arg(allow_hyphen_values = true)]
+        peer: String,
+        /// Capabilities (exec, fs:read, fs:write, introduce, admin, …).
+        #[arg(required = true, num_args = 1..)]
+        caps: Vec<String>,
+        /// Validity (e.g. 1h, 7d).
+        #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1h")]
+        ttl: Duration,
+        /// Only honored by this node (its key, prefix or name).
+        #[arg(long, value_name = "PEER", allow_hyphen_values = true)]
+        aud: Option<String>,
+    },
+    /// List grants: issued by us, held by us, presented to us, with validity.
+    Grants,
+    /// Revoke a grant by its hash (never honored here again).
+    Revoke {
+        /// The grant's hash (32 hex characters, from `awp grants`).
+        hash: String,
+    },
+    /// Introduce PEER to TO: TO learns PEER's key, name and address, and gets a grant for
+    /// CAPs that PEER honors if it trusts us to introduce.
+    Introduce {
+        /// Who receives the introduction.
+        #[arg(allow_hyphen_values = true)]
+        to: String,
+        /// Who is introduced.
+        #[arg(allow_hyphen_values = true)]
+        peer: String,
+        /// Capabilities for TO at PEER (optional).
+        caps: Vec<String>,
+        /// Validity of the grant (e.g. 1h).
+        #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1h")]
+        ttl: Duration,
+        /// In this thread (default: a new one).
+        #[arg(short = 't', long = "thread", value_name = "THREAD")]
+        thread: Option<String>,
+    },
     /// Print the JSON Schema of AWP v0 lines.
     Schema,
     /// Check an AWP peer against the v0 conformance scenarios.

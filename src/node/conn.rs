@@ -123,6 +123,7 @@ pub async fn run_with(
         addr: inner.addresses().first().map(|a| a.to_string()),
         cert_key: peer_cert_key,
         expected_key: expected,
+        auth_grants: super::grants::held_for_auth(&inner),
     };
     let mut session = Session::new(
         cfg,
@@ -201,22 +202,17 @@ pub async fn run_with(
     let mut write_failed = false;
 
     loop {
-        // Fill the pending write batch.
-        while pending.len() < WRITE_BATCH {
-            match session.poll_transmit() {
-                Some(l) => {
-                    pending.extend_from_slice(&l);
-                    pending.push(b'\n');
-                }
-                None => break,
-            }
-        }
-        // Handle events.
+        // Handle events first: they may refuse the peer before anything queued goes out.
         while let Some(ev) = session.poll_event() {
             match ev {
                 SessionEvent::Authenticated { key, hello } => {
                     // The handshake is over: free its slot for the next inbound one.
                     drop(handshake_slot.take());
+                    if let Err(detail) = super::grants::admit(&inner, &key, dialed) {
+                        tracing::warn!(peer = %key, %remote, "admission refused: {detail}");
+                        session.refuse(&detail);
+                        continue;
+                    }
                     let presence = hello.caps.iter().any(|c| c == super::presence::CAP);
                     match register(&inner, key, conn_id, dialed, &remote, &handles, presence).await
                     {
@@ -246,6 +242,10 @@ pub async fn run_with(
                         for line in super::presence::greeting(&inner, &key) {
                             session.send_ephemeral(line);
                         }
+                        // Grants are not acked: ours go again after every resume.
+                        for line in super::grants::issued_lines(&inner, &key) {
+                            session.send_ephemeral(line);
+                        }
                         inner.emit(json!({
                             "event": "peer_up",
                             "peer": key.to_string(),
@@ -270,10 +270,9 @@ pub async fn run_with(
                     }
                 }
                 SessionEvent::Grants(g) => {
-                    tracing::debug!(
-                        "peer presented {} grant(s); grants are not honored yet",
-                        g.len()
-                    );
+                    if let Some(peer) = session.peer() {
+                        super::grants::on_received(&inner, &peer, g);
+                    }
                 }
                 SessionEvent::PeerError(e) => {
                     tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
@@ -284,12 +283,27 @@ pub async fn run_with(
                         super::presence::received(&inner, key, p);
                     }
                 }
+                SessionEvent::Other(Line::Introduce(i)) => {
+                    if let Some(key) = registered {
+                        super::grants::on_introduce(&inner, &key, i);
+                    }
+                }
                 SessionEvent::Other(line) => {
                     tracing::debug!(t = line.kind(), "line not acted on by this version");
                 }
                 SessionEvent::Closed(reason) => {
                     log_close(&remote, registered.as_ref(), &reason);
                 }
+            }
+        }
+        // Fill the pending write batch.
+        while pending.len() < WRITE_BATCH {
+            match session.poll_transmit() {
+                Some(l) => {
+                    pending.extend_from_slice(&l);
+                    pending.push(b'\n');
+                }
+                None => break,
             }
         }
         if session.is_closed() {
@@ -549,7 +563,7 @@ const MAX_ABOUT: usize = 1024;
 const MAX_CAPS: usize = 64;
 
 /// `s` cut to at most `max` bytes on a character boundary.
-fn truncate(s: &str, max: usize) -> &str {
+pub(super) fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }

@@ -11,6 +11,7 @@
 
 mod conn;
 mod dialer;
+pub(crate) mod grants;
 mod presence;
 mod server;
 
@@ -42,7 +43,7 @@ pub const SIMULTANEOUS_OPEN: Duration = Duration::from_secs(5);
 pub const MAX_HANDSHAKES: usize = 256;
 /// Capability families we announce in hello. Every node lists `presence`, publishing or
 /// not, so that it receives and relays presence documents.
-pub const CAPS: &[&str] = &[presence::CAP];
+pub const CAPS: &[&str] = &["grant", "introduce", presence::CAP];
 /// Default limit of simultaneous inbound connections (`--max-connections`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
@@ -68,6 +69,10 @@ pub struct NodeConfig {
     /// Simultaneous inbound connections accepted at most; beyond, new sockets are closed
     /// at once. `None`: [`DEFAULT_MAX_CONNECTIONS`].
     pub max_connections: Option<usize>,
+    /// Admission policy from the command line (over `config.toml` and `AWP_ACCEPT`).
+    pub accept: Option<crate::config::Accept>,
+    /// Blob size limit in bytes from the command line.
+    pub blob_limit: Option<u64>,
 }
 
 /// Why the node could not start.
@@ -121,6 +126,8 @@ pub(crate) struct Inner {
     pub conn_limit: Arc<tokio::sync::Semaphore>,
     /// Inbound sockets closed because [`Inner::max_connections`] were open.
     pub refused_conns: AtomicU64,
+    /// Effective settings (admission, trust, blob limit, …).
+    pub settings: crate::config::Settings,
 }
 
 /// A started node.
@@ -149,10 +156,23 @@ impl NodeHandle {
         let dial_opts = DialOptions {
             allow_plaintext: config.allow_plaintext,
         };
-        // --name / --about are remembered in the home, so a node started later without them
-        // (e.g. in the background by another command) keeps them.
-        let name = remembered(&store, "name", config.name.as_deref())?.unwrap_or_else(default_name);
-        let about = remembered(&store, "about", config.about.as_deref())?;
+        // config.toml, then AWP_* variables, then flags.
+        let flags = crate::config::Layer {
+            accept: config.accept,
+            listen: (!config.listen.is_empty())
+                .then(|| config.listen.iter().map(|a| a.to_string()).collect()),
+            blob_limit: config.blob_limit,
+            name: config.name.clone(),
+            about: config.about.clone(),
+            presence: config.presence.then_some(true),
+            ..Default::default()
+        };
+        let settings = crate::config::Settings::load(&home, flags).map_err(other("config"))?;
+        // A name or about given once is remembered in the home, so a node started later
+        // without them (e.g. in the background by another command) keeps them.
+        let name =
+            remembered(&store, "name", settings.name.as_deref())?.unwrap_or_else(default_name);
+        let about = remembered(&store, "about", settings.about.as_deref())?;
         warn_if_open(&home);
         let (events, _) = broadcast::channel(4096);
         let max_connections = config
@@ -160,7 +180,7 @@ impl NodeHandle {
             .unwrap_or(DEFAULT_MAX_CONNECTIONS)
             .max(1);
         let presence =
-            presence::PresenceState::new(identity.key(), config.presence, config.presence_timing);
+            presence::PresenceState::new(identity.key(), settings.presence, config.presence_timing);
         let inner = Arc::new(Inner {
             home: home.clone(),
             identity,
@@ -183,11 +203,12 @@ impl NodeHandle {
             max_connections,
             conn_limit: Arc::new(tokio::sync::Semaphore::new(max_connections)),
             refused_conns: AtomicU64::new(0),
+            settings: settings.clone(),
         });
 
         // Listeners.
         let mut listeners = Vec::new();
-        if config.listen.is_empty() {
+        if settings.listen.is_empty() {
             let want: Address = format!("tls:0.0.0.0:{DEFAULT_PORT}")
                 .parse()
                 .map_err(other("listen"))?;
@@ -202,7 +223,7 @@ impl NodeHandle {
             };
             listeners.push(l);
         } else {
-            for a in &config.listen {
+            for a in &settings.listen {
                 let l = net::Listener::bind(a, &inner.tls, &inner.dial_opts)
                     .await
                     .map_err(|e| StartError::Other(format!("listen on {a}: {e}")))?;
@@ -446,7 +467,6 @@ impl Inner {
     /// Send a line that is not queued in the outbox (presence, grant: lines that are not
     /// acked and are re-sent on every connection) to `peer` if it is connected now, after
     /// the lines already waiting. Returns false when not connected or its queue is full.
-    #[allow(dead_code)] // first users: presence and grant lines
     pub fn send_ephemeral(&self, peer: &PeerKey, line: &wire::Line) -> bool {
         let tx = self
             .conns

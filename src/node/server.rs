@@ -326,6 +326,38 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             Err(m) => Err(Fail::new("ambiguous_peer", m)),
         },
         Request::PresenceStatus => Ok(super::presence::status(inner)),
+        Request::Grant {
+            peer,
+            caps,
+            ttl_s,
+            aud,
+        } => {
+            let sub = resolve_peer(inner, &peer)?;
+            let aud = aud.map(|a| resolve_peer(inner, &a)).transpose()?;
+            mint_and_store(inner, &sub, &caps, ttl_s, aud.as_ref()).await
+        }
+        Request::Grants => Ok(json!({ "grants": grants_list(inner)? })),
+        Request::Revoke { hash } => {
+            let hash = hash.trim().to_ascii_lowercase();
+            let Some(rec) = store.grant(&hash).map_err(internal)? else {
+                return Err(Fail::new(
+                    "no_such_grant",
+                    format!("no grant {hash}; `awp grants` lists them"),
+                ));
+            };
+            store
+                .grant_revoke(&hash, wire::time::now_ms())
+                .map_err(internal)?;
+            store.flush().await.map_err(internal)?;
+            Ok(json!({"hash": hash, "revoked": true, "role": rec.role}))
+        }
+        Request::Introduce {
+            to,
+            peer,
+            caps,
+            ttl_s,
+            th,
+        } => introduce(inner, &to, &peer, caps, ttl_s, th).await,
         Request::Shutdown => Ok(json!({"stopping": true})),
     }
 }
@@ -507,10 +539,264 @@ async fn queue(
     }))
 }
 
+/// Caps a grant may carry: short names without spaces.
+fn check_caps(caps: &[String]) -> Result<(), Fail> {
+    if caps.len() > crate::grant::MAX_CAPS {
+        return Err(Fail::new(
+            "bad_request",
+            format!("at most {} capabilities", crate::grant::MAX_CAPS),
+        ));
+    }
+    for c in caps {
+        if c.is_empty()
+            || c.len() > crate::grant::MAX_CAP_LEN
+            || c.chars().any(|ch| ch.is_whitespace() || ch.is_control())
+        {
+            return Err(Fail::new(
+                "bad_request",
+                format!("{c:?} is not a capability name (e.g. exec, fs:read)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Mint a grant, store it as issued, and send it now when `sub` is connected (it also goes
+/// after every resume while valid).
+async fn mint_and_store(
+    inner: &Arc<Inner>,
+    sub: &PeerKey,
+    caps: &[String],
+    ttl_s: u64,
+    aud: Option<&PeerKey>,
+) -> Reply {
+    if caps.is_empty() {
+        return Err(Fail::new(
+            "bad_request",
+            "name at least one capability (e.g. exec)",
+        ));
+    }
+    check_caps(caps)?;
+    if *sub == inner.identity.key() {
+        return Err(Fail::new(
+            "bad_request",
+            "a grant to this node's own key means nothing",
+        ));
+    }
+    let now = wire::time::now_ms();
+    let g = crate::grant::mint(&inner.identity, sub, caps, ttl_s.max(1), aud, now);
+    let obj = crate::grant::object_of(&g);
+    let hash = crate::grant::grant_hash(&obj);
+    inner
+        .store
+        .grant_put(&crate::store::GrantRecord {
+            hash: hash.clone(),
+            role: crate::store::GrantRole::Issued,
+            from: None,
+            object: obj.clone(),
+            stored_ms: now,
+        })
+        .map_err(internal)?;
+    inner.store.flush().await.map_err(internal)?;
+    let line = Line::Grant(wire::GrantMsg {
+        id: inner.store.next_control_id(),
+        ts: wire::time::format_ms(now),
+        grant: g,
+    });
+    let sent = inner.send_ephemeral(sub, &line);
+    Ok(json!({"hash": hash, "grant": Value::Object(obj), "sent": sent}))
+}
+
+fn grants_list(inner: &Inner) -> Result<Vec<Value>, Fail> {
+    let now = wire::time::now_ms();
+    let me = inner.identity.key();
+    let mut out = Vec::new();
+    for rec in inner.store.grants().map_err(internal)? {
+        let revoked = inner.store.grant_revoked(&rec.hash).unwrap_or(false);
+        let (validity, caps_now, v) = match crate::grant::verify(&rec.object) {
+            Err(e) => (format!("invalid: {e}"), Vec::new(), None),
+            Ok(v) => {
+                let verdict = match rec.role {
+                    // Held grants are judged by the node they are presented to.
+                    crate::store::GrantRole::Held if v.expired_at(now) => "expired".to_string(),
+                    crate::store::GrantRole::Held if revoked => "revoked".to_string(),
+                    crate::store::GrantRole::Held => "valid".to_string(),
+                    _ => match super::grants::honor(inner, &v, now) {
+                        Ok(_) => "valid".to_string(),
+                        Err(crate::grant::GrantError::Expired { .. }) => "expired".to_string(),
+                        Err(crate::grant::GrantError::Revoked { .. }) => "revoked".to_string(),
+                        Err(e) => format!("not honored: {e}"),
+                    },
+                };
+                let caps = if verdict == "valid" && rec.role != crate::store::GrantRole::Held {
+                    super::grants::honor(inner, &v, now).unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                (verdict, caps, Some(v))
+            }
+        };
+        let name = |k: &PeerKey| {
+            if *k == me {
+                Some("(this node)".to_string())
+            } else {
+                inner.peer_name(k)
+            }
+        };
+        out.push(json!({
+            "hash": rec.hash,
+            "role": rec.role,
+            "iss": v.as_ref().map(|v| v.iss.to_string()),
+            "iss_name": v.as_ref().and_then(|v| name(&v.iss)),
+            "sub": v.as_ref().map(|v| v.sub.to_string()),
+            "sub_name": v.as_ref().and_then(|v| name(&v.sub)),
+            "aud": v.as_ref().and_then(|v| v.aud.map(|a| a.to_string())),
+            "caps": v.as_ref().map(|v| v.caps.clone()).unwrap_or_default(),
+            "honored_caps": caps_now,
+            "exp": v.as_ref().map(|v| v.exp.clone()),
+            "from": rec.from.map(|k| k.to_string()),
+            "validity": validity,
+            "revoked": revoked,
+        }));
+    }
+    Ok(out)
+}
+
+/// Send `to` an introduction of `peer` (protocol-notes §Grants, 10.4), in a thread, followed
+/// by a short msg in the same thread whose ack retires the introduce line (cumulative ack).
+async fn introduce(
+    inner: &Arc<Inner>,
+    to: &str,
+    peer: &str,
+    caps: Vec<String>,
+    ttl_s: u64,
+    th: Option<String>,
+) -> Reply {
+    refuse_in_relay_mode(inner)?;
+    let to_key = resolve_peer(inner, to)?;
+    let peer_key = resolve_peer(inner, peer)?;
+    if to_key == peer_key {
+        return Err(Fail::new("bad_request", "introduce two different peers"));
+    }
+    check_caps(&caps)?;
+    let now = wire::time::now_ms();
+    let grant = (!caps.is_empty()).then(|| {
+        crate::grant::mint(
+            &inner.identity,
+            &to_key,
+            &caps,
+            ttl_s.max(1),
+            Some(&peer_key),
+            now,
+        )
+    });
+    let rec = inner.store.peer(&peer_key).map_err(internal)?;
+    let name = rec.as_ref().and_then(|r| r.name.clone());
+    let address = inner
+        .store
+        .addresses(&peer_key)
+        .map_err(internal)?
+        .into_iter()
+        .find(|a| a.address.starts_with("tls:"))
+        .map(|a| a.address);
+    let th = match th {
+        Some(t) => {
+            let (k, t, _) = thread_and_peer(inner, Some(to), Some(&t))?;
+            if k != to_key {
+                return Err(Fail::new("bad_request", "that thread is with another peer"));
+            }
+            t
+        }
+        None => format!("thr_{}", ulid::Ulid::generate()),
+    };
+    let intro = wire::IntroPeer {
+        key: peer_key.to_string(),
+        name: name.clone(),
+        address: address.clone(),
+    };
+    let (th1, th2) = (th.clone(), th.clone());
+    let g2 = grant.clone();
+    let build_intro = move |id: &str, ts: &str| {
+        Line::Introduce(wire::Introduce {
+            id: id.into(),
+            ts: ts.into(),
+            th: Some(th1.clone()),
+            peer: intro.clone(),
+            grant: g2.clone(),
+        })
+    };
+    let text = format!(
+        "Introducing {} ({peer_key})",
+        name.as_deref().unwrap_or("a peer")
+    );
+    let build_msg = move |id: &str, ts: &str| {
+        Line::Msg(wire::Msg {
+            id: id.into(),
+            ts: ts.into(),
+            th: th2.clone(),
+            re: None,
+            subject: Some("introduction".into()),
+            parts: vec![wire::Part::Text(wire::TextPart { text: text.clone() })],
+        })
+    };
+    let entries = inner
+        .store
+        .enqueue(&to_key, &[&build_intro, &build_msg])
+        .map_err(internal)?;
+    if let Some(g) = &grant {
+        let obj = crate::grant::object_of(g);
+        inner
+            .store
+            .grant_put(&crate::store::GrantRecord {
+                hash: crate::grant::grant_hash(&obj),
+                role: crate::store::GrantRole::Issued,
+                from: None,
+                object: obj,
+                stored_ms: now,
+            })
+            .map_err(internal)?;
+    }
+    inner.store.flush().await.map_err(internal)?;
+    inner.outbox_changed(&to_key);
+    Ok(json!({
+        "th": th,
+        "id": entries.first().map(|e| e.id.clone()),
+        "to": to_key.to_string(),
+        "peer": peer_key.to_string(),
+        "address": address,
+        "grant": grant.map(|g| Value::Object(crate::grant::object_of(&g))),
+    }))
+}
+
 async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> Reply {
-    let addr: Address = address
-        .parse()
-        .map_err(|e: net::AddressError| Fail::new("bad_request", e.to_string()))?;
+    // An address, or a known peer (dialed at its best known tls: address).
+    let addr: Address = match address.parse::<Address>() {
+        Ok(a) => a,
+        Err(parse_err) => {
+            let Ok(key) = resolve_peer(inner, address) else {
+                return Err(Fail::new("bad_request", parse_err.to_string()));
+            };
+            let best = inner
+                .store
+                .addresses(&key)
+                .map_err(internal)?
+                .into_iter()
+                .find_map(|a| a.address.parse::<Address>().ok());
+            match best {
+                Some(a) => a.with_pin(key),
+                None => {
+                    return Err(Fail::new(
+                        "connect_failed",
+                        format!(
+                        "no known address for {address}; give one: awp connect tls:HOST:PORT#{key}"
+                    ),
+                    ))
+                }
+            }
+        }
+    };
+    let address = addr.to_string();
+    let address = address.as_str();
     let timeout = Duration::from_millis(timeout_ms.unwrap_or(15_000));
     let deadline = tokio::time::Instant::now() + timeout.min(super::HANDSHAKE_TIMEOUT);
     let c = match tokio::time::timeout_at(deadline, net::dial(&addr, &inner.tls, &inner.dial_opts))

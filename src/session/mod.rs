@@ -54,6 +54,9 @@ pub struct SessionConfig {
     pub cert_key: Option<PeerKey>,
     /// The key we expect (dialing a pinned or known address); hello.key must equal it.
     pub expected_key: Option<PeerKey>,
+    /// Grants issued to us, presented in our `auth.grants`: those whose `aud` is absent or
+    /// the peer's key (filtered once the peer's hello is in).
+    pub auth_grants: Vec<wire::Grant>,
 }
 
 /// Where the handshake is.
@@ -373,6 +376,13 @@ impl Session {
         }
     }
 
+    /// Refuse the authenticated peer (admission policy, protocol-notes §Handshake): nothing
+    /// queued goes out (not our resume), then `err auth` with `detail`, and close.
+    pub fn refuse(&mut self, detail: &str) {
+        self.control.clear();
+        self.close_with(code::AUTH, None, detail);
+    }
+
     /// Close locally: with bye (graceful, `reason`) when open, otherwise at once.
     pub fn close_local(&mut self, reason: &str, send_bye: bool, now: Instant) {
         match self.phase {
@@ -485,11 +495,19 @@ impl Session {
         self.peer = Some(key);
         self.peer_hello = Some(raw.to_vec());
         let sig = self.identity.sign(&auth_transcript(&self.my_hello, raw));
+        let peer_s = key.to_string();
+        let grants = self
+            .cfg
+            .auth_grants
+            .iter()
+            .filter(|g| g.aud.as_deref().is_none_or(|a| a == peer_s))
+            .cloned()
+            .collect();
         let auth = Line::Auth(wire::Auth {
             id: self.store.next_control_id(),
             ts: now_ts(),
             sig: wire::b64::encode_url(&sig),
-            grants: Vec::new(),
+            grants,
         });
         self.control.push_back(auth.encode());
         self.phase = Phase::AwaitAuth;
@@ -532,12 +550,13 @@ impl Session {
         };
         let hello = self.pending_hello.take();
         self.phase = Phase::Open;
+        // Grants first: admission (on Authenticated) may depend on them.
+        if !auth.grants.is_empty() {
+            self.events.push_back(SessionEvent::Grants(auth.grants));
+        }
         if let Some(hello) = hello {
             self.events
                 .push_back(SessionEvent::Authenticated { key: peer, hello });
-        }
-        if !auth.grants.is_empty() {
-            self.events.push_back(SessionEvent::Grants(auth.grants));
         }
         let resume = Line::Resume(wire::Resume {
             id: self.store.next_control_id(),

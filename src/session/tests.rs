@@ -29,6 +29,7 @@ fn end(id: Arc<Identity>, dialed: bool, now: Instant) -> End {
         addr: None,
         cert_key: None,
         expected_key: None,
+        auth_grants: vec![],
     };
     End {
         s: Session::new(cfg, id.clone(), store.clone(), now),

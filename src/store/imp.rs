@@ -88,7 +88,7 @@ struct Writer {
 ///
 /// Writes become durable only after [`Store::flush`] (or [`Store::flush_blocking`]).
 pub struct Store {
-    db: sled::Db,
+    pub(super) db: sled::Db,
     trees: Trees,
     writer: Mutex<Writer>,
     group: Arc<Group>,

@@ -21,12 +21,14 @@
 use crate::wire::{Line, PeerKey};
 
 mod codec;
+mod grants;
 mod group;
 mod imp;
 #[cfg(test)]
 mod tests;
 mod tx;
 
+pub use grants::{GrantRecord, GrantRole};
 pub use imp::Store;
 
 /// Retention of outbox lines and log entries: 7 days, in milliseconds.

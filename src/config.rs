@@ -1,0 +1,267 @@
+//! Node settings from `$AWP_HOME/config.toml`, then `AWP_*` environment variables, then
+//! command-line flags — each overriding the one before.
+//!
+//! ```toml
+//! accept = "allowlist"          # or "any" (default)
+//! allow = ["ed25519:…"]         # admitted under allowlist
+//! trust = ["ed25519:…"]         # trusted grant issuers (and admitted)
+//! listen = ["tls:0.0.0.0:7700"]
+//! blob_limit = 52428800         # bytes
+//! name = "alice@laptop"
+//! about = "CI agent"
+//! presence = true
+//! ```
+//!
+//! Environment: `AWP_ACCEPT`, `AWP_ALLOW` and `AWP_TRUST` (comma-separated keys),
+//! `AWP_LISTEN` (comma-separated addresses), `AWP_BLOB_LIMIT`, `AWP_NAME`, `AWP_ABOUT`,
+//! `AWP_PRESENCE` (`true`/`false`).
+
+use crate::net::Address;
+use crate::wire::PeerKey;
+use serde::Deserialize;
+use std::path::Path;
+
+/// The config file's name in the home.
+pub const CONFIG_FILE: &str = "config.toml";
+/// Default blob limit (sending and receiving), bytes: 50 MiB.
+pub const DEFAULT_BLOB_LIMIT: u64 = 50 * 1024 * 1024;
+
+/// Who may connect (protocol-notes §Handshake: admission runs after auth).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accept {
+    /// Any key (logged).
+    #[default]
+    Any,
+    /// Keys that are allowed, trusted, dialed by us before, or hold an honored grant.
+    Allowlist,
+}
+
+impl std::str::FromStr for Accept {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "any" => Ok(Accept::Any),
+            "allowlist" => Ok(Accept::Allowlist),
+            other => Err(ConfigError::Value {
+                key: "accept",
+                detail: format!("{other:?} is not \"any\" or \"allowlist\""),
+            }),
+        }
+    }
+}
+
+/// A bad config file or variable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {detail}")]
+    File { path: String, detail: String },
+    #[error("{key}: {detail}")]
+    Value { key: &'static str, detail: String },
+}
+
+/// Settings as written (every field optional).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layer {
+    pub accept: Option<Accept>,
+    pub allow: Option<Vec<String>>,
+    pub trust: Option<Vec<String>>,
+    pub listen: Option<Vec<String>>,
+    pub blob_limit: Option<u64>,
+    pub name: Option<String>,
+    pub about: Option<String>,
+    pub presence: Option<bool>,
+}
+
+impl Layer {
+    /// `$home/config.toml`, or an empty layer when there is none.
+    pub fn from_file(home: &Path) -> Result<Layer, ConfigError> {
+        let path = home.join(CONFIG_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Layer::default()),
+            Err(e) => {
+                return Err(ConfigError::File {
+                    path: path.display().to_string(),
+                    detail: e.to_string(),
+                })
+            }
+        };
+        toml::from_str(&text).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// The `AWP_*` variables, read through `get` (so tests need not touch the process
+    /// environment).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Layer, ConfigError> {
+        let list = |k: &str| {
+            get(k).map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+        };
+        Ok(Layer {
+            accept: get("AWP_ACCEPT").map(|v| v.parse()).transpose()?,
+            allow: list("AWP_ALLOW"),
+            trust: list("AWP_TRUST"),
+            listen: list("AWP_LISTEN"),
+            blob_limit: get("AWP_BLOB_LIMIT")
+                .map(|v| {
+                    v.trim().parse::<u64>().map_err(|e| ConfigError::Value {
+                        key: "AWP_BLOB_LIMIT",
+                        detail: e.to_string(),
+                    })
+                })
+                .transpose()?,
+            name: get("AWP_NAME"),
+            about: get("AWP_ABOUT"),
+            presence: get("AWP_PRESENCE")
+                .map(|v| match v.trim() {
+                    "1" | "true" | "yes" => Ok(true),
+                    "0" | "false" | "no" | "" => Ok(false),
+                    other => Err(ConfigError::Value {
+                        key: "AWP_PRESENCE",
+                        detail: format!("{other:?} is not true or false"),
+                    }),
+                })
+                .transpose()?,
+        })
+    }
+
+    /// `self` with every field `over` sets replaced by it.
+    pub fn under(self, over: Layer) -> Layer {
+        Layer {
+            accept: over.accept.or(self.accept),
+            allow: over.allow.or(self.allow),
+            trust: over.trust.or(self.trust),
+            listen: over.listen.or(self.listen),
+            blob_limit: over.blob_limit.or(self.blob_limit),
+            name: over.name.or(self.name),
+            about: over.about.or(self.about),
+            presence: over.presence.or(self.presence),
+        }
+    }
+}
+
+/// Effective settings, parsed.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub accept: Accept,
+    pub allow: Vec<PeerKey>,
+    pub trust: Vec<PeerKey>,
+    pub listen: Vec<Address>,
+    pub blob_limit: u64,
+    pub name: Option<String>,
+    pub about: Option<String>,
+    pub presence: bool,
+}
+
+fn keys(key: &'static str, v: Option<Vec<String>>) -> Result<Vec<PeerKey>, ConfigError> {
+    v.unwrap_or_default()
+        .iter()
+        .map(|k| {
+            PeerKey::parse(k).map_err(|e| ConfigError::Value {
+                key,
+                detail: format!("{k:?}: {e}"),
+            })
+        })
+        .collect()
+}
+
+impl Settings {
+    /// Parse a merged layer.
+    pub fn from_layer(l: Layer) -> Result<Settings, ConfigError> {
+        Ok(Settings {
+            accept: l.accept.unwrap_or_default(),
+            allow: keys("allow", l.allow)?,
+            trust: keys("trust", l.trust)?,
+            listen: l
+                .listen
+                .unwrap_or_default()
+                .iter()
+                .map(|a| {
+                    a.parse()
+                        .map_err(|e: crate::net::AddressError| ConfigError::Value {
+                            key: "listen",
+                            detail: e.to_string(),
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+            blob_limit: l.blob_limit.unwrap_or(DEFAULT_BLOB_LIMIT),
+            name: l.name,
+            about: l.about,
+            presence: l.presence.unwrap_or(false),
+        })
+    }
+
+    /// File, then environment, then `flags` (the command line's layer).
+    pub fn load(home: &Path, flags: Layer) -> Result<Settings, ConfigError> {
+        let file = Layer::from_file(home)?;
+        let env = Layer::from_env(|k| std::env::var(k).ok())?;
+        Settings::from_layer(file.under(env).under(flags))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "ed25519:A6EHv_POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg";
+    const B: &str = "ed25519:Kay64UG8yvCyLhqU000LxzYeUm0L_hLIl5S8kyKWbdc";
+
+    #[test]
+    fn flags_beat_environment_beat_file() {
+        let home = tempfile::TempDir::new().unwrap();
+        std::fs::write(
+            home.path().join(CONFIG_FILE),
+            format!(
+                "accept = \"allowlist\"\nallow = [\"{A}\"]\nname = \"file\"\nblob_limit = 10\n"
+            ),
+        )
+        .unwrap();
+        let file = Layer::from_file(home.path()).unwrap();
+        let env = Layer::from_env(|k| match k {
+            "AWP_NAME" => Some("env".into()),
+            "AWP_TRUST" => Some(format!("{B}, ")),
+            _ => None,
+        })
+        .unwrap();
+        let flags = Layer {
+            name: Some("flag".into()),
+            ..Layer::default()
+        };
+        let s = Settings::from_layer(file.clone().under(env.clone()).under(flags)).unwrap();
+        assert_eq!(s.name.as_deref(), Some("flag"));
+        assert_eq!(s.accept, Accept::Allowlist);
+        assert_eq!(s.allow, vec![PeerKey::parse(A).unwrap()]);
+        assert_eq!(s.trust, vec![PeerKey::parse(B).unwrap()]);
+        assert_eq!(s.blob_limit, 10);
+        let s = Settings::from_layer(file.under(env)).unwrap();
+        assert_eq!(s.name.as_deref(), Some("env"));
+    }
+
+    #[test]
+    fn bad_values_are_errors_that_name_the_key() {
+        let home = tempfile::TempDir::new().unwrap();
+        std::fs::write(home.path().join(CONFIG_FILE), "acept = \"any\"\n").unwrap();
+        assert!(Layer::from_file(home.path())
+            .unwrap_err()
+            .to_string()
+            .contains("acept"));
+        std::fs::write(home.path().join(CONFIG_FILE), "allow = [\"rsa:AAAA\"]\n").unwrap();
+        let e = Settings::from_layer(Layer::from_file(home.path()).unwrap()).unwrap_err();
+        assert!(e.to_string().starts_with("allow"), "{e}");
+        assert!(Layer::from_env(|k| (k == "AWP_ACCEPT").then(|| "some".into())).is_err());
+        assert!(Layer::from_env(|k| (k == "AWP_BLOB_LIMIT").then(|| "lots".into())).is_err());
+        assert_eq!(
+            Settings::from_layer(Layer::default()).unwrap().blob_limit,
+            DEFAULT_BLOB_LIMIT
+        );
+    }
+}
