@@ -221,6 +221,12 @@ pub struct StartArgs {
     pub allow_plaintext: bool,
     /// `--presence`.
     pub presence: bool,
+    /// `--accept`.
+    pub accept: Option<String>,
+    /// `--serve`.
+    pub serve: Vec<String>,
+    /// `--root`.
+    pub root: Option<PathBuf>,
 }
 
 impl StartArgs {
@@ -238,6 +244,18 @@ impl StartArgs {
         if let Some(a) = &self.about {
             args.push("--about".into());
             args.push(a.into());
+        }
+        if let Some(a) = &self.accept {
+            args.push("--accept".into());
+            args.push(a.into());
+        }
+        if !self.serve.is_empty() {
+            args.push("--serve".into());
+            args.push(self.serve.join(",").into());
+        }
+        if let Some(r) = &self.root {
+            args.push("--root".into());
+            args.push(r.into());
         }
         if self.allow_plaintext {
             args.push("--allow-plaintext".into());
@@ -454,6 +472,9 @@ mod tests {
             about: None,
             allow_plaintext: true,
             presence: true,
+            accept: Some("allowlist".into()),
+            serve: vec!["exec".into(), "fs:read".into()],
+            root: Some("/srv/work".into()),
         };
         let args: Vec<String> = a
             .to_args()
@@ -469,6 +490,12 @@ mod tests {
                 "unix:/tmp/x",
                 "--name",
                 "bob",
+                "--accept",
+                "allowlist",
+                "--serve",
+                "exec,fs:read",
+                "--root",
+                "/srv/work",
                 "--allow-plaintext",
                 "--presence"
             ]

@@ -53,6 +53,17 @@ pub struct NodeArgs {
     /// others' documents either way).
     #[arg(long)]
     pub presence: bool,
+    /// Who may connect: `any` (default) or `allowlist` (allowed, trusted, dialed by us, or
+    /// holding an honored grant). Overrides config.toml and AWP_ACCEPT.
+    #[arg(long, value_name = "POLICY", value_parser = ["any", "allowlist"])]
+    pub accept: Option<String>,
+    /// Serve requests to peers holding the capability (comma separated: exec, fs:read,
+    /// fs:write). Off by default; needs --root.
+    #[arg(long, value_name = "CAPS", value_delimiter = ',')]
+    pub serve: Vec<String>,
+    /// The directory served requests are confined to.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
 }
 
 impl From<&NodeArgs> for StartArgs {
@@ -63,6 +74,12 @@ impl From<&NodeArgs> for StartArgs {
             about: a.about.clone(),
             allow_plaintext: a.allow_plaintext,
             presence: a.presence,
+            accept: a.accept.clone(),
+            serve: a.serve.clone(),
+            root: a
+                .root
+                .as_ref()
+                .map(|r| std::path::absolute(r).unwrap_or_else(|_| r.clone())),
         }
     }
 }

@@ -41,6 +41,19 @@ pub fn node_config(ctx: &Ctx, args: &NodeArgs) -> Result<NodeConfig, Failure> {
         name: args.name.clone(),
         about: args.about.clone(),
         presence: args.presence,
+        accept: args
+            .accept
+            .as_deref()
+            .map(|a| a.parse())
+            .transpose()
+            .map_err(|e: crate::config::ConfigError| {
+                Failure::usage(e.to_string(), "use --accept any or --accept allowlist")
+            })?,
+        serve: args.serve.clone(),
+        root: args
+            .root
+            .as_ref()
+            .map(|r| std::path::absolute(r).unwrap_or_else(|_| r.clone())),
         ..Default::default()
     })
 }

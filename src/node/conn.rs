@@ -259,9 +259,13 @@ pub async fn run_with(
                     }
                 }
                 SessionEvent::Received { seq, line } => {
-                    // Events are built only when someone listens (tail, wait, listen).
-                    if let (Some(key), true) = (registered, inner.events.receiver_count() > 0) {
-                        inner.emit(line_event(seq, "in", &key, peer_name.as_deref(), &line));
+                    if let Some(key) = registered {
+                        // A served request (durable and acked by now), if it is one.
+                        super::serve::on_msg(&inner, key, &line);
+                        // Events are built only when someone listens (tail, wait, listen).
+                        if inner.events.receiver_count() > 0 {
+                            inner.emit(line_event(seq, "in", &key, peer_name.as_deref(), &line));
+                        }
                     }
                 }
                 SessionEvent::Acked { th, re } => {

@@ -13,6 +13,7 @@ mod conn;
 mod dialer;
 pub(crate) mod grants;
 mod presence;
+pub mod serve;
 mod server;
 
 pub use presence::PresenceTiming;
@@ -73,6 +74,10 @@ pub struct NodeConfig {
     pub accept: Option<crate::config::Accept>,
     /// Blob size limit in bytes from the command line.
     pub blob_limit: Option<u64>,
+    /// Requests served to peers holding the capability (`--serve exec,fs:read,fs:write`).
+    pub serve: Vec<String>,
+    /// The directory served requests are confined to (`--root`); required with `serve`.
+    pub root: Option<PathBuf>,
 }
 
 /// Why the node could not start.
@@ -128,6 +133,8 @@ pub(crate) struct Inner {
     pub refused_conns: AtomicU64,
     /// Effective settings (admission, trust, blob limit, …).
     pub settings: crate::config::Settings,
+    /// What this node serves (off by default).
+    pub serve: serve::ServeConfig,
 }
 
 /// A started node.
@@ -168,6 +175,7 @@ impl NodeHandle {
             ..Default::default()
         };
         let settings = crate::config::Settings::load(&home, flags).map_err(other("config"))?;
+        let serve = serve_config(&config)?;
         // A name or about given once is remembered in the home, so a node started later
         // without them (e.g. in the background by another command) keeps them.
         let name =
@@ -204,6 +212,7 @@ impl NodeHandle {
             conn_limit: Arc::new(tokio::sync::Semaphore::new(max_connections)),
             refused_conns: AtomicU64::new(0),
             settings: settings.clone(),
+            serve,
         });
 
         // Listeners.
@@ -307,6 +316,30 @@ impl NodeHandle {
     pub fn key(&self) -> PeerKey {
         self.inner.identity.key()
     }
+}
+
+/// Check `--serve` / `--root`.
+fn serve_config(config: &NodeConfig) -> Result<serve::ServeConfig, StartError> {
+    let mut caps = Vec::new();
+    for c in &config.serve {
+        match serve::Served::from_cap(c) {
+            Some(s) => caps.push(s),
+            None => {
+                return Err(StartError::Other(format!(
+                    "--serve {c:?}: use exec, fs:read, fs:write"
+                )))
+            }
+        }
+    }
+    let root = match (&config.root, caps.is_empty()) {
+        (_, true) => None,
+        (None, false) => return Err(StartError::Other("--serve needs --root DIR".into())),
+        (Some(r), false) => Some(
+            r.canonicalize()
+                .map_err(|e| StartError::Other(format!("--root {}: {e}", r.display())))?,
+        ),
+    };
+    Ok(serve::ServeConfig { caps, root })
 }
 
 /// `given` (saved in the store's meta under `key`) or the value saved before.
