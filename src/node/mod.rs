@@ -8,7 +8,9 @@
 //! - `server`: the control socket (see [`crate::control`]).
 //! - `presence`: receiving, relaying and publishing presence documents (the rules are in
 //!   [`crate::presence`]).
+//! - `blobs`: files for `send`, and the `blobs` listing (the rules are in [`crate::blob`]).
 
+mod blobs;
 mod conn;
 mod dialer;
 mod presence;
@@ -41,8 +43,13 @@ pub const SIMULTANEOUS_OPEN: Duration = Duration::from_secs(5);
 /// line of 1 MiB); more are closed at accept.
 pub const MAX_HANDSHAKES: usize = 256;
 /// Capability families we announce in hello. Every node lists `presence`, publishing or
-/// not, so that it receives and relays presence documents.
-pub const CAPS: &[&str] = &[presence::CAP];
+/// not, so that it receives and relays presence documents; `blob` (files as blob parts and
+/// chunks, protocol-notes §Blobs) except in relay mode.
+pub const CAPS: &[&str] = &[presence::CAP, BLOB_CAP];
+/// The capability family of blobs.
+pub const BLOB_CAP: &str = "blob";
+/// Where received blobs land, inside the home: `blobs/<peer>/<name>`.
+pub const BLOBS_DIR: &str = "blobs";
 /// Default limit of simultaneous inbound connections (`--max-connections`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
@@ -68,6 +75,9 @@ pub struct NodeConfig {
     /// Simultaneous inbound connections accepted at most; beyond, new sockets are closed
     /// at once. `None`: [`DEFAULT_MAX_CONNECTIONS`].
     pub max_connections: Option<usize>,
+    /// Largest blob sent or received, in bytes. `None`: from `AWP_BLOB_LIMIT`, else
+    /// [`crate::blob::DEFAULT_LIMIT`] (50 MiB).
+    pub blob_limit: Option<u64>,
 }
 
 /// Why the node could not start.
@@ -121,6 +131,8 @@ pub(crate) struct Inner {
     pub conn_limit: Arc<tokio::sync::Semaphore>,
     /// Inbound sockets closed because [`Inner::max_connections`] were open.
     pub refused_conns: AtomicU64,
+    /// Largest blob sent or received, in bytes.
+    pub blob_limit: u64,
 }
 
 /// A started node.
@@ -183,7 +195,21 @@ impl NodeHandle {
             max_connections,
             conn_limit: Arc::new(tokio::sync::Semaphore::new(max_connections)),
             refused_conns: AtomicU64::new(0),
+            blob_limit: config
+                .blob_limit
+                .unwrap_or_else(crate::blob::limit_from_env),
         });
+        // Finish moving blobs that a crash left between "complete" and their final path.
+        let recovery = crate::blob::BlobReceiver::new(
+            inner.store.clone(),
+            home.join(BLOBS_DIR),
+            inner.blob_limit,
+        );
+        match recovery.recover() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("moved {n} received blob(s) to their final paths"),
+            Err(e) => tracing::warn!("blob recovery: {e}"),
+        }
 
         // Listeners.
         let mut listeners = Vec::new();

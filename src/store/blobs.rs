@@ -264,8 +264,12 @@ impl Store {
     /// queued for `peer` and mark the outbound record refused — one transaction. The chunk
     /// ids come from the record; without a record (not ours), the peer's queued chunk
     /// lines are scanned for the ref. The out log entries stay as they are (not acked).
-    /// Returns how many lines were removed. Not durable until [`Store::flush`].
-    pub fn drop_blob_chunks(&self, peer: &PeerKey, blob_ref: &str) -> Result<usize, StoreError> {
+    /// Returns the ids of the lines removed. Not durable until [`Store::flush`].
+    pub fn drop_blob_chunks(
+        &self,
+        peer: &PeerKey,
+        blob_ref: &str,
+    ) -> Result<Vec<String>, StoreError> {
         let _w = self.writer();
         let mut tx = Tx::new(&self.trees);
         let key = rkey(peer, blob_ref);
@@ -311,6 +315,6 @@ impl Store {
             }
         }
         tx.commit()?;
-        Ok(drop.len())
+        drop.into_iter().map(|k| utf8("outbox", &k[32..])).collect()
     }
 }
