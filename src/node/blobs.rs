@@ -7,7 +7,7 @@ use crate::blob::Outgoing;
 use crate::store::{InStatus, OutBlobState, OutboxEntry};
 use crate::wire::{self, PeerKey};
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Read the files of a send request (on the blocking pool). A relative path, a missing
@@ -186,6 +186,10 @@ pub(super) fn list(
         let s = &b.state;
         let status = match s.status {
             InStatus::Pending => "pending",
+            // Marked complete; the move to the final path follows the store flush.
+            InStatus::Complete if !s.path.as_deref().is_some_and(|p| Path::new(p).exists()) => {
+                "pending"
+            }
             InStatus::Complete => "complete",
             InStatus::Refused => "refused",
         };

@@ -318,3 +318,84 @@ impl Store {
         drop.into_iter().map(|k| utf8("outbox", &k[32..])).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Chunk, Msg, Part, TextPart};
+
+    fn key(n: u8) -> PeerKey {
+        let sk = ed25519_dalek::SigningKey::from_bytes(&[n; 32]);
+        PeerKey::from_bytes(&sk.verifying_key().to_bytes()).unwrap()
+    }
+
+    fn chunk(r: &str, n: u64, id: &str, ts: &str) -> Line {
+        Line::Chunk(Chunk {
+            id: id.into(),
+            ts: ts.into(),
+            th: Some("th".into()),
+            blob_ref: r.into(),
+            n,
+            last: false,
+            data: "AA==".into(),
+        })
+    }
+
+    #[test]
+    fn refused_blob_chunks_leave_the_outbox_and_others_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let p = key(1);
+        let a0 = |id: &str, ts: &str| chunk("a", 0, id, ts);
+        let a1 = |id: &str, ts: &str| chunk("a", 1, id, ts);
+        let b0 = |id: &str, ts: &str| chunk("b", 0, id, ts);
+        let m = |id: &str, ts: &str| {
+            Line::Msg(Msg {
+                id: id.into(),
+                ts: ts.into(),
+                th: "th".into(),
+                re: None,
+                subject: None,
+                parts: vec![Part::Text(TextPart { text: "x".into() })],
+            })
+        };
+        let e = s.enqueue(&p, &[&a0, &b0, &a1, &m]).unwrap();
+        let st = OutBlobState {
+            th: "th".into(),
+            msg_id: e[3].id.clone(),
+            chunk_ids: vec![e[0].id.clone(), e[2].id.clone()],
+            name: "a".into(),
+            mime: "x/y".into(),
+            size: 2,
+            sha256: String::new(),
+            source: "/a".into(),
+            refused: false,
+            at_ms: 0,
+        };
+        s.put_blob_out(&p, "a", &st).unwrap();
+        assert_eq!(s.chunks_retired(&p, &st.chunk_ids).unwrap(), 0);
+        let dropped = s.drop_blob_chunks(&p, "a").unwrap();
+        assert_eq!(dropped, vec![e[0].id.clone(), e[2].id.clone()]);
+        assert!(s.blob_out(&p, "a").unwrap().unwrap().refused);
+        assert_eq!(s.outbox_len(&p).unwrap(), 2);
+        // Without a record the outbox is scanned for the ref.
+        assert_eq!(s.drop_blob_chunks(&p, "b").unwrap(), vec![e[1].id.clone()]);
+        assert_eq!(s.outbox_len(&p).unwrap(), 1);
+        assert!(s.outbox_has(&p, &e[3].id).unwrap());
+        assert!(s.drop_blob_chunks(&p, "nothing").unwrap().is_empty());
+    }
+
+    #[test]
+    fn chunks_retired_counts_the_prefix_gone_from_the_outbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let p = key(1);
+        let c = |id: &str, ts: &str| chunk("a", 0, id, ts);
+        let e = s.enqueue(&p, &[&c, &c, &c]).unwrap();
+        let ids: Vec<String> = e.iter().map(|x| x.id.clone()).collect();
+        let mut seen = std::collections::BTreeMap::new();
+        seen.insert("th".to_string(), ids[1].clone());
+        s.drop_seen(&p, &seen).unwrap();
+        assert_eq!(s.chunks_retired(&p, &ids).unwrap(), 2);
+    }
+}
