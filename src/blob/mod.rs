@@ -41,6 +41,10 @@ pub const MAX_REF_LEN: usize = 256;
 /// is refused. Bounds the partial files a peer can make us keep.
 pub const MAX_PENDING_PER_PEER: usize = 64;
 
+/// Partial data kept per peer at most, as a multiple of the blob limit (2: two blobs of
+/// the largest size in flight at once). A chunk beyond it is refused.
+pub const PENDING_LIMITS_PER_PEER: u64 = 2;
+
 /// Longest final file name, in bytes.
 pub const MAX_NAME_LEN: usize = 200;
 

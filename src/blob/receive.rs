@@ -20,10 +20,14 @@
 //!   that path in one transaction; the file is moved there once that transaction is
 //!   durable ([`BlobReceiver::after_flush`]; [`BlobReceiver::recover`] finishes moves a
 //!   crash interrupted).
-//! - At most [`MAX_PENDING_PER_PEER`] pending blobs per peer; refs over
-//!   [`MAX_REF_LEN`] bytes are refused.
+//! - At most [`MAX_PENDING_PER_PEER`] pending blobs per peer holding at most
+//!   [`PENDING_LIMITS_PER_PEER`] × the limit in partial data; refs over [`MAX_REF_LEN`]
+//!   bytes are refused.
 
-use super::{numbered, partial_path, peer_dir, sanitize_name, MAX_PENDING_PER_PEER, MAX_REF_LEN};
+use super::{
+    numbered, partial_path, peer_dir, sanitize_name, MAX_PENDING_PER_PEER, MAX_REF_LEN,
+    PENDING_LIMITS_PER_PEER,
+};
 use crate::store::{InBlobState, InStatus, Store, StoreError};
 use crate::wire::{self, Chunk, Msg, Part, PeerKey};
 use sha2::{Digest, Sha256};
@@ -145,7 +149,7 @@ impl BlobReceiver {
             Some(st) => st,
             None => {
                 let st = InBlobState::new(c.th.clone(), now);
-                if self.store.pending_blobs_in(peer)? >= MAX_PENDING_PER_PEER {
+                if self.store.pending_blobs_in(peer)?.0 >= MAX_PENDING_PER_PEER {
                     return self.refuse(
                         peer,
                         &c.blob_ref,
@@ -200,6 +204,15 @@ impl BlobReceiver {
                 return self.refuse(peer, &c.blob_ref, st, seen, v);
             }
         }
+        // All partial data of this peer (this blob's included) stays within a budget.
+        let budget = self.limit.saturating_mul(PENDING_LIMITS_PER_PEER);
+        let held = self.store.pending_blobs_in(peer)?.1;
+        if !data.is_empty() && held.saturating_add(data.len() as u64) > budget {
+            let v = refuse(format!(
+                "more than {budget} bytes of unfinished blobs from this peer"
+            ));
+            return self.refuse(peer, &c.blob_ref, st, seen, v);
+        }
         let dir = peer_dir(&self.root, peer);
         let partial = partial_path(&dir, &c.blob_ref);
         write_at(&partial, st.offset, &data)?;
@@ -235,7 +248,7 @@ impl BlobReceiver {
                 Some(st) => st,
                 None => {
                     let st = InBlobState::new(Some(m.th.clone()), now);
-                    if self.store.pending_blobs_in(peer)? >= MAX_PENDING_PER_PEER {
+                    if self.store.pending_blobs_in(peer)?.0 >= MAX_PENDING_PER_PEER {
                         let v = refuse(format!(
                             "more than {MAX_PENDING_PER_PEER} blobs pending from this peer"
                         ));

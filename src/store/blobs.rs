@@ -177,17 +177,19 @@ impl Store {
         Ok(out)
     }
 
-    /// Number of inbound blobs from `peer` that are still pending.
-    pub fn pending_blobs_in(&self, peer: &PeerKey) -> Result<usize, StoreError> {
-        let mut n = 0;
+    /// Inbound blobs from `peer` that are still pending: how many, and the bytes their
+    /// partial files hold.
+    pub fn pending_blobs_in(&self, peer: &PeerKey) -> Result<(usize, u64), StoreError> {
+        let (mut n, mut bytes) = (0, 0u64);
         for kv in self.trees.t(T::BlobsIn).scan_prefix(peer.as_bytes()) {
             let (_, v) = kv.map_err(db_err)?;
             let s: InBlobState = dec("blobs_in", &v)?;
             if s.status == InStatus::Pending {
                 n += 1;
+                bytes = bytes.saturating_add(s.offset);
             }
         }
-        Ok(n)
+        Ok((n, bytes))
     }
 
     /// Record an outbound blob (after its lines were queued with [`Store::enqueue`]).

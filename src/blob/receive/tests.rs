@@ -320,3 +320,17 @@ fn large_blob_in_full_chunks() {
     let done = t.done();
     assert_eq!(done[0].sha256, sha_hex(&data));
 }
+
+#[test]
+fn partial_data_per_peer_stays_within_its_budget() {
+    let mut t = setup(10);
+    // Two unfinished blobs fill the budget (2 x the limit).
+    assert_eq!(t.chunk("a", 0, false, b"0123456789"), Verdict::Stored);
+    assert_eq!(t.chunk("b", 0, false, b"012345678"), Verdict::Stored);
+    assert!(refused(&t.chunk("c", 0, false, b"01")));
+    // Finishing one frees its share.
+    t.chunk("a", 1, true, b"");
+    t.msg("a", 10, "a");
+    assert_eq!(t.done().len(), 1);
+    assert_eq!(t.chunk("d", 0, false, b"01"), Verdict::Stored);
+}
