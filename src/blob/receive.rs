@@ -417,8 +417,8 @@ fn echo(r: &str) -> Option<String> {
     (r.len() <= 4 * MAX_REF_LEN).then(|| r.to_string())
 }
 
-/// Write `data` at `offset` of `path` crash-safely: create the file (and its directory,
-/// mode 0700) when missing, truncate to `offset` (dropping whatever a crash left past
+/// Write `data` at `offset` of `path` crash-safely: create the file (mode 0600; its
+/// directory 0700) when missing, truncate to `offset` (dropping whatever a crash left past
 /// it), write, fsync.
 fn write_at(path: &Path, offset: u64, data: &[u8]) -> Result<(), BlobError> {
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -426,7 +426,9 @@ fn write_at(path: &Path, offset: u64, data: &[u8]) -> Result<(), BlobError> {
     if created {
         make_dirs(dir)?;
     }
+    use std::os::unix::fs::OpenOptionsExt;
     let mut f = OpenOptions::new()
+        .mode(0o600)
         .create(true)
         .write(true)
         .truncate(false)

@@ -109,6 +109,9 @@ fn chunks_in_order_then_msg_complete_with_sha_and_seen() {
     assert_eq!(c.sha256, sha_hex(&data));
     assert_eq!(std::fs::read(&c.path).unwrap(), data);
     assert_eq!(c.path, peer_dir(&t.root, &t.peer).join("data.bin"));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&c.path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "received files are private");
     assert!(!t.partial("r1").exists());
     let st = t.state("r1");
     assert_eq!(st.status, InStatus::Complete);
