@@ -7,7 +7,7 @@
 #
 # Optional environment: AWP_BENCH_DIR (where the temporary homes go; default $TMPDIR or
 # /tmp), BENCH_FSYNC_N, BENCH_HANDSHAKE_N, BENCH_RTT_N, BENCH_PIPE_N, BENCH_REPLAY_N,
-# BENCH_PHASE_LIMIT_S (see benches/node.rs).
+# BENCH_PHASE_LIMIT_S (see benches/node.rs), BENCH_BLOB_MIB (blob size, default 50).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +39,9 @@ AWP_BIN="$ROOT/target/release/awp" \
 AWP_BENCH_DIR="$WORK" \
 AWP_BENCH_PIDS="$PIDS" \
     cargo bench --quiet --bench node
+
+echo
+AWP_BIN="$ROOT/target/release/awp" AWP_BENCH_DIR="$WORK" bash "$ROOT/scripts/bench-blob.sh" "${BENCH_BLOB_MIB:-50}"
 
 echo
 echo "7. relay: 2,000 connected nodes (scripts/bench-relay.sh)"

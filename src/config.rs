@@ -24,7 +24,7 @@ use std::path::Path;
 /// The config file's name in the home.
 pub const CONFIG_FILE: &str = "config.toml";
 /// Default blob limit (sending and receiving), bytes: 50 MiB.
-pub const DEFAULT_BLOB_LIMIT: u64 = 50 * 1024 * 1024;
+pub const DEFAULT_BLOB_LIMIT: u64 = crate::blob::DEFAULT_LIMIT;
 
 /// Who may connect (protocol-notes §Handshake: admission runs after auth).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -113,9 +113,9 @@ impl Layer {
             listen: list("AWP_LISTEN"),
             blob_limit: get("AWP_BLOB_LIMIT")
                 .map(|v| {
-                    v.trim().parse::<u64>().map_err(|e| ConfigError::Value {
+                    crate::blob::parse_limit(&v).ok_or_else(|| ConfigError::Value {
                         key: "AWP_BLOB_LIMIT",
-                        detail: e.to_string(),
+                        detail: format!("{v:?} is not a size (e.g. 52428800, 50M, 1G)"),
                     })
                 })
                 .transpose()?,

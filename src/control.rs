@@ -41,6 +41,13 @@ pub enum Request {
         re: Option<String>,
         /// Wire parts (`{"k":"text",…}` etc.).
         parts: Vec<Value>,
+        /// Absolute paths of files to send as blobs (protocol-notes §Blobs): each is read
+        /// by the node (at most the node's blob limit; over it the request fails with
+        /// `bad_request`), its chunks queued before the msg in one transaction, and a
+        /// `blob` part {ref, size, name, mime} appended to `parts`. The response then has
+        /// `blobs: [{ref, name, size, mime, sha256, chunks}]`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        files: Vec<String>,
         /// Wait up to this long for the peer's ack; the response says `delivered` or
         /// `queued`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -124,6 +131,20 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         th: Option<String>,
     },
+    /// Blobs sent and received (`awp blobs`): `{"blobs":[{dir: "out"|"in", peer,
+    /// peer_name, ref, th, msg, name, mime, size, sha256, status, path, at, chunks,
+    /// chunks_sent, chunks_acked, bytes, reason}…]}`, newest first. Outbound status:
+    /// `queued` (the naming msg is not acked yet), `sent` (acked), `refused` (the peer
+    /// answered `blob_refused`); `chunks_sent` counts chunks written to the live
+    /// connection or retired, `chunks_acked` chunks retired by the peer's ack or resume.
+    /// Inbound status: `pending`, `complete` (then `path` and `sha256`), `refused` (with
+    /// `reason`); `bytes` = bytes stored so far. `peer`/`blob_ref` filter.
+    Blobs {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer: Option<String>,
+        #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+        blob_ref: Option<String>,
+    },
     /// Stop the node (answers, then exits).
     Shutdown,
 }
@@ -159,6 +180,9 @@ pub struct ControlError {
 ///   "id":ID,"t":"msg"|"state"|…,"line":<the wire line as JSON>,"at":RFC3339}` — a content
 ///   line stored in the log (inbound: received; outbound: queued).
 /// - `{"event":"ack","peer":KEY,"th":TH,"re":ID}` — our line was acked by the peer.
+/// - `{"event":"blob","dir":"in","peer":KEY,"ref":REF,"th":TH?,"msg":ID?,"name":NAME?,
+///   "mime":MIME?,"size":N,"sha256":HEX,"path":PATH}` — a received blob is complete and
+///   at `path`.
 /// - `{"event":"peer_up"|"peer_down","peer":KEY,"peer_name":NAME?,"remote":ADDR?,"reason":…?}`
 /// - `{"event":"listening","address":ADDR,"addresses":[ADDR…],"key":KEY,"name":NAME}`
 ///   (first line of `awp listen`).

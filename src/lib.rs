@@ -9,6 +9,8 @@
 //!   monotonic ULID ids, the generated JSON Schema.
 //! - [`canonical`]: RFC 8785 canonical JSON (JCS) and signing of JSON objects (grants,
 //!   presence).
+//! - [`blob`]: files as blob parts with chunk lines: reading and chunking for sending, and
+//!   crash-safe assembly of received blobs.
 //! - [`grant`]: signed capability grants: mint, verify, hash, the honoring rules.
 //! - [`identity`]: the node's key file and the auth transcript.
 //! - [`net`]: addresses, TLS binding (mTLS, self-signed Ed25519 certificates), listeners,
@@ -26,6 +28,7 @@
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
 #![forbid(unsafe_code)]
 
+pub mod blob;
 pub mod canonical;
 pub mod cli;
 pub mod config;

@@ -195,6 +195,7 @@ async fn relay_refuses_to_queue_and_limits_connections() {
             subject: None,
             re: None,
             parts: vec![serde_json::json!({"k":"text","text":"hi"})],
+            files: vec![],
             wait_ack_ms: None,
         })
         .await;

@@ -39,6 +39,7 @@ async fn request(
             re: None,
             parts: vec![json!({"k": "data", "mime": mime, "data": data})],
             wait_ack_ms: Some(10_000),
+            files: vec![],
         })
         .await;
     assert!(r.ok, "{:?}", r.error);

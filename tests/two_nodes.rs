@@ -51,6 +51,7 @@ async fn handshake_msg_ack_and_state_over_tls() {
                 json!({"k":"text","text":"Run the suite on main"}),
                 json!({"k":"data","data":{"commit":"a1b2c3"}}),
             ],
+            files: vec![],
             wait_ack_ms: Some(10_000),
         })
         .await;
@@ -413,6 +414,7 @@ async fn simultaneous_dial_leaves_one_connection_per_peer() {
             subject: None,
             re: None,
             parts: vec![json!({"k":"text","text":"x"})],
+            files: vec![],
             wait_ack_ms: Some(10_000),
         })
         .await;
@@ -444,6 +446,7 @@ async fn a_stranger_cannot_take_over_a_peers_name_or_key_prefix() {
                 subject: None,
                 re: None,
                 parts: vec![json!({"k":"text","text":"secret"})],
+                files: vec![],
                 wait_ack_ms: None,
             })
             .await;
@@ -458,6 +461,7 @@ async fn a_stranger_cannot_take_over_a_peers_name_or_key_prefix() {
             subject: None,
             re: None,
             parts: vec![json!({"k":"text","text":"hi"})],
+            files: vec![],
             wait_ack_ms: None,
         })
         .await;

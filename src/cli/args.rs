@@ -160,6 +160,17 @@ pub enum Command {
     Peers,
     /// Node status (exit 3 when no node runs; does not start one).
     Status,
+    /// List blobs sent and received: direction, status, size, SHA-256, path.
+    Blobs {
+        /// Only blobs exchanged with this peer.
+        #[arg(
+            short = 'p',
+            long = "peer",
+            value_name = "PEER",
+            allow_hyphen_values = true
+        )]
+        peer: Option<String>,
+    },
     /// Print this node's key, name and fingerprint (no running node needed).
     Whoami,
     /// List agents known from presence documents, or show one document in full.
@@ -243,9 +254,14 @@ pub enum RelayAction {
 /// `awp send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {
-    /// PEER then TEXT; with one value and -t, the TEXT.
-    #[arg(value_name = "PEER|TEXT", allow_hyphen_values = true)]
-    pub first: String,
+    /// PEER then TEXT; with one value and -t, the TEXT; with one value and -f (no -t),
+    /// the PEER.
+    #[arg(
+        value_name = "PEER|TEXT",
+        allow_hyphen_values = true,
+        required_unless_present = "files"
+    )]
+    pub first: Option<String>,
     /// TEXT, when PEER was given first.
     #[arg(value_name = "TEXT", allow_hyphen_values = true)]
     pub second: Option<String>,
@@ -273,14 +289,25 @@ pub struct SendArgs {
     /// Wait this long for the peer's ack (e.g. 5s).
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub wait_ack: Option<Duration>,
+    /// Send this file as a blob (repeatable). Its chunks go out before the msg; a progress
+    /// bar shows files over 1 MiB on a terminal. Limit: the node's blob limit (50 MiB by
+    /// default, `AWP_BLOB_LIMIT` when the node starts).
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub files: Vec<PathBuf>,
 }
 
 impl SendArgs {
-    /// (peer, text) from the positionals: two values are PEER TEXT, one is TEXT.
+    /// (peer, text) from the positionals: two values are PEER TEXT; one is TEXT, or PEER
+    /// when files are sent without `-t` (the text may then be left out); none is an empty
+    /// text.
     pub fn peer_and_text(&self) -> (Option<&str>, &str) {
-        match &self.second {
-            Some(text) => (Some(self.first.as_str()), text.as_str()),
-            None => (None, self.first.as_str()),
+        match (&self.first, &self.second) {
+            (Some(peer), Some(text)) => (Some(peer.as_str()), text.as_str()),
+            (Some(one), None) if !self.files.is_empty() && self.thread.is_none() => {
+                (Some(one.as_str()), "")
+            }
+            (Some(text), None) => (None, text.as_str()),
+            (None, _) => (None, ""),
         }
     }
 }

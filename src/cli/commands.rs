@@ -57,6 +57,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
             thread,
         } => super::grants::introduce(ctx, to, peer, caps, ttl, thread).await,
         Command::Peers => list(ctx, Request::Peers, "peers").await,
+        Command::Blobs { peer } => super::blobs::list(ctx, peer).await,
         Command::Status => status(ctx).await,
         Command::Presence { peer } => super::presence::show(ctx, peer).await,
         Command::Relay(args) => super::presence::relay(ctx, &args).await,
@@ -329,10 +330,11 @@ pub fn send_request(args: &SendArgs) -> Result<Request, Failure> {
     };
     let data = args.data.clone().map(|d| (d, args.mime.clone()));
     let parts = build_parts(&text, code, data);
-    if parts.is_empty() {
+    let files = super::blobs::resolve_files(&args.files)?;
+    if parts.is_empty() && files.is_empty() {
         return Err(Failure::usage(
             "nothing to send: the text is empty",
-            "give a text, --code FILE or --data JSON",
+            "give a text, --code FILE, --data JSON or -f FILE",
         ));
     }
     Ok(Request::Send {
@@ -341,6 +343,7 @@ pub fn send_request(args: &SendArgs) -> Result<Request, Failure> {
         subject: args.subject.clone(),
         re: args.re.clone(),
         parts,
+        files,
         wait_ack_ms: millis(args.wait_ack),
     })
 }
@@ -364,10 +367,11 @@ async fn send(ctx: &Ctx, args: &SendArgs) -> Result<(), Failure> {
     let req = send_request(args)?;
     let body = ctx.call(&req).await?;
     if ctx.json {
-        out_json(&Value::Object(body))
+        out_json(&Value::Object(body.clone()))?;
     } else {
-        out(&delivery_line(&body))
+        out(&delivery_line(&body))?;
     }
+    super::blobs::progress(ctx, &body).await
 }
 
 async fn state(ctx: &Ctx, args: &StateArgs) -> Result<(), Failure> {

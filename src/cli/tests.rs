@@ -355,6 +355,7 @@ fn send_request_from_args() {
                 json!({"k": "text", "text": "look"}),
                 json!({"k": "code", "text": "print(1)\n", "lang": "python"}),
             ],
+            files: vec![],
             wait_ack_ms: Some(500),
         }
     );
@@ -464,4 +465,69 @@ fn clap_errors_become_one_line() {
         line.starts_with("awp: unrecognized subcommand 'frobnicate'"),
         "{line}"
     );
+}
+
+#[test]
+fn send_with_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("report.pdf");
+    std::fs::write(&file, b"%PDF-1.7").unwrap();
+    let f = file.to_str().unwrap();
+    // One positional with -f and no -t is the peer; the text may be left out.
+    let s = send_args(&["bob", "-f", f, "-f", f]);
+    assert_eq!(s.peer_and_text(), (Some("bob"), ""));
+    let crate::control::Request::Send {
+        peer, parts, files, ..
+    } = send_request(&s).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(peer.as_deref(), Some("bob"));
+    assert!(parts.is_empty());
+    assert_eq!(files, vec![f.to_string(), f.to_string()]);
+    // With -t, no positional is needed.
+    let s = send_args(&["-t", "thr_1", "-f", f]);
+    assert_eq!(s.peer_and_text(), (None, ""));
+    // Text and files together.
+    let s = send_args(&["bob", "see attached", "--file", f]);
+    assert_eq!(s.peer_and_text(), (Some("bob"), "see attached"));
+    // A relative path is made absolute; a missing file or a directory is exit 2.
+    let s = send_args(&["bob", "-f", "Cargo.toml"]);
+    let crate::control::Request::Send { files, .. } = send_request(&s).unwrap() else {
+        panic!()
+    };
+    assert!(std::path::Path::new(&files[0]).is_absolute());
+    for bad in ["/nonexistent/file", dir.path().to_str().unwrap()] {
+        let s = send_args(&["bob", "-f", bad]);
+        assert_eq!(send_request(&s).unwrap_err().exit, Exit::Usage);
+    }
+}
+
+#[test]
+fn blobs_command_parses() {
+    assert!(matches!(
+        parse_ok(&["blobs"]).command,
+        Command::Blobs { peer: None }
+    ));
+    assert!(matches!(
+        parse_ok(&["blobs", "-p", "-AbC"]).command,
+        Command::Blobs { peer: Some(p) } if p == "-AbC"
+    ));
+}
+
+#[test]
+fn blobs_table_shows_direction_status_size_sha_and_path() {
+    let items = vec![
+        json!({"dir":"out","status":"queued","peer":"ed25519:AAAAAAAAAAAA","peer_name":"bob",
+               "size":3000000,"sha256":"ab".repeat(32),"name":"a.bin","path":"/tmp/a.bin",
+               "chunks":12,"chunks_sent":5}),
+        json!({"dir":"in","status":"pending","peer":"ed25519:BBBBBBBBBBBB","size":10,"bytes":4,
+               "name":"x\u{1b}[2J","path":null}),
+    ];
+    let t = super::blobs::blobs_table(&items);
+    let lines: Vec<&str> = t.lines().collect();
+    assert!(lines[0].starts_with("DIR"));
+    assert!(lines[1].contains("queued 5/12") && lines[1].contains(&"ab".repeat(32)));
+    assert!(lines[1].contains("/tmp/a.bin"));
+    assert!(lines[2].contains("4/10") && !lines[2].contains('\u{1b}'));
 }

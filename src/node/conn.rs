@@ -48,6 +48,8 @@ pub(crate) struct Handles {
     pub done: watch::Receiver<bool>,
     /// Lines to write that are not in the outbox (see [`super::Inner::send_ephemeral`]).
     pub ephemeral: mpsc::Sender<Vec<u8>>,
+    /// Id of the last outbox line written to this connection (blob progress).
+    pub cursor: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// How the connection came about.
@@ -119,7 +121,12 @@ pub async fn run_with(
         dialed,
         name: Some(inner.name.clone()),
         about: inner.about.clone(),
-        caps: super::CAPS.iter().map(|s| s.to_string()).collect(),
+        // A relay keeps no files: it does not announce blobs.
+        caps: super::CAPS
+            .iter()
+            .filter(|c| !(inner.relay && **c == super::BLOB_CAP))
+            .map(|s| s.to_string())
+            .collect(),
         addr: inner.addresses().first().map(|a| a.to_string()),
         cert_key: peer_cert_key,
         expected_key: expected,
@@ -131,6 +138,13 @@ pub async fn run_with(
         inner.store.clone(),
         Instant::now(),
     );
+    if !inner.relay {
+        session.set_blob_receiver(crate::blob::BlobReceiver::new(
+            inner.store.clone(),
+            inner.home.join(super::BLOBS_DIR),
+            inner.blob_limit,
+        ));
+    }
 
     // Reader task: frames lines and hands them over in batches (one await per batch).
     let (rtx, mut rrx) = mpsc::channel::<Vec<ReadItem>>(READ_QUEUE);
@@ -188,11 +202,13 @@ pub async fn run_with(
     let stop = CancellationToken::new();
     let (done_tx, done_rx) = watch::channel(false);
     let (eph_tx, mut eph_rx) = mpsc::channel::<Vec<u8>>(EPHEMERAL_QUEUE);
+    let cursor = Arc::new(std::sync::Mutex::new(None::<String>));
     let handles = Handles {
         outbox: outbox.clone(),
         stop: stop.clone(),
         done: done_rx,
         ephemeral: eph_tx,
+        cursor: cursor.clone(),
     };
     let conn_id = inner.conn_id();
     let mut registered: Option<PeerKey> = None;
@@ -282,6 +298,23 @@ pub async fn run_with(
                     tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
                     inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
                 }
+                SessionEvent::BlobReceived(b) => {
+                    tracing::info!(peer = %b.peer, path = %b.path.display(), size = b.size, "blob received");
+                    inner.emit(json!({
+                        "event": "blob",
+                        "dir": "in",
+                        "peer": b.peer.to_string(),
+                        "peer_name": peer_name,
+                        "ref": b.blob_ref,
+                        "th": b.th,
+                        "msg": b.msg_id,
+                        "name": b.name,
+                        "mime": b.mime,
+                        "size": b.size,
+                        "sha256": b.sha256,
+                        "path": b.path.display().to_string(),
+                    }));
+                }
                 SessionEvent::Other(Line::Presence(p)) => {
                     if let Some(key) = registered {
                         super::presence::received(&inner, key, p);
@@ -308,6 +341,12 @@ pub async fn run_with(
                     pending.push(b'\n');
                 }
                 None => break,
+            }
+        }
+        if let Some(c) = session.cursor() {
+            let mut shared = cursor.lock().unwrap_or_else(|p| p.into_inner());
+            if shared.as_deref() != Some(c) {
+                *shared = Some(c.to_string());
             }
         }
         if session.is_closed() {

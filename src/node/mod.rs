@@ -8,7 +8,9 @@
 //! - `server`: the control socket (see [`crate::control`]).
 //! - `presence`: receiving, relaying and publishing presence documents (the rules are in
 //!   [`crate::presence`]).
+//! - `blobs`: files for `send`, and the `blobs` listing (the rules are in [`crate::blob`]).
 
+mod blobs;
 mod conn;
 mod dialer;
 pub(crate) mod grants;
@@ -43,8 +45,13 @@ pub const SIMULTANEOUS_OPEN: Duration = Duration::from_secs(5);
 /// line of 1 MiB); more are closed at accept.
 pub const MAX_HANDSHAKES: usize = 256;
 /// Capability families we announce in hello. Every node lists `presence`, publishing or
-/// not, so that it receives and relays presence documents.
-pub const CAPS: &[&str] = &["grant", "introduce", presence::CAP];
+/// not, so that it receives and relays presence documents; `blob` (files as blob parts and
+/// chunks, protocol-notes §Blobs) except in relay mode; `grant` and `introduce`.
+pub const CAPS: &[&str] = &["grant", "introduce", presence::CAP, BLOB_CAP];
+/// The capability family of blobs.
+pub const BLOB_CAP: &str = "blob";
+/// Where received blobs land, inside the home: `blobs/<peer>/<name>`.
+pub const BLOBS_DIR: &str = "blobs";
 /// Default limit of simultaneous inbound connections (`--max-connections`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
@@ -72,7 +79,8 @@ pub struct NodeConfig {
     pub max_connections: Option<usize>,
     /// Admission policy from the command line (over `config.toml` and `AWP_ACCEPT`).
     pub accept: Option<crate::config::Accept>,
-    /// Blob size limit in bytes from the command line.
+    /// Largest blob sent or received, in bytes, from the command line (over config.toml
+    /// `blob_limit` and `AWP_BLOB_LIMIT`; default [`crate::blob::DEFAULT_LIMIT`], 50 MiB).
     pub blob_limit: Option<u64>,
     /// Requests served to peers holding the capability (`--serve exec,fs:read,fs:write`).
     pub serve: Vec<String>,
@@ -135,6 +143,8 @@ pub(crate) struct Inner {
     pub settings: crate::config::Settings,
     /// What this node serves (off by default).
     pub serve: serve::ServeConfig,
+    /// Largest blob sent or received, in bytes.
+    pub blob_limit: u64,
 }
 
 /// A started node.
@@ -211,9 +221,21 @@ impl NodeHandle {
             max_connections,
             conn_limit: Arc::new(tokio::sync::Semaphore::new(max_connections)),
             refused_conns: AtomicU64::new(0),
+            blob_limit: settings.blob_limit,
             settings: settings.clone(),
             serve,
         });
+        // Finish moving blobs that a crash left between "complete" and their final path.
+        let recovery = crate::blob::BlobReceiver::new(
+            inner.store.clone(),
+            home.join(BLOBS_DIR),
+            inner.blob_limit,
+        );
+        match recovery.recover() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("moved {n} received blob(s) to their final paths"),
+            Err(e) => tracing::warn!("blob recovery: {e}"),
+        }
 
         // Listeners.
         let mut listeners = Vec::new();

@@ -4,7 +4,7 @@ use super::conn::{self, Dial};
 use super::Inner;
 use crate::control::{Request, Response, MAX_CONTROL_LINE};
 use crate::net::{self, Address};
-use crate::store::{AddrSource, Dir, LogEntry};
+use crate::store::{AddrSource, Dir, LineBuilder, LogEntry};
 use crate::wire::{self, Line, Part, PeerKey};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -116,7 +116,7 @@ type Reply = Result<Value, Fail>;
 pub(super) struct Fail(Box<(&'static str, String)>);
 
 impl Fail {
-    fn new(code: &'static str, message: impl Into<String>) -> Fail {
+    pub(super) fn new(code: &'static str, message: impl Into<String>) -> Fail {
         Fail(Box::new((code, message.into())))
     }
     fn response(&self) -> Response {
@@ -176,19 +176,25 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             subject,
             re,
             parts,
+            files,
             wait_ack_ms,
         } => {
             refuse_in_relay_mode(inner)?;
-            let parts: Vec<Part> = parts
+            let mut parts: Vec<Part> = parts
                 .into_iter()
                 .map(serde_json::from_value)
                 .collect::<Result<_, _>>()
                 .map_err(|e| Fail::new("bad_request", format!("bad part: {e}")))?;
-            if parts.is_empty() {
+            if parts.is_empty() && files.is_empty() {
                 return Err(Fail::new("bad_request", "a msg needs at least one part"));
             }
             let (key, th, new_thread) = thread_and_peer(inner, peer.as_deref(), th.as_deref())?;
+            let blobs = super::blobs::read_files(inner, &files).await?;
+            parts.extend(blobs.iter().map(crate::blob::Outgoing::part));
             let subject = subject.filter(|s| !s.is_empty());
+            // Chunks first, then the msg naming them: one transaction (protocol-notes
+            // §Blobs).
+            let chunk_builders = super::blobs::chunk_builders(&blobs, &th);
             let build = move |id: &str, ts: &str| {
                 Line::Msg(wire::Msg {
                     id: id.into(),
@@ -199,7 +205,12 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
                     parts: parts.clone(),
                 })
             };
-            queue(inner, key, &build, wait_ack_ms, new_thread).await
+            let mut builders: Vec<LineBuilder<'_>> = chunk_builders
+                .iter()
+                .map(|b| b.as_ref() as LineBuilder<'_>)
+                .collect();
+            builders.push(&build);
+            queue(inner, key, &builders, &blobs, wait_ack_ms, new_thread).await
         }
         Request::State {
             peer,
@@ -223,7 +234,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
                     note: note.clone(),
                 })
             };
-            queue(inner, key, &build, wait_ack_ms, false).await
+            queue(inner, key, &[&build], &[], wait_ack_ms, false).await
         }
         Request::Threads => {
             let threads = store.threads().map_err(internal)?;
@@ -358,6 +369,9 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             ttl_s,
             th,
         } => introduce(inner, &to, &peer, caps, ttl_s, th).await,
+        Request::Blobs { peer, blob_ref } => {
+            super::blobs::list(inner, peer.as_deref(), blob_ref.as_deref())
+        }
         Request::Shutdown => Ok(json!({"stopping": true})),
     }
 }
@@ -470,18 +484,29 @@ fn thread_and_peer(
     }
 }
 
+/// Queue `builders`' lines for `key` in one transaction; the last one is the line the
+/// reply (and `wait_ack_ms`) is about. `blobs`: the files whose chunks come first.
 async fn queue(
     inner: &Arc<Inner>,
     key: PeerKey,
-    build: &(dyn Fn(&str, &str) -> Line + Sync),
+    builders: &[LineBuilder<'_>],
+    blobs: &[crate::blob::Outgoing],
     wait_ack_ms: Option<u64>,
     new_thread: bool,
 ) -> Reply {
     // Subscribe before queueing so the ack cannot slip past.
     let mut events = inner.events.subscribe();
-    let entries = inner.store.enqueue(&key, &[build]).map_err(internal)?;
+    let entries = inner.store.enqueue(&key, builders).map_err(|e| match e {
+        crate::store::StoreError::TooLarge { .. } => Fail::new("bad_request", e.to_string()),
+        e => internal(e),
+    })?;
+    let blob_info = if blobs.is_empty() {
+        None
+    } else {
+        Some(super::blobs::record(inner, &key, blobs, &entries)?)
+    };
     inner.store.flush().await.map_err(internal)?;
-    let Some(entry) = entries.into_iter().next() else {
+    let Some(entry) = entries.into_iter().last() else {
         return Err(internal("nothing queued"));
     };
     if let Ok(line) = wire::parse_line(&entry.line) {
@@ -528,7 +553,7 @@ async fn queue(
             status = "delivered";
         }
     }
-    Ok(json!({
+    let mut reply = json!({
         "id": entry.id,
         "th": entry.th,
         "peer": key.to_string(),
@@ -536,7 +561,11 @@ async fn queue(
         "status": status,
         "new_thread": new_thread,
         "connected": inner.connected(&key),
-    }))
+    });
+    if let Some(b) = blob_info {
+        reply["blobs"] = b;
+    }
+    Ok(reply)
 }
 
 /// Caps a grant may carry: short names without spaces.

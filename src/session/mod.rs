@@ -133,7 +133,11 @@ pub enum SessionEvent {
     Grants(Vec<wire::Grant>),
     /// A non-closing err from the peer.
     PeerError(wire::ErrLine),
-    /// A line this version does not act on (grant, introduce, presence, chunk, mirror …).
+    /// An inbound blob is complete and at its final path (after a durable flush; only
+    /// with a blob receiver, see [`Session::set_blob_receiver`]).
+    BlobReceived(crate::blob::Completed),
+    /// A line this version does not act on (grant, introduce, presence, mirror; chunk
+    /// without a blob receiver …).
     Other(Line),
     /// The session ended.
     Closed(CloseReason),
@@ -174,6 +178,8 @@ pub struct Session {
     bye_deadline: Option<Instant>,
     close: Option<CloseReason>,
     lines_in: u64,
+    /// Assembles inbound blobs; without it chunks are handed out as [`SessionEvent::Other`].
+    blobs: Option<crate::blob::BlobReceiver>,
 }
 
 impl Session {
@@ -230,7 +236,22 @@ impl Session {
             bye_deadline: None,
             close: None,
             lines_in: 0,
+            blobs: None,
         }
+    }
+
+    /// Take in blobs (protocol-notes §Blobs): chunk lines are then stored with the batch
+    /// they arrive in (data fsynced and offset recorded by [`Session::commit`], before the
+    /// acks of that batch go out), never acked themselves; refusals are answered with
+    /// `err blob_refused` once the batch is durable.
+    pub fn set_blob_receiver(&mut self, receiver: crate::blob::BlobReceiver) {
+        self.blobs = Some(receiver);
+    }
+
+    /// Id of the last outbox line handed out by [`Session::poll_transmit`] on this
+    /// connection (None before the replay started).
+    pub fn cursor(&self) -> Option<&str> {
+        self.cursor.as_deref()
     }
 
     /// The handshake/connection phase.
@@ -281,8 +302,22 @@ impl Session {
         if self.pending_rx.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut self.pending_rx);
+        let mut batch = std::mem::take(&mut self.pending_rx);
         let Some(peer) = self.peer else { return };
+        if let Some(mut blobs) = self.blobs.take() {
+            // Blob data first: its records go in before the msgs that name the blobs, so a
+            // msg is never acked ahead of chunk data that arrived before it.
+            let res = self.take_blobs(&mut blobs, &peer, &batch);
+            self.blobs = Some(blobs);
+            if let Err(e) = res {
+                self.fail_storage(None, &e.into_store_error());
+                return;
+            }
+            batch.retain(|(l, _)| !matches!(l, Line::Chunk(_)));
+            if batch.is_empty() {
+                return;
+            }
+        }
         let refs: Vec<(&Line, &[u8])> = batch.iter().map(|(l, r)| (l, r.as_slice())).collect();
         let results = match self.store.receive_batch(&peer, &refs) {
             Ok(r) => r,
@@ -313,6 +348,51 @@ impl Session {
         }
     }
 
+    /// Feed the chunks and blob-naming msgs of a batch to the blob receiver, in arrival
+    /// order; refusals become `err blob_refused` lines held with the acks.
+    fn take_blobs(
+        &mut self,
+        blobs: &mut crate::blob::BlobReceiver,
+        peer: &PeerKey,
+        batch: &[(Line, Vec<u8>)],
+    ) -> Result<(), crate::blob::BlobError> {
+        use crate::blob::Verdict;
+        for (line, _) in batch {
+            let verdicts = match line {
+                Line::Chunk(c) => vec![blobs.on_chunk(peer, c)?],
+                Line::Msg(m) if m.parts.iter().any(|p| matches!(p, wire::Part::Blob(_))) => {
+                    blobs.on_msg(peer, m)?
+                }
+                _ => continue,
+            };
+            for v in verdicts {
+                let Verdict::Refuse {
+                    blob_ref,
+                    re,
+                    detail,
+                } = v
+                else {
+                    continue;
+                };
+                tracing::info!(%peer, ?blob_ref, %detail, "refusing a blob");
+                if self.phase == Phase::Closed {
+                    continue;
+                }
+                let err = Line::Err(wire::ErrLine {
+                    id: self.store.next_control_id(),
+                    ts: now_ts(),
+                    th: line.th().map(str::to_string),
+                    re: Some(re),
+                    code: code::BLOB_REFUSED.into(),
+                    detail: Some(detail),
+                    blob_ref,
+                });
+                self.held_acks.push(err.encode());
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the control queue is over [`CONTROL_HIGH_WATER`] (stop reading for now).
     pub fn backlogged(&self) -> bool {
         self.control.len() > CONTROL_HIGH_WATER
@@ -333,6 +413,11 @@ impl Session {
             self.control.extend(self.held_acks.drain(..));
         }
         self.events.extend(self.held_events.drain(..));
+        if let Some(b) = self.blobs.as_mut() {
+            for done in b.after_flush() {
+                self.events.push_back(SessionEvent::BlobReceived(done));
+            }
+        }
     }
 
     /// The flush failed: nothing held may be acked. Sends `err internal` and closes.
@@ -618,6 +703,11 @@ impl Session {
                 tracing::debug!("ignoring a repeated handshake line from {peer}");
             }
             Line::Unknown { .. } => {}
+            Line::Chunk(_) if self.blobs.is_some() => {
+                self.pending_bytes += raw.len();
+                self.pending_rx.push((line, raw.to_vec()));
+                self.needs_flush = true;
+            }
             other @ (Line::Chunk(_) | Line::Introduce(_) | Line::Presence(_)) => {
                 self.events.push_back(SessionEvent::Other(other));
             }
@@ -657,6 +747,9 @@ impl Session {
     }
 
     fn peer_err(&mut self, e: wire::ErrLine) {
+        if e.code == code::BLOB_REFUSED {
+            self.blob_refused(e.blob_ref.as_deref());
+        }
         if code::closes(&e.code) {
             self.finish(CloseReason::PeerErr {
                 code: e.code,
@@ -664,6 +757,25 @@ impl Session {
             });
         } else {
             self.events.push_back(SessionEvent::PeerError(e));
+        }
+    }
+
+    /// The peer refused one of our blobs: drop its chunks still queued (in the store and
+    /// in the batch fetched for writing) so none of them go out again.
+    fn blob_refused(&mut self, blob_ref: Option<&str>) {
+        let (Some(peer), Some(r)) = (self.peer, blob_ref) else {
+            return;
+        };
+        match self.store.drop_blob_chunks(&peer, r) {
+            Ok(dropped) => {
+                if !dropped.is_empty() {
+                    tracing::info!(%peer, blob_ref = r, chunks = dropped.len(), "peer refused a blob: dropped its queued chunks");
+                    let gone: std::collections::HashSet<&str> =
+                        dropped.iter().map(String::as_str).collect();
+                    self.batch.retain(|e| !gone.contains(e.id.as_str()));
+                }
+            }
+            Err(e) => tracing::warn!(%peer, "could not drop the chunks of a refused blob: {e}"),
         }
     }
 

@@ -78,7 +78,7 @@ fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
 
 /// State owned by the single writer: the id generator and the log sequence counter. Both
 /// are advanced only after their transaction committed.
-struct Writer {
+pub(super) struct Writer {
     ids: IdGen,
     log_seq: u64,
 }
@@ -89,7 +89,7 @@ struct Writer {
 /// Writes become durable only after [`Store::flush`] (or [`Store::flush_blocking`]).
 pub struct Store {
     pub(super) db: sled::Db,
-    trees: Trees,
+    pub(super) trees: Trees,
     writer: Mutex<Writer>,
     group: Arc<Group>,
     /// Declared last: marks the directory closed after the sled handles are dropped.
@@ -175,7 +175,7 @@ impl Store {
         w.ids.next_at(crate::wire::time::now_ms()).to_string()
     }
 
-    fn writer(&self) -> MutexGuard<'_, Writer> {
+    pub(super) fn writer(&self) -> MutexGuard<'_, Writer> {
         self.writer.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -321,7 +321,12 @@ impl Store {
         })
     }
 
-    fn adjust_count(&self, tx: &mut Tx<'_>, peer: &PeerKey, delta: i64) -> Result<(), StoreError> {
+    pub(super) fn adjust_count(
+        &self,
+        tx: &mut Tx<'_>,
+        peer: &PeerKey,
+        delta: i64,
+    ) -> Result<(), StoreError> {
         let k = peer.as_bytes().to_vec();
         let cur = match tx.get(T::OutboxN, &k)? {
             Some(v) => read_u64("outbox_n", &v)?,
@@ -392,7 +397,7 @@ impl Store {
     }
 
     /// Remove outbox lines (known to be delivered) and mark their out log entries acked.
-    fn retire(
+    pub(super) fn retire(
         &self,
         tx: &mut Tx<'_>,
         peer: &PeerKey,

@@ -14,12 +14,14 @@
 //! - `threads`: th → summary. `peers`: peer → record. `addresses`: peer ‖ address → record.
 //! - `outbox_n`: peer → number of queued lines (u64 BE; absent when zero).
 //! - `meta`: `last_id`, `log_seq`, and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
+//! - `blobs_in`, `blobs_out`: peer ‖ ref → blob records (see `blobs.rs`).
 //!
 //! Every mutation runs under one writer lock and commits as one multi-tree transaction, so a
 //! crash leaves either all or none of an operation.
 
 use crate::wire::{Line, PeerKey};
 
+mod blobs;
 mod codec;
 mod grants;
 mod group;
@@ -28,6 +30,7 @@ mod imp;
 mod tests;
 mod tx;
 
+pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
 pub use grants::{GrantRecord, GrantRole};
 pub use imp::Store;
 

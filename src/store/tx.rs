@@ -17,9 +17,11 @@ pub(crate) enum T {
     Addresses,
     Meta,
     OutboxN,
+    BlobsIn,
+    BlobsOut,
 }
 
-pub(crate) const NAMES: [&str; 9] = [
+pub(crate) const NAMES: [&str; 11] = [
     "outbox",
     "log",
     "received",
@@ -29,6 +31,8 @@ pub(crate) const NAMES: [&str; 9] = [
     "addresses",
     "meta",
     "outbox_n",
+    "blobs_in",
+    "blobs_out",
 ];
 
 pub(crate) struct Trees {

@@ -69,6 +69,7 @@ impl TestNode {
                 subject: Some("test".into()),
                 re: None,
                 parts: vec![serde_json::json!({"k":"text","text":text})],
+                files: vec![],
                 wait_ack_ms: None,
             })
             .await;

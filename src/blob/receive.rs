@@ -1,0 +1,493 @@
+//! Assembling inbound blobs (protocol-notes §Blobs, receiver). No sockets: the session
+//! feeds chunks and msgs in arrival order, then calls [`BlobReceiver::after_flush`] once
+//! the store is durable.
+//!
+//! Rules, per (peer, ref):
+//! - Chunks count from 0. `n` below the next expected is a replay: ignored. `n` above it,
+//!   a chunk after the `last` one, bad base64, data over the limit, data over the declared
+//!   size, or a `last` chunk that ends short of it: refused (`err blob_refused`, ref, re =
+//!   the chunk id; the connection stays open). A refused blob's partial file is deleted and
+//!   later chunks of the ref are ignored silently.
+//! - A msg's blob part declares size, name and mime (the first declaration counts). A size
+//!   over the limit, or one that disagrees with data already received, is refused (re = the
+//!   msg id). Chunks may come before or after the naming msg.
+//! - Each chunk is written at the recorded offset: the partial file is truncated to it,
+//!   the data written and fsynced, and only then the new offset recorded, together with
+//!   seen[th] = the chunk id, in one store transaction. A replay after a crash therefore
+//!   starts at the recorded offset and never duplicates bytes.
+//! - Complete = the `last` chunk arrived, the naming msg arrived and the sizes agree. The
+//!   SHA-256 is computed, a free final name chosen, and the record marked complete with
+//!   that path in one transaction; the file is moved there once that transaction is
+//!   durable ([`BlobReceiver::after_flush`]; [`BlobReceiver::recover`] finishes moves a
+//!   crash interrupted).
+//! - At most [`MAX_PENDING_PER_PEER`] pending blobs per peer holding at most
+//!   [`PENDING_LIMITS_PER_PEER`] × the limit in partial data; refs over [`MAX_REF_LEN`]
+//!   bytes are refused.
+
+use super::{
+    numbered, partial_path, peer_dir, sanitize_name, MAX_PENDING_PER_PEER, MAX_REF_LEN,
+    PENDING_LIMITS_PER_PEER,
+};
+use crate::store::{InBlobState, InStatus, Store, StoreError};
+use crate::wire::{self, Chunk, Msg, Part, PeerKey};
+use sha2::{Digest, Sha256};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What to do about one chunk or one blob part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Stored, or nothing to do (a known declaration, a chunk of a finished blob).
+    Stored,
+    /// A chunk below the next expected index: a replay, ignored.
+    Replay,
+    /// Answer `err blob_refused` {ref, re} with `detail`; the connection stays open.
+    Refuse {
+        /// The ref to echo (None when too long to echo).
+        blob_ref: Option<String>,
+        /// The chunk or msg id.
+        re: String,
+        detail: String,
+    },
+}
+
+/// A blob that became complete and was moved to its final path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    pub peer: PeerKey,
+    pub blob_ref: String,
+    pub th: Option<String>,
+    pub msg_id: Option<String>,
+    pub name: Option<String>,
+    pub mime: Option<String>,
+    /// Size in bytes.
+    pub size: u64,
+    /// Lowercase hex SHA-256.
+    pub sha256: String,
+    /// Final path.
+    pub path: PathBuf,
+}
+
+/// A local failure while storing blob data (the session answers `err internal` and
+/// closes without acking).
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("blob file {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl BlobError {
+    /// As a [`StoreError`] (what the session reports on a storage failure).
+    pub fn into_store_error(self) -> StoreError {
+        match self {
+            BlobError::Store(e) => e,
+            other => StoreError::Db(other.to_string()),
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
+    move |source| BlobError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// A move of a complete blob to its final path, done after the store flush.
+#[derive(Debug)]
+struct Move {
+    from: PathBuf,
+    done: Completed,
+}
+
+/// Assembles inbound blobs for one node (see the module doc for the rules).
+pub struct BlobReceiver {
+    store: Arc<Store>,
+    root: PathBuf,
+    limit: u64,
+    moves: Vec<Move>,
+}
+
+impl BlobReceiver {
+    /// Blobs under `root` (`$AWP_HOME/blobs`), each at most `limit` bytes.
+    pub fn new(store: Arc<Store>, root: PathBuf, limit: u64) -> BlobReceiver {
+        BlobReceiver {
+            store,
+            root,
+            limit,
+            moves: Vec::new(),
+        }
+    }
+
+    /// The largest blob accepted, in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Take in one chunk from `peer`. Storage failures are errors; everything the peer got
+    /// wrong is a [`Verdict`].
+    pub fn on_chunk(&mut self, peer: &PeerKey, c: &Chunk) -> Result<Verdict, BlobError> {
+        let refuse = |detail: String| Verdict::Refuse {
+            blob_ref: echo(&c.blob_ref),
+            re: c.id.clone(),
+            detail,
+        };
+        if c.blob_ref.is_empty() || c.blob_ref.len() > MAX_REF_LEN {
+            return Ok(refuse(format!("blob ref must be 1 to {MAX_REF_LEN} bytes")));
+        }
+        let now = wire::time::now_ms();
+        let seen = c.th.as_deref().map(|th| (th, c.id.as_str()));
+        let mut st = match self.store.blob_in(peer, &c.blob_ref)? {
+            Some(st) => st,
+            None => {
+                let st = InBlobState::new(c.th.clone(), now);
+                if self.store.pending_blobs_in(peer)?.0 >= MAX_PENDING_PER_PEER {
+                    return self.refuse(
+                        peer,
+                        &c.blob_ref,
+                        st,
+                        seen,
+                        refuse(format!(
+                            "more than {MAX_PENDING_PER_PEER} blobs pending from this peer"
+                        )),
+                    );
+                }
+                st
+            }
+        };
+        match st.status {
+            // Later chunks of a refused blob were in flight when we refused: ignore them.
+            InStatus::Refused => return Ok(Verdict::Stored),
+            InStatus::Complete => return Ok(Verdict::Replay),
+            InStatus::Pending => {}
+        }
+        if c.n < st.next_n {
+            return Ok(Verdict::Replay);
+        }
+        if st.last_seen {
+            let v = refuse(format!("chunk n {} after the last chunk", c.n));
+            return self.refuse(peer, &c.blob_ref, st, seen, v);
+        }
+        if c.n > st.next_n {
+            let v = refuse(format!("chunk n {} where {} was next", c.n, st.next_n));
+            return self.refuse(peer, &c.blob_ref, st, seen, v);
+        }
+        let data = match wire::b64::decode_any(&c.data) {
+            Ok(d) => d,
+            Err(e) => {
+                let v = refuse(format!("chunk data is not base64: {e}"));
+                return self.refuse(peer, &c.blob_ref, st, seen, v);
+            }
+        };
+        let end = st.offset.saturating_add(data.len() as u64);
+        if end > self.limit {
+            let v = refuse(format!("blob over the {}-byte limit", self.limit));
+            return self.refuse(peer, &c.blob_ref, st, seen, v);
+        }
+        if let Some(size) = st.size {
+            if end > size {
+                let v = refuse(format!("data over the declared size of {size} bytes"));
+                return self.refuse(peer, &c.blob_ref, st, seen, v);
+            }
+            if c.last && end != size {
+                let v = refuse(format!(
+                    "last chunk ends at {end} bytes; the declared size is {size}"
+                ));
+                return self.refuse(peer, &c.blob_ref, st, seen, v);
+            }
+        }
+        // All partial data of this peer (this blob's included) stays within a budget.
+        let budget = self.limit.saturating_mul(PENDING_LIMITS_PER_PEER);
+        let held = self.store.pending_blobs_in(peer)?.1;
+        if !data.is_empty() && held.saturating_add(data.len() as u64) > budget {
+            let v = refuse(format!(
+                "more than {budget} bytes of unfinished blobs from this peer"
+            ));
+            return self.refuse(peer, &c.blob_ref, st, seen, v);
+        }
+        let dir = peer_dir(&self.root, peer);
+        let partial = partial_path(&dir, &c.blob_ref);
+        write_at(&partial, st.offset, &data)?;
+        st.offset = end;
+        st.next_n += 1;
+        st.last_seen = c.last;
+        if st.th.is_none() {
+            st.th = c.th.clone();
+        }
+        st.updated_ms = now;
+        self.maybe_complete(peer, &c.blob_ref, &mut st)?;
+        self.store.put_blob_in(peer, &c.blob_ref, &st, seen)?;
+        Ok(Verdict::Stored)
+    }
+
+    /// Take in the blob parts of a msg from `peer` (idempotent: a replayed msg changes
+    /// nothing). One verdict per blob part.
+    pub fn on_msg(&mut self, peer: &PeerKey, m: &Msg) -> Result<Vec<Verdict>, BlobError> {
+        let mut out = Vec::new();
+        for p in &m.parts {
+            let Part::Blob(b) = p else { continue };
+            let refuse = |detail: String| Verdict::Refuse {
+                blob_ref: echo(&b.blob_ref),
+                re: m.id.clone(),
+                detail,
+            };
+            if b.blob_ref.is_empty() || b.blob_ref.len() > MAX_REF_LEN {
+                out.push(refuse(format!("blob ref must be 1 to {MAX_REF_LEN} bytes")));
+                continue;
+            }
+            let now = wire::time::now_ms();
+            let mut st = match self.store.blob_in(peer, &b.blob_ref)? {
+                Some(st) => st,
+                None => {
+                    let st = InBlobState::new(Some(m.th.clone()), now);
+                    if self.store.pending_blobs_in(peer)?.0 >= MAX_PENDING_PER_PEER {
+                        let v = refuse(format!(
+                            "more than {MAX_PENDING_PER_PEER} blobs pending from this peer"
+                        ));
+                        out.push(self.refuse(peer, &b.blob_ref, st, None, v)?);
+                        continue;
+                    }
+                    st
+                }
+            };
+            if st.status != InStatus::Pending || st.msg_id.is_some() {
+                out.push(Verdict::Stored);
+                continue;
+            }
+            let problem = if b.size > self.limit {
+                Some(format!(
+                    "declared size {} is over the {}-byte limit",
+                    b.size, self.limit
+                ))
+            } else if st.offset > b.size || (st.last_seen && st.offset != b.size) {
+                Some(format!(
+                    "declared size {} disagrees with the {} bytes received",
+                    b.size, st.offset
+                ))
+            } else {
+                None
+            };
+            if let Some(detail) = problem {
+                out.push(self.refuse(peer, &b.blob_ref, st, None, refuse(detail))?);
+                continue;
+            }
+            st.size = Some(b.size);
+            st.name = b.name.clone();
+            st.mime = b.mime.clone();
+            st.msg_id = Some(m.id.clone());
+            st.updated_ms = now;
+            self.maybe_complete(peer, &b.blob_ref, &mut st)?;
+            self.store.put_blob_in(peer, &b.blob_ref, &st, None)?;
+            out.push(Verdict::Stored);
+        }
+        Ok(out)
+    }
+
+    /// Record a refusal (dropping the partial data) and return `verdict`.
+    fn refuse(
+        &mut self,
+        peer: &PeerKey,
+        blob_ref: &str,
+        mut st: InBlobState,
+        seen: Option<(&str, &str)>,
+        verdict: Verdict,
+    ) -> Result<Verdict, BlobError> {
+        if let Verdict::Refuse { detail, .. } = &verdict {
+            st.reason = Some(detail.clone());
+        }
+        st.status = InStatus::Refused;
+        st.offset = 0;
+        st.updated_ms = wire::time::now_ms();
+        let partial = partial_path(&peer_dir(&self.root, peer), blob_ref);
+        match std::fs::remove_file(&partial) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&partial)(e)),
+        }
+        self.store.put_blob_in(peer, blob_ref, &st, seen)?;
+        Ok(verdict)
+    }
+
+    /// When all data and the naming msg are there: hash, choose the final path, mark the
+    /// record complete (the caller stores it) and plan the move for after the flush.
+    fn maybe_complete(
+        &mut self,
+        peer: &PeerKey,
+        blob_ref: &str,
+        st: &mut InBlobState,
+    ) -> Result<(), BlobError> {
+        if st.status != InStatus::Pending || !st.last_seen || st.msg_id.is_none() {
+            return Ok(());
+        }
+        if st.size != Some(st.offset) {
+            return Ok(());
+        }
+        let dir = peer_dir(&self.root, peer);
+        let partial = partial_path(&dir, blob_ref);
+        let sha = sha256_file(&partial)?;
+        let base = sanitize_name(st.name.as_deref().unwrap_or("blob"));
+        let path = self.free_path(&dir, &base);
+        st.status = InStatus::Complete;
+        st.sha256 = Some(sha.clone());
+        st.path = Some(path.display().to_string());
+        self.moves.push(Move {
+            from: partial,
+            done: Completed {
+                peer: *peer,
+                blob_ref: blob_ref.to_string(),
+                th: st.th.clone(),
+                msg_id: st.msg_id.clone(),
+                name: st.name.clone(),
+                mime: st.mime.clone(),
+                size: st.offset,
+                sha256: sha,
+                path,
+            },
+        });
+        Ok(())
+    }
+
+    /// `dir/base`, or `dir/base (i)` for the first i that is free (on disk and among the
+    /// moves not yet done).
+    fn free_path(&self, dir: &Path, base: &str) -> PathBuf {
+        let taken = |p: &Path| p.exists() || self.moves.iter().any(|m| m.done.path == p);
+        let first = dir.join(base);
+        if !taken(&first) {
+            return first;
+        }
+        for i in 1..10_000 {
+            let p = dir.join(numbered(base, i));
+            if !taken(&p) {
+                return p;
+            }
+        }
+        dir.join(numbered(base, rand::random::<u32>()))
+    }
+
+    /// The store flush after [`BlobReceiver::on_chunk`] / [`BlobReceiver::on_msg`]
+    /// succeeded: move completed blobs to their final paths (without replacing a file
+    /// that appeared there meanwhile) and return them. A move that fails is logged and
+    /// retried by [`BlobReceiver::recover`] at the next start.
+    pub fn after_flush(&mut self) -> Vec<Completed> {
+        let mut out = Vec::new();
+        for m in std::mem::take(&mut self.moves) {
+            match place(&m.from, &m.done.path) {
+                Ok(()) => out.push(m.done),
+                Err(e) => tracing::warn!(
+                    "could not move blob {} to {}: {e}",
+                    m.from.display(),
+                    m.done.path.display()
+                ),
+            }
+        }
+        out
+    }
+
+    /// At start: finish moves that a crash interrupted (a complete record whose partial
+    /// file is still there and whose final path is free). Returns how many were moved.
+    pub fn recover(&self) -> Result<usize, BlobError> {
+        let mut n = 0;
+        for b in self.store.blobs_in()? {
+            if b.state.status != InStatus::Complete {
+                continue;
+            }
+            let Some(path) = b.state.path.as_deref().map(PathBuf::from) else {
+                continue;
+            };
+            let partial = partial_path(&peer_dir(&self.root, &b.peer), &b.blob_ref);
+            if partial.exists() && !path.exists() {
+                place(&partial, &path)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// The ref as it may be echoed in an err line (omitted when absurdly long).
+fn echo(r: &str) -> Option<String> {
+    (r.len() <= 4 * MAX_REF_LEN).then(|| r.to_string())
+}
+
+/// Write `data` at `offset` of `path` crash-safely: create the file (mode 0600; its
+/// directory 0700) when missing, truncate to `offset` (dropping whatever a crash left past
+/// it), write, fsync.
+fn write_at(path: &Path, offset: u64, data: &[u8]) -> Result<(), BlobError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let created = !path.exists();
+    if created {
+        make_dirs(dir)?;
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = OpenOptions::new()
+        .mode(0o600)
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io_err(path))?;
+    f.set_len(offset).map_err(io_err(path))?;
+    f.seek(SeekFrom::Start(offset)).map_err(io_err(path))?;
+    f.write_all(data).map_err(io_err(path))?;
+    f.sync_data().map_err(io_err(path))?;
+    if created {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Create `dir` and its parents with mode 0700 (blobs are private like the rest of the
+/// home).
+fn make_dirs(dir: &Path) -> Result<(), BlobError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(dir))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), BlobError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+fn sha256_file(path: &Path) -> Result<String, BlobError> {
+    let mut f = File::open(path).map_err(io_err(path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f.read(&mut buf).map_err(io_err(path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(super::hex(&h.finalize()))
+}
+
+/// Move `from` to `to` without replacing an existing file (hard link, then unlink), and
+/// fsync the directory.
+fn place(from: &Path, to: &Path) -> Result<(), BlobError> {
+    let dir = to.parent().unwrap_or(Path::new("."));
+    make_dirs(dir)?;
+    std::fs::hard_link(from, to).map_err(io_err(to))?;
+    std::fs::remove_file(from).map_err(io_err(from))?;
+    sync_dir(dir)?;
+    if let Some(pd) = from.parent() {
+        sync_dir(pd)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,339 @@
+//! BlobReceiver with a real store in a temp dir and explicit inputs: no sockets.
+
+use super::*;
+use crate::blob::CHUNK_SIZE;
+use crate::wire::{BlobPart, TextPart};
+use tempfile::TempDir;
+
+struct T {
+    _dir: TempDir,
+    root: PathBuf,
+    store: Arc<Store>,
+    rx: BlobReceiver,
+    peer: PeerKey,
+    ids: u32,
+}
+
+fn key(n: u8) -> PeerKey {
+    let sk = ed25519_dalek::SigningKey::from_bytes(&[n; 32]);
+    PeerKey::from_bytes(&sk.verifying_key().to_bytes()).unwrap()
+}
+
+fn setup(limit: u64) -> T {
+    let dir = TempDir::new().unwrap();
+    let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
+    let root = dir.path().join("blobs");
+    T {
+        rx: BlobReceiver::new(store.clone(), root.clone(), limit),
+        _dir: dir,
+        root,
+        store,
+        peer: key(9),
+        ids: 0,
+    }
+}
+
+impl T {
+    fn id(&mut self) -> String {
+        self.ids += 1;
+        format!("01K0000000000000000000{:04}", self.ids)
+    }
+    fn chunk(&mut self, r: &str, n: u64, last: bool, data: &[u8]) -> Verdict {
+        let c = self.chunk_line(r, n, last, &wire::b64::encode_std(data));
+        self.rx.on_chunk(&self.peer, &c).unwrap()
+    }
+    fn chunk_line(&mut self, r: &str, n: u64, last: bool, data: &str) -> Chunk {
+        Chunk {
+            id: self.id(),
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            th: Some("thr_1".into()),
+            blob_ref: r.into(),
+            n,
+            last,
+            data: data.into(),
+        }
+    }
+    fn msg(&mut self, r: &str, size: u64, name: &str) -> Vec<Verdict> {
+        let m = Msg {
+            id: self.id(),
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            th: "thr_1".into(),
+            re: None,
+            subject: None,
+            parts: vec![
+                Part::Text(TextPart {
+                    text: "file".into(),
+                }),
+                Part::Blob(BlobPart {
+                    blob_ref: r.into(),
+                    size,
+                    name: Some(name.into()),
+                    mime: Some("application/octet-stream".into()),
+                }),
+            ],
+        };
+        self.rx.on_msg(&self.peer, &m).unwrap()
+    }
+    fn state(&self, r: &str) -> InBlobState {
+        self.store.blob_in(&self.peer, r).unwrap().expect("record")
+    }
+    fn done(&mut self) -> Vec<Completed> {
+        self.store.flush_blocking().unwrap();
+        self.rx.after_flush()
+    }
+    fn partial(&self, r: &str) -> PathBuf {
+        partial_path(&peer_dir(&self.root, &self.peer), r)
+    }
+}
+
+fn refused(v: &Verdict) -> bool {
+    matches!(v, Verdict::Refuse { .. })
+}
+
+fn sha_hex(b: &[u8]) -> String {
+    crate::blob::hex(&Sha256::digest(b))
+}
+
+#[test]
+fn chunks_in_order_then_msg_complete_with_sha_and_seen() {
+    let mut t = setup(1 << 20);
+    let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(t.chunk("r1", 0, false, &data[..400]), Verdict::Stored);
+    assert_eq!(t.chunk("r1", 1, true, &data[400..]), Verdict::Stored);
+    assert_eq!(t.state("r1").status, InStatus::Pending);
+    assert!(t.done().is_empty(), "not complete before its msg");
+    assert_eq!(t.msg("r1", 1000, "data.bin"), vec![Verdict::Stored]);
+    let done = t.done();
+    assert_eq!(done.len(), 1);
+    let c = &done[0];
+    assert_eq!(c.sha256, sha_hex(&data));
+    assert_eq!(std::fs::read(&c.path).unwrap(), data);
+    assert_eq!(c.path, peer_dir(&t.root, &t.peer).join("data.bin"));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&c.path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "received files are private");
+    assert!(!t.partial("r1").exists());
+    let st = t.state("r1");
+    assert_eq!(st.status, InStatus::Complete);
+    assert_eq!(st.sha256.as_deref(), Some(sha_hex(&data).as_str()));
+    // seen covers the chunks (resume then skips them).
+    assert_eq!(
+        t.store.seen(&t.peer).unwrap()["thr_1"],
+        "01K00000000000000000000002"
+    );
+}
+
+#[test]
+fn chunks_after_the_msg_also_complete() {
+    let mut t = setup(1 << 20);
+    assert_eq!(t.msg("r1", 6, "a.txt"), vec![Verdict::Stored]);
+    assert_eq!(t.chunk("r1", 0, false, b"abc"), Verdict::Stored);
+    assert!(t.done().is_empty());
+    assert_eq!(t.chunk("r1", 1, true, b"def"), Verdict::Stored);
+    let done = t.done();
+    assert_eq!(std::fs::read(&done[0].path).unwrap(), b"abcdef");
+    // A replayed msg changes nothing.
+    assert_eq!(t.msg("r1", 6, "a.txt"), vec![Verdict::Stored]);
+    assert!(t.done().is_empty());
+}
+
+#[test]
+fn replay_below_expected_is_ignored_without_duplicating_bytes() {
+    let mut t = setup(1 << 20);
+    t.chunk("r1", 0, false, b"abc");
+    assert_eq!(t.chunk("r1", 0, false, b"abc"), Verdict::Replay);
+    assert_eq!(t.state("r1").offset, 3);
+    t.chunk("r1", 1, true, b"d");
+    t.msg("r1", 4, "x");
+    assert_eq!(std::fs::read(&t.done()[0].path).unwrap(), b"abcd");
+    assert_eq!(t.chunk("r1", 1, true, b"d"), Verdict::Replay);
+}
+
+#[test]
+fn gap_is_refused_and_the_partial_dropped() {
+    let mut t = setup(1 << 20);
+    t.chunk("r1", 0, false, b"abc");
+    assert!(t.partial("r1").exists());
+    let v = t.chunk("r1", 2, false, b"xyz");
+    let Verdict::Refuse {
+        blob_ref, detail, ..
+    } = &v
+    else {
+        panic!("{v:?}")
+    };
+    assert_eq!(blob_ref.as_deref(), Some("r1"));
+    assert!(detail.contains("where 1 was next"), "{detail}");
+    assert!(!t.partial("r1").exists());
+    assert_eq!(t.state("r1").status, InStatus::Refused);
+    // Later chunks of a refused blob are ignored silently (no second err).
+    assert_eq!(t.chunk("r1", 1, false, b"d"), Verdict::Stored);
+    assert!(!t.partial("r1").exists());
+    assert_eq!(t.msg("r1", 4, "x"), vec![Verdict::Stored]);
+    assert!(t.done().is_empty());
+}
+
+#[test]
+fn bad_base64_is_refused() {
+    let mut t = setup(1 << 20);
+    let c = t.chunk_line("r1", 0, true, "not base64!");
+    let v = t.rx.on_chunk(&t.peer, &c).unwrap();
+    assert!(
+        matches!(&v, Verdict::Refuse { re, .. } if *re == c.id),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn over_the_limit_is_refused_by_data_and_by_declaration() {
+    let mut t = setup(10);
+    t.chunk("r1", 0, false, b"123456");
+    assert!(refused(&t.chunk("r1", 1, true, b"78901")));
+    assert_eq!(t.state("r1").status, InStatus::Refused);
+    let v = t.msg("r2", 11, "big");
+    assert!(refused(&v[0]), "{v:?}");
+    // Exactly the limit is fine.
+    t.chunk("r3", 0, true, b"0123456789");
+    t.msg("r3", 10, "ok");
+    assert_eq!(t.done().len(), 1);
+}
+
+#[test]
+fn over_the_declared_size_or_short_is_refused() {
+    let mut t = setup(1 << 20);
+    t.msg("r1", 4, "x");
+    assert!(refused(&t.chunk("r1", 0, false, b"12345")));
+    t.msg("r2", 4, "y");
+    assert!(refused(&t.chunk("r2", 0, true, b"123")), "last chunk short");
+    // Data first, then a msg declaring less than arrived.
+    t.chunk("r3", 0, false, b"12345");
+    assert!(refused(&t.msg("r3", 4, "z")[0]));
+}
+
+#[test]
+fn chunk_after_last_is_refused() {
+    let mut t = setup(1 << 20);
+    t.chunk("r1", 0, true, b"ab");
+    assert!(refused(&t.chunk("r1", 1, false, b"c")));
+}
+
+#[test]
+fn empty_file_is_one_empty_last_chunk() {
+    let mut t = setup(1 << 20);
+    assert_eq!(t.chunk("r1", 0, true, b""), Verdict::Stored);
+    t.msg("r1", 0, "empty.txt");
+    let done = t.done();
+    assert_eq!(done[0].size, 0);
+    assert_eq!(std::fs::read(&done[0].path).unwrap(), b"");
+    assert_eq!(done[0].sha256, sha_hex(b""));
+}
+
+#[test]
+fn hostile_names_land_inside_the_peer_directory() {
+    let mut t = setup(1 << 20);
+    for (i, name) in ["../../etc/passwd", "/etc/passwd", "..", "a\nb"]
+        .iter()
+        .enumerate()
+    {
+        let r = format!("r{i}");
+        t.chunk(&r, 0, true, b"x");
+        t.msg(&r, 1, name);
+    }
+    let done = t.done();
+    let dir = peer_dir(&t.root, &t.peer);
+    let names: Vec<String> = done
+        .iter()
+        .map(|c| {
+            assert_eq!(c.path.parent().unwrap(), dir);
+            c.path.file_name().unwrap().to_string_lossy().into_owned()
+        })
+        .collect();
+    assert_eq!(names, ["passwd", "passwd (1)", "blob", "ab"]);
+}
+
+#[test]
+fn bad_refs_and_too_many_pending_blobs_are_refused() {
+    let mut t = setup(1 << 20);
+    assert!(refused(&t.chunk("", 0, false, b"a")));
+    assert!(refused(&t.chunk(
+        &"r".repeat(MAX_REF_LEN + 1),
+        0,
+        false,
+        b"a"
+    )));
+    for i in 0..MAX_PENDING_PER_PEER {
+        assert_eq!(t.chunk(&format!("p{i}"), 0, false, b"a"), Verdict::Stored);
+    }
+    assert!(refused(&t.chunk("one-more", 0, false, b"a")));
+    assert!(refused(&t.msg("and-another", 1, "x")[0]));
+}
+
+#[test]
+fn crash_leftovers_past_the_recorded_offset_are_truncated() {
+    let mut t = setup(1 << 20);
+    t.chunk("r1", 0, false, b"abc");
+    // A crash after writing chunk 1 but before its offset was recorded leaves extra bytes.
+    let p = t.partial("r1");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&p)
+        .unwrap()
+        .write_all(b"GARBAGE")
+        .unwrap();
+    // A new receiver (restart) gets chunk 1 replayed: written at offset 3, not appended.
+    let mut rx = BlobReceiver::new(t.store.clone(), t.root.clone(), 1 << 20);
+    let c = t.chunk_line("r1", 1, true, &wire::b64::encode_std(b"de"));
+    assert_eq!(rx.on_chunk(&t.peer, &c).unwrap(), Verdict::Stored);
+    assert_eq!(std::fs::read(&p).unwrap(), b"abcde");
+    t.rx = rx;
+    t.msg("r1", 5, "f");
+    assert_eq!(std::fs::read(&t.done()[0].path).unwrap(), b"abcde");
+}
+
+#[test]
+fn recover_finishes_an_interrupted_move() {
+    let mut t = setup(1 << 20);
+    t.chunk("r1", 0, true, b"hello");
+    t.msg("r1", 5, "h.txt");
+    t.store.flush_blocking().unwrap();
+    // Crash before after_flush: the record is complete, the data still partial.
+    let st = t.state("r1");
+    assert_eq!(st.status, InStatus::Complete);
+    let path = PathBuf::from(st.path.unwrap());
+    assert!(!path.exists());
+    let rx = BlobReceiver::new(t.store.clone(), t.root.clone(), 1 << 20);
+    assert_eq!(rx.recover().unwrap(), 1);
+    assert_eq!(std::fs::read(&path).unwrap(), b"hello");
+    assert!(!t.partial("r1").exists());
+}
+
+#[test]
+fn large_blob_in_full_chunks() {
+    let mut t = setup(1 << 30);
+    let data: Vec<u8> = (0..CHUNK_SIZE * 3 + 5)
+        .map(|i| (i * 31 % 256) as u8)
+        .collect();
+    let pieces: Vec<&[u8]> = data.chunks(CHUNK_SIZE).collect();
+    t.msg("big", data.len() as u64, "big.bin");
+    for (n, p) in pieces.iter().enumerate() {
+        assert_eq!(
+            t.chunk("big", n as u64, n + 1 == pieces.len(), p),
+            Verdict::Stored
+        );
+    }
+    let done = t.done();
+    assert_eq!(done[0].sha256, sha_hex(&data));
+}
+
+#[test]
+fn partial_data_per_peer_stays_within_its_budget() {
+    let mut t = setup(10);
+    // Two unfinished blobs fill the budget (2 x the limit).
+    assert_eq!(t.chunk("a", 0, false, b"0123456789"), Verdict::Stored);
+    assert_eq!(t.chunk("b", 0, false, b"012345678"), Verdict::Stored);
+    assert!(refused(&t.chunk("c", 0, false, b"01")));
+    // Finishing one frees its share.
+    t.chunk("a", 1, true, b"");
+    t.msg("a", 10, "a");
+    assert_eq!(t.done().len(), 1);
+    assert_eq!(t.chunk("d", 0, false, b"01"), Verdict::Stored);
+}

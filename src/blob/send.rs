@@ -1,0 +1,179 @@
+//! Reading a file for sending and building its lines (protocol-notes §Blobs, sender).
+
+use super::{guess_mime, hex, CHUNK_SIZE};
+use crate::wire::{self, BlobPart, Chunk, Line};
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// A file read for sending: its bytes and what the blob part declares.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// A fresh ref (a ULID), unique among our blobs.
+    pub blob_ref: String,
+    /// The file name (last path component), as declared in the blob part.
+    pub name: String,
+    /// Media type from the extension or the content ([`guess_mime`]).
+    pub mime: String,
+    /// The data.
+    pub data: Vec<u8>,
+    /// Lowercase hex SHA-256 of `data`.
+    pub sha256: String,
+    /// Where it was read from.
+    pub source: PathBuf,
+}
+
+/// Why a file cannot be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Missing, unreadable, or a directory.
+    #[error("cannot read {path}: {detail}")]
+    Unreadable { path: String, detail: String },
+    /// Over the blob limit.
+    #[error("{path} is {size} bytes, over the {limit}-byte blob limit")]
+    TooLarge { path: String, size: u64, limit: u64 },
+}
+
+impl Outgoing {
+    /// Read `path` (at most `limit` bytes; a larger file is [`SendError::TooLarge`] before
+    /// anything is read), hash it and allocate a ref.
+    pub fn read(path: &Path, limit: u64) -> Result<Outgoing, SendError> {
+        let unreadable = |detail: String| SendError::Unreadable {
+            path: path.display().to_string(),
+            detail,
+        };
+        let f = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
+        let meta = f.metadata().map_err(|e| unreadable(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(unreadable("not a regular file".into()));
+        }
+        let too_large = |size| SendError::TooLarge {
+            path: path.display().to_string(),
+            size,
+            limit,
+        };
+        if meta.len() > limit {
+            return Err(too_large(meta.len()));
+        }
+        // Read at most limit + 1 bytes: the file may grow while we read it.
+        let mut data = Vec::with_capacity(meta.len() as usize);
+        f.take(limit.saturating_add(1))
+            .read_to_end(&mut data)
+            .map_err(|e| unreadable(e.to_string()))?;
+        if data.len() as u64 > limit {
+            return Err(too_large(data.len() as u64));
+        }
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "blob".into());
+        let mime = guess_mime(&name, &data[..data.len().min(512)]);
+        Ok(Outgoing {
+            blob_ref: ulid::Ulid::generate().to_string(),
+            name,
+            mime,
+            sha256: hex(&Sha256::digest(&data)),
+            data,
+            source: path.to_path_buf(),
+        })
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    /// Number of chunk lines: one per [`CHUNK_SIZE`] bytes, and one for an empty file.
+    pub fn chunk_count(&self) -> usize {
+        self.data.len().div_ceil(CHUNK_SIZE).max(1)
+    }
+
+    /// Chunk `n` (from 0) of this blob in thread `th`, with the given id and ts: data in
+    /// standard padded base64, `last` on the final one.
+    pub fn chunk(&self, n: usize, th: &str, id: &str, ts: &str) -> Line {
+        let start = (n * CHUNK_SIZE).min(self.data.len());
+        let end = ((n + 1) * CHUNK_SIZE).min(self.data.len());
+        Line::Chunk(Chunk {
+            id: id.into(),
+            ts: ts.into(),
+            th: Some(th.into()),
+            blob_ref: self.blob_ref.clone(),
+            n: n as u64,
+            last: n + 1 == self.chunk_count(),
+            data: wire::b64::encode_std(&self.data[start..end]),
+        })
+    }
+
+    /// The msg part naming this blob.
+    pub fn part(&self) -> wire::Part {
+        wire::Part::Blob(BlobPart {
+            blob_ref: self.blob_ref.clone(),
+            size: self.size(),
+            name: Some(self.name.clone()),
+            mime: Some(self.mime.clone()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("data.bin");
+        std::fs::write(&p, bytes).unwrap();
+        (d, p)
+    }
+
+    #[test]
+    fn chunks_cover_the_file_in_order() {
+        let data: Vec<u8> = (0..(CHUNK_SIZE * 2 + 10)).map(|i| i as u8).collect();
+        let (_d, p) = file(&data);
+        let o = Outgoing::read(&p, 1 << 30).unwrap();
+        assert_eq!(o.chunk_count(), 3);
+        let mut back = Vec::new();
+        for n in 0..3 {
+            let Line::Chunk(c) = o.chunk(n, "th1", "id", "ts") else {
+                panic!()
+            };
+            assert_eq!(c.n, n as u64);
+            assert_eq!(c.last, n == 2);
+            assert_eq!(c.th.as_deref(), Some("th1"));
+            back.extend(wire::b64::decode_any(&c.data).unwrap());
+            assert!(Line::Chunk(c).encode().len() < wire::MAX_LINE);
+        }
+        assert_eq!(back, data);
+        assert_eq!(o.name, "data.bin");
+    }
+
+    #[test]
+    fn empty_file_is_one_empty_last_chunk() {
+        let (_d, p) = file(b"");
+        let o = Outgoing::read(&p, 10).unwrap();
+        assert_eq!(o.chunk_count(), 1);
+        let Line::Chunk(c) = o.chunk(0, "t", "i", "s") else {
+            panic!()
+        };
+        assert!(c.last);
+        assert_eq!(c.data, "");
+    }
+
+    #[test]
+    fn over_the_limit_and_missing_files_are_refused() {
+        let (_d, p) = file(&[1u8; 11]);
+        assert!(matches!(
+            Outgoing::read(&p, 10),
+            Err(SendError::TooLarge { size: 11, .. })
+        ));
+        assert!(Outgoing::read(&p, 11).is_ok());
+        assert!(matches!(
+            Outgoing::read(Path::new("/nonexistent/x"), 10),
+            Err(SendError::Unreadable { .. })
+        ));
+        assert!(matches!(
+            Outgoing::read(Path::new("/"), 10),
+            Err(SendError::Unreadable { .. })
+        ));
+    }
+}

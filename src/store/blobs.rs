@@ -1,0 +1,403 @@
+//! Blob records (protocol-notes §Blobs): what we know about files received from peers and
+//! files sent to them. The bytes themselves live in files under `$AWP_HOME/blobs/`
+//! (see [`crate::blob`]); these trees hold the offsets, states and outcomes.
+//!
+//! - `blobs_in`: peer (32 raw bytes) ‖ ref → [`InBlobState`] (JSON).
+//! - `blobs_out`: peer ‖ ref → [`OutBlobState`] (JSON).
+
+use super::codec::{dec, enc, pkey, split_pkey, unpack, utf8, OutRec};
+use super::tx::{db_err, Tx, T};
+use super::{Store, StoreError};
+use crate::wire::{Line, PeerKey};
+use serde::{Deserialize, Serialize};
+
+/// Where an inbound blob stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InStatus {
+    /// Data or the naming msg still missing.
+    Pending,
+    /// Every byte and the naming msg arrived; the file is at `path`.
+    Complete,
+    /// We answered `err blob_refused`; the partial data was dropped.
+    Refused,
+}
+
+/// Everything recorded about one inbound blob (the value of `blobs_in`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InBlobState {
+    /// Thread of its chunks (or of its naming msg when that came first).
+    pub th: Option<String>,
+    /// The chunk index expected next (chunks below it are replays).
+    pub next_n: u64,
+    /// Bytes durably written to the partial file (fsynced before this was recorded).
+    pub offset: u64,
+    /// The chunk marked `last` arrived: `offset` is the whole size.
+    pub last_seen: bool,
+    /// Declared by the naming msg's blob part: size in bytes, file name, media type.
+    pub size: Option<u64>,
+    pub name: Option<String>,
+    pub mime: Option<String>,
+    /// Id of the msg that named the blob.
+    pub msg_id: Option<String>,
+    pub status: InStatus,
+    /// Final path (absolute) once complete.
+    pub path: Option<String>,
+    /// Lowercase hex SHA-256 of the data once complete.
+    pub sha256: Option<String>,
+    /// Why it was refused.
+    pub reason: Option<String>,
+    /// First seen and last change, Unix ms.
+    pub started_ms: u64,
+    pub updated_ms: u64,
+}
+
+impl InBlobState {
+    /// A record for a ref seen for the first time at `now_ms`.
+    pub fn new(th: Option<String>, now_ms: u64) -> InBlobState {
+        InBlobState {
+            th,
+            next_n: 0,
+            offset: 0,
+            last_seen: false,
+            size: None,
+            name: None,
+            mime: None,
+            msg_id: None,
+            status: InStatus::Pending,
+            path: None,
+            sha256: None,
+            reason: None,
+            started_ms: now_ms,
+            updated_ms: now_ms,
+        }
+    }
+}
+
+/// An inbound blob with its key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InBlob {
+    pub peer: PeerKey,
+    pub blob_ref: String,
+    pub state: InBlobState,
+}
+
+/// Everything recorded about one blob we queued for a peer (the value of `blobs_out`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutBlobState {
+    pub th: String,
+    /// Id of the msg that names the blob (queued right after its chunks).
+    pub msg_id: String,
+    /// Ids of its chunk lines, in order (n = index).
+    pub chunk_ids: Vec<String>,
+    pub name: String,
+    pub mime: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Lowercase hex SHA-256 of the data.
+    pub sha256: String,
+    /// The file it was read from.
+    pub source: String,
+    /// The peer answered `err blob_refused`: its queued chunks were dropped.
+    pub refused: bool,
+    /// Queued at, Unix ms.
+    pub at_ms: u64,
+}
+
+/// An outbound blob with its key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutBlob {
+    pub peer: PeerKey,
+    pub blob_ref: String,
+    pub state: OutBlobState,
+}
+
+fn rkey(peer: &PeerKey, blob_ref: &str) -> Vec<u8> {
+    pkey(peer, blob_ref.as_bytes())
+}
+
+impl Store {
+    /// The record of inbound blob `blob_ref` from `peer`, if any.
+    pub fn blob_in(
+        &self,
+        peer: &PeerKey,
+        blob_ref: &str,
+    ) -> Result<Option<InBlobState>, StoreError> {
+        match self
+            .trees
+            .t(T::BlobsIn)
+            .get(rkey(peer, blob_ref))
+            .map_err(db_err)?
+        {
+            Some(v) => Ok(Some(dec("blobs_in", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Record `state` for inbound blob `blob_ref` from `peer` and, when `seen` is
+    /// `(th, id)`, raise seen[peer][th] to `id` (byte order) — ONE transaction, so the
+    /// offset of a chunk and the fact that the chunk was received become durable together
+    /// (protocol-notes §Blobs: a replay after a crash never duplicates bytes). Not durable
+    /// until [`Store::flush`].
+    pub fn put_blob_in(
+        &self,
+        peer: &PeerKey,
+        blob_ref: &str,
+        state: &InBlobState,
+        seen: Option<(&str, &str)>,
+    ) -> Result<(), StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        tx.put(T::BlobsIn, rkey(peer, blob_ref), enc(state)?);
+        if let Some((th, id)) = seen {
+            let skey = pkey(peer, th.as_bytes());
+            let raise = match tx.get(T::Seen, &skey)? {
+                Some(old) => id.as_bytes() > old.as_slice(),
+                None => true,
+            };
+            if raise {
+                tx.put(T::Seen, skey, id.as_bytes().to_vec());
+            }
+        }
+        tx.commit()
+    }
+
+    /// Every inbound blob record, by peer then ref.
+    pub fn blobs_in(&self) -> Result<Vec<InBlob>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.trees.t(T::BlobsIn).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            let (peer, r) = split_pkey("blobs_in", &k)?;
+            out.push(InBlob {
+                peer,
+                blob_ref: utf8("blobs_in", &r)?,
+                state: dec("blobs_in", &v)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Inbound blobs from `peer` that are still pending: how many, and the bytes their
+    /// partial files hold.
+    pub fn pending_blobs_in(&self, peer: &PeerKey) -> Result<(usize, u64), StoreError> {
+        let (mut n, mut bytes) = (0, 0u64);
+        for kv in self.trees.t(T::BlobsIn).scan_prefix(peer.as_bytes()) {
+            let (_, v) = kv.map_err(db_err)?;
+            let s: InBlobState = dec("blobs_in", &v)?;
+            if s.status == InStatus::Pending {
+                n += 1;
+                bytes = bytes.saturating_add(s.offset);
+            }
+        }
+        Ok((n, bytes))
+    }
+
+    /// Record an outbound blob (after its lines were queued with [`Store::enqueue`]).
+    pub fn put_blob_out(
+        &self,
+        peer: &PeerKey,
+        blob_ref: &str,
+        state: &OutBlobState,
+    ) -> Result<(), StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        tx.put(T::BlobsOut, rkey(peer, blob_ref), enc(state)?);
+        tx.commit()
+    }
+
+    /// The record of outbound blob `blob_ref` for `peer`, if any.
+    pub fn blob_out(
+        &self,
+        peer: &PeerKey,
+        blob_ref: &str,
+    ) -> Result<Option<OutBlobState>, StoreError> {
+        match self
+            .trees
+            .t(T::BlobsOut)
+            .get(rkey(peer, blob_ref))
+            .map_err(db_err)?
+        {
+            Some(v) => Ok(Some(dec("blobs_out", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every outbound blob record, by peer then ref.
+    pub fn blobs_out(&self) -> Result<Vec<OutBlob>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.trees.t(T::BlobsOut).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            let (peer, r) = split_pkey("blobs_out", &k)?;
+            out.push(OutBlob {
+                peer,
+                blob_ref: utf8("blobs_out", &r)?,
+                state: dec("blobs_out", &v)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Whether line `id` is still queued for `peer`.
+    pub fn outbox_has(&self, peer: &PeerKey, id: &str) -> Result<bool, StoreError> {
+        self.trees
+            .t(T::Outbox)
+            .contains_key(pkey(peer, id.as_bytes()))
+            .map_err(db_err)
+    }
+
+    /// How many of `ids` (the chunk ids of one blob, in queue order) have left the outbox
+    /// for `peer` — retired by the peer's ack or resume, or dropped. Chunks of a blob leave
+    /// as a prefix (resume drops ids up to `seen`, a cumulative ack drops all of them), so
+    /// this is a binary search.
+    pub fn chunks_retired(&self, peer: &PeerKey, ids: &[String]) -> Result<usize, StoreError> {
+        let (mut lo, mut hi) = (0usize, ids.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.outbox_has(peer, &ids[mid])? {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Ok(lo)
+    }
+
+    /// The peer refused blob `blob_ref` (`err blob_refused`): remove its chunk lines still
+    /// queued for `peer` and mark the outbound record refused — one transaction. The chunk
+    /// ids come from the record; without a record (not ours), the peer's queued chunk
+    /// lines are scanned for the ref. The out log entries stay as they are (not acked).
+    /// Returns the ids of the lines removed. Not durable until [`Store::flush`].
+    pub fn drop_blob_chunks(
+        &self,
+        peer: &PeerKey,
+        blob_ref: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let key = rkey(peer, blob_ref);
+        let record: Option<OutBlobState> = match tx.get(T::BlobsOut, &key)? {
+            Some(v) => Some(dec("blobs_out", &v)?),
+            None => None,
+        };
+        let mut drop: Vec<Vec<u8>> = Vec::new();
+        match &record {
+            Some(r) => {
+                for id in &r.chunk_ids {
+                    let k = pkey(peer, id.as_bytes());
+                    if tx.get(T::Outbox, &k)?.is_some() {
+                        drop.push(k);
+                    }
+                }
+            }
+            None => {
+                for kv in self.trees.t(T::Outbox).scan_prefix(peer.as_bytes()) {
+                    let (k, v) = kv.map_err(db_err)?;
+                    let (rec, line): (OutRec, &[u8]) = unpack("outbox", &v)?;
+                    if rec.kind != "chunk" {
+                        continue;
+                    }
+                    if let Ok(Line::Chunk(c)) = crate::wire::parse_line(line) {
+                        if c.blob_ref == blob_ref {
+                            drop.push(k.to_vec());
+                        }
+                    }
+                }
+            }
+        }
+        for k in &drop {
+            tx.del(T::Outbox, k.clone());
+        }
+        if !drop.is_empty() {
+            self.adjust_count(&mut tx, peer, -(drop.len() as i64))?;
+        }
+        if let Some(mut r) = record {
+            if !r.refused {
+                r.refused = true;
+                tx.put(T::BlobsOut, key, enc(&r)?);
+            }
+        }
+        tx.commit()?;
+        drop.into_iter().map(|k| utf8("outbox", &k[32..])).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Chunk, Msg, Part, TextPart};
+
+    fn key(n: u8) -> PeerKey {
+        let sk = ed25519_dalek::SigningKey::from_bytes(&[n; 32]);
+        PeerKey::from_bytes(&sk.verifying_key().to_bytes()).unwrap()
+    }
+
+    fn chunk(r: &str, n: u64, id: &str, ts: &str) -> Line {
+        Line::Chunk(Chunk {
+            id: id.into(),
+            ts: ts.into(),
+            th: Some("th".into()),
+            blob_ref: r.into(),
+            n,
+            last: false,
+            data: "AA==".into(),
+        })
+    }
+
+    #[test]
+    fn refused_blob_chunks_leave_the_outbox_and_others_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let p = key(1);
+        let a0 = |id: &str, ts: &str| chunk("a", 0, id, ts);
+        let a1 = |id: &str, ts: &str| chunk("a", 1, id, ts);
+        let b0 = |id: &str, ts: &str| chunk("b", 0, id, ts);
+        let m = |id: &str, ts: &str| {
+            Line::Msg(Msg {
+                id: id.into(),
+                ts: ts.into(),
+                th: "th".into(),
+                re: None,
+                subject: None,
+                parts: vec![Part::Text(TextPart { text: "x".into() })],
+            })
+        };
+        let e = s.enqueue(&p, &[&a0, &b0, &a1, &m]).unwrap();
+        let st = OutBlobState {
+            th: "th".into(),
+            msg_id: e[3].id.clone(),
+            chunk_ids: vec![e[0].id.clone(), e[2].id.clone()],
+            name: "a".into(),
+            mime: "x/y".into(),
+            size: 2,
+            sha256: String::new(),
+            source: "/a".into(),
+            refused: false,
+            at_ms: 0,
+        };
+        s.put_blob_out(&p, "a", &st).unwrap();
+        assert_eq!(s.chunks_retired(&p, &st.chunk_ids).unwrap(), 0);
+        let dropped = s.drop_blob_chunks(&p, "a").unwrap();
+        assert_eq!(dropped, vec![e[0].id.clone(), e[2].id.clone()]);
+        assert!(s.blob_out(&p, "a").unwrap().unwrap().refused);
+        assert_eq!(s.outbox_len(&p).unwrap(), 2);
+        // Without a record the outbox is scanned for the ref.
+        assert_eq!(s.drop_blob_chunks(&p, "b").unwrap(), vec![e[1].id.clone()]);
+        assert_eq!(s.outbox_len(&p).unwrap(), 1);
+        assert!(s.outbox_has(&p, &e[3].id).unwrap());
+        assert!(s.drop_blob_chunks(&p, "nothing").unwrap().is_empty());
+    }
+
+    #[test]
+    fn chunks_retired_counts_the_prefix_gone_from_the_outbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let p = key(1);
+        let c = |id: &str, ts: &str| chunk("a", 0, id, ts);
+        let e = s.enqueue(&p, &[&c, &c, &c]).unwrap();
+        let ids: Vec<String> = e.iter().map(|x| x.id.clone()).collect();
+        let mut seen = std::collections::BTreeMap::new();
+        seen.insert("th".to_string(), ids[1].clone());
+        s.drop_seen(&p, &seen).unwrap();
+        assert_eq!(s.chunks_retired(&p, &ids).unwrap(), 2);
+    }
+}
