@@ -126,6 +126,37 @@ async fn requests_need_the_capability_and_stay_in_the_root() {
         format!("served\n{}\n", canon.display())
     );
 
+    // Output over 64 KiB: the whole of it comes as a blob part of the result msg.
+    let (id, _) = request(
+        &client,
+        "",
+        Some(&th),
+        "application/vnd.awp.exec+json",
+        json!({"cmd": "head -c 100000 /dev/zero | tr '\\0' b"}),
+    )
+    .await;
+    let res = result_for(&client, &id).await;
+    assert_eq!(res["data"]["truncated"], true);
+    let blob_ref = res["data"]["stdout_blob"]
+        .as_str()
+        .expect("stdout_blob")
+        .to_string();
+    let blob = eventually(10, || async {
+        let r = client
+            .ctl(Request::Blobs {
+                peer: None,
+                blob_ref: Some(blob_ref.clone()),
+            })
+            .await;
+        r.body["blobs"]
+            .as_array()
+            .and_then(|a| a.first().cloned())
+            .filter(|b| b["status"] == "complete")
+    })
+    .await;
+    let data = std::fs::read(blob["path"].as_str().unwrap()).unwrap();
+    assert_eq!(data, vec![b'b'; 100_000]);
+
     let (id, _) = request(
         &client,
         "",
@@ -173,5 +204,5 @@ async fn requests_need_the_capability_and_stay_in_the_root() {
     assert_eq!(forbidden["code"], "forbidden");
     assert!(!root.path().join("x.txt").exists());
     let log = std::fs::read_to_string(server.path().join("served.log")).unwrap();
-    assert_eq!(log.lines().count(), 5, "every request is logged: {log}");
+    assert_eq!(log.lines().count(), 6, "every request is logged: {log}");
 }

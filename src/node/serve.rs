@@ -6,11 +6,15 @@
 //! when this node serves that capability and the sender holds it now (an honored grant);
 //! otherwise the msg is acked as usual and answered with `err forbidden`, re = the msg id.
 //! Results go back as a msg in the same thread with `re` = the request id and a data part
-//! `application/vnd.awp.<cap>-result+json`. Paths are confined to the root: `..`, absolute
+//! `application/vnd.awp.<cap>-result+json`; output over 64 KiB (exec stdout/stderr, file
+//! content) goes as a blob part of that msg (`stdout_blob`, `stderr_blob`,
+//! `content_blob` name its ref), and fs-write may take its data from a blob part of the
+//! request (`{path, blob: REF}`). Paths are confined to the root: `..`, absolute
 //! paths outside it and symlinks that lead out are refused. Every served request is logged
 //! (the node log, and one JSON line per request in `$AWP_HOME/served.log`).
 
 use super::Inner;
+use crate::blob::Outgoing;
 use crate::wire::{self, code, DataPart, Line, Part, PeerKey};
 use serde_json::{json, Value};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -24,7 +28,11 @@ pub const MAX_INLINE: usize = 64 * 1024;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const MAX_TIMEOUT_MS: u64 = 600_000;
 /// Largest fs-read `length` and fs-write `content`, bytes.
-pub const MAX_FS_BYTES: u64 = 512 * 1024;
+pub const MAX_FS_BYTES: u64 = 8 * 1024 * 1024;
+/// Most output captured per exec stream (the rest is read and dropped), bytes.
+pub const MAX_CAPTURE: usize = 8 * 1024 * 1024;
+/// How long fs-write waits for the request's blob to complete, ms.
+const BLOB_WAIT_MS: u64 = 10_000;
 
 /// A capability this node can serve, with its request and result mime types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,10 +128,28 @@ pub(super) fn on_msg(inner: &Arc<Inner>, from: PeerKey, line: &Line) {
     inner.tasks.clone().spawn(async move {
         let root = inner.serve.root.clone().unwrap_or_default();
         let started = Instant::now();
+        let mut blobs = Vec::new();
         let result = match kind {
-            Served::Exec => exec(&root, &req).await,
-            Served::FsRead => blocking(move || fs_read(&root, &req)).await,
-            Served::FsWrite => blocking(move || fs_write(&root, &req)).await,
+            Served::Exec => exec(&root, &req, &mut blobs).await,
+            Served::FsRead => {
+                let (v, b) = blocking(move || fs_read(&root, &req)).await;
+                blobs.extend(b);
+                v
+            }
+            Served::FsWrite => {
+                let source = match req.get("blob").and_then(Value::as_str) {
+                    Some(r) => wait_for_blob(&inner, &from, r).await.map(Some),
+                    None => Ok(None),
+                };
+                match source {
+                    Ok(src) => {
+                        blocking(move || (fs_write(&root, &req, src.as_deref()), vec![]))
+                            .await
+                            .0
+                    }
+                    Err(e) => json!({"path": req.get("path"), "error": e}),
+                }
+            }
         };
         let outcome = if result.get("error").is_some() {
             "failed"
@@ -132,35 +158,95 @@ pub(super) fn on_msg(inner: &Arc<Inner>, from: PeerKey, line: &Line) {
         };
         let detail = format!("{} ms", started.elapsed().as_millis());
         log(&inner, &from, kind, &re, outcome, &detail);
-        reply(&inner, from, &th, &re, kind, result).await;
+        reply(&inner, from, &th, &re, kind, result, blobs).await;
     });
 }
 
-async fn blocking(f: impl FnOnce() -> Value + Send + 'static) -> Value {
+async fn blocking(
+    f: impl FnOnce() -> (Value, Vec<Outgoing>) + Send + 'static,
+) -> (Value, Vec<Outgoing>) {
     tokio::task::spawn_blocking(f)
         .await
-        .unwrap_or_else(|e| json!({"error": format!("internal: {e}")}))
+        .unwrap_or_else(|e| (json!({"error": format!("internal: {e}")}), vec![]))
 }
 
-async fn reply(inner: &Arc<Inner>, to: PeerKey, th: &str, re: &str, kind: Served, result: Value) {
+/// Output as a blob to attach to the result msg.
+fn output_blob(name: &str, mime: &str, data: Vec<u8>) -> Outgoing {
+    use sha2::Digest;
+    Outgoing {
+        blob_ref: ulid::Ulid::generate().to_string(),
+        name: name.into(),
+        mime: mime.into(),
+        sha256: crate::blob::hex(&sha2::Sha256::digest(&data)),
+        data,
+        source: PathBuf::new(),
+    }
+}
+
+/// The request's blob (a ref named by a blob part of the request msg), once it is complete
+/// on disk: its path. Waits up to [`BLOB_WAIT_MS`].
+async fn wait_for_blob(inner: &Inner, peer: &PeerKey, blob_ref: &str) -> Result<PathBuf, String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(BLOB_WAIT_MS);
+    loop {
+        match inner.store.blob_in(peer, blob_ref) {
+            Ok(Some(b)) if b.status == crate::store::InStatus::Complete => {
+                if let Some(p) = b.path.map(PathBuf::from).filter(|p| p.exists()) {
+                    return Ok(p);
+                }
+            }
+            Ok(Some(b)) if b.status == crate::store::InStatus::Refused => {
+                return Err(format!("blob {blob_ref} was refused"))
+            }
+            Err(e) => return Err(e.to_string()),
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("blob {blob_ref} did not arrive"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn reply(
+    inner: &Arc<Inner>,
+    to: PeerKey,
+    th: &str,
+    re: &str,
+    kind: Served,
+    result: Value,
+    blobs: Vec<Outgoing>,
+) {
     let (th, re) = (th.to_string(), re.to_string());
     let mime = kind.result_mime();
+    let mut parts = vec![Part::Data(DataPart {
+        data: result,
+        mime: Some(mime),
+    })];
+    parts.extend(blobs.iter().map(Outgoing::part));
+    let th2 = th.clone();
     let build = move |id: &str, ts: &str| {
         Line::Msg(wire::Msg {
             id: id.into(),
             ts: ts.into(),
-            th: th.clone(),
+            th: th2.clone(),
             re: Some(re.clone()),
             subject: None,
-            parts: vec![Part::Data(DataPart {
-                data: result.clone(),
-                mime: Some(mime.clone()),
-            })],
+            parts: parts.clone(),
         })
     };
-    let queued = inner.store.enqueue(&to, &[&build]);
-    match queued {
-        Ok(_) => {
+    // Chunks first, then the msg naming them, in one transaction (protocol-notes §Blobs).
+    let chunks = super::blobs::chunk_builders(&blobs, &th);
+    let mut builders: Vec<crate::store::LineBuilder<'_>> = chunks
+        .iter()
+        .map(|b| b.as_ref() as crate::store::LineBuilder<'_>)
+        .collect();
+    builders.push(&build);
+    match inner.store.enqueue(&to, &builders) {
+        Ok(entries) => {
+            if !blobs.is_empty() {
+                let _ = super::blobs::record(inner, &to, &blobs, &entries);
+            }
             if let Err(e) = inner.store.flush().await {
                 tracing::warn!("served result not flushed: {e}");
             }
@@ -236,7 +322,41 @@ fn clip(bytes: &[u8]) -> (String, bool) {
     (String::from_utf8_lossy(b).into_owned(), truncated)
 }
 
-async fn exec(root: &Path, req: &Value) -> Value {
+/// Read a child's pipe, keeping at most [`MAX_CAPTURE`] bytes and draining the rest so the
+/// child never blocks on a full pipe. Returns the bytes and whether some were dropped.
+async fn capture(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> (Vec<u8>, bool) {
+    use tokio::io::AsyncReadExt;
+    let Some(mut pipe) = pipe else {
+        return (Vec::new(), false);
+    };
+    let mut kept = Vec::new();
+    let mut dropped = false;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return (kept, dropped),
+            Ok(n) => {
+                let room = MAX_CAPTURE.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                dropped |= n > room;
+            }
+        }
+    }
+}
+
+/// Inline text, and the whole output as a blob when it is over [`MAX_INLINE`].
+fn output(name: &str, data: Vec<u8>, blobs: &mut Vec<Outgoing>) -> (String, bool, Option<String>) {
+    let (text, cut) = clip(&data);
+    if !cut {
+        return (text, false, None);
+    }
+    let b = output_blob(name, "text/plain", data);
+    let r = b.blob_ref.clone();
+    blobs.push(b);
+    (text, true, Some(r))
+}
+
+async fn exec(root: &Path, req: &Value, blobs: &mut Vec<Outgoing>) -> Value {
     let cwd = match str_arg(req, "cwd").map(|c| confine(root, c)).transpose() {
         Ok(c) => c.unwrap_or_else(|| root.to_path_buf()),
         Err(e) => return json!({"error": e}),
@@ -266,23 +386,31 @@ async fn exec(root: &Path, req: &Value) -> Value {
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     let started = Instant::now();
-    let child = match cmd.spawn() {
+    let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return json!({"error": format!("cannot start: {e}")}),
     };
-    match tokio::time::timeout(Duration::from_millis(timeout), child.wait_with_output()).await {
-        Ok(Ok(out)) => {
-            let (stdout, t1) = clip(&out.stdout);
-            let (stderr, t2) = clip(&out.stderr);
+    let (out_pipe, err_pipe) = (child.stdout.take(), child.stderr.take());
+    let run = async {
+        let (o, e, status) = tokio::join!(capture(out_pipe), capture(err_pipe), child.wait());
+        (o, e, status)
+    };
+    match tokio::time::timeout(Duration::from_millis(timeout), run).await {
+        Ok(((out, d1), (err, d2), Ok(status))) => {
+            let (stdout, t1, out_blob) = output("stdout.txt", out, blobs);
+            let (stderr, t2, err_blob) = output("stderr.txt", err, blobs);
             json!({
-                "exit": out.status.code(),
+                "exit": status.code(),
                 "duration_ms": started.elapsed().as_millis() as u64,
                 "stdout": stdout,
                 "stderr": stderr,
                 "truncated": t1 || t2,
+                "stdout_blob": out_blob,
+                "stderr_blob": err_blob,
+                "dropped": d1 || d2,
             })
         }
-        Ok(Err(e)) => json!({"error": format!("wait: {e}")}),
+        Ok((_, _, Err(e))) => json!({"error": format!("wait: {e}")}),
         Err(_) => json!({
             "exit": Value::Null,
             "duration_ms": started.elapsed().as_millis() as u64,
@@ -292,13 +420,13 @@ async fn exec(root: &Path, req: &Value) -> Value {
     }
 }
 
-fn fs_read(root: &Path, req: &Value) -> Value {
+fn fs_read(root: &Path, req: &Value) -> (Value, Vec<Outgoing>) {
     let Some(path) = str_arg(req, "path") else {
-        return json!({"error": "path is required"});
+        return (json!({"error": "path is required"}), vec![]);
     };
     let full = match confine(root, path) {
         Ok(p) => p,
-        Err(e) => return json!({"path": path, "error": e}),
+        Err(e) => return (json!({"path": path, "error": e}), vec![]),
     };
     let offset = req.get("offset").and_then(Value::as_u64).unwrap_or(0);
     let length = req
@@ -318,17 +446,28 @@ fn fs_read(root: &Path, req: &Value) -> Value {
         Ok((buf, size)) => {
             let eof = offset + buf.len() as u64 >= size;
             let mut out = json!({"path": path, "offset": offset, "length": buf.len(), "size": size, "eof": eof});
+            if buf.len() > MAX_INLINE {
+                let name = Path::new(path)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "content".into());
+                let mime = crate::blob::guess_mime(&name, &buf[..buf.len().min(512)]);
+                let b = output_blob(&name, &mime, buf);
+                out["content_blob"] = json!(b.blob_ref);
+                return (out, vec![b]);
+            }
             match String::from_utf8(buf) {
                 Ok(text) => out["content"] = json!(text),
                 Err(e) => out["content_b64"] = json!(wire::b64::encode_std(e.as_bytes())),
             }
-            out
+            (out, vec![])
         }
-        Err(e) => json!({"path": path, "error": e.to_string()}),
+        Err(e) => (json!({"path": path, "error": e.to_string()}), vec![]),
     }
 }
 
-fn fs_write(root: &Path, req: &Value) -> Value {
+/// Write `content` (text) or the file at `blob` (a completed request blob) to `path`.
+fn fs_write(root: &Path, req: &Value, blob: Option<&Path>) -> Value {
     let Some(path) = str_arg(req, "path") else {
         return json!({"error": "path is required"});
     };
@@ -336,9 +475,17 @@ fn fs_write(root: &Path, req: &Value) -> Value {
         Ok(p) => p,
         Err(e) => return json!({"path": path, "error": e}),
     };
-    let Some(content) = str_arg(req, "content") else {
-        return json!({"path": path, "error": "content (text) is required; blob content is not served yet"});
+    let data: Vec<u8> = match (str_arg(req, "content"), blob) {
+        (Some(c), _) => c.as_bytes().to_vec(),
+        (None, Some(b)) => match std::fs::read(b) {
+            Ok(d) => d,
+            Err(e) => return json!({"path": path, "error": format!("blob: {e}")}),
+        },
+        (None, None) => {
+            return json!({"path": path, "error": "content (text) or blob (the ref of a blob part of this msg) is required"})
+        }
     };
+    let content = data.as_slice();
     if content.len() as u64 > MAX_FS_BYTES {
         return json!({"path": path, "error": format!("content over {MAX_FS_BYTES} bytes")});
     }
@@ -350,7 +497,7 @@ fn fs_write(root: &Path, req: &Value) -> Value {
             .append(append)
             .truncate(!append)
             .open(&full)?;
-        f.write_all(content.as_bytes())?;
+        f.write_all(content)?;
         f.sync_data()?;
         Ok(f.metadata()?.len())
     })();
@@ -405,27 +552,52 @@ mod tests {
     fn fs_read_and_write_round_trip_and_cap_output() {
         let dir = tempfile::TempDir::new().unwrap();
         let root = dir.path().canonicalize().unwrap();
-        let w = fs_write(&root, &json!({"path": "notes.txt", "content": "hello"}));
+        let w = fs_write(
+            &root,
+            &json!({"path": "notes.txt", "content": "hello"}),
+            None,
+        );
         assert_eq!(w["written"], 5, "{w}");
         let w = fs_write(
             &root,
             &json!({"path": "notes.txt", "content": " world", "append": true}),
+            None,
         );
         assert_eq!(w["size"], 11);
-        let r = fs_read(&root, &json!({"path": "notes.txt", "offset": 6}));
+        let (r, blobs) = fs_read(&root, &json!({"path": "notes.txt", "offset": 6}));
         assert_eq!(r["content"], "world");
         assert_eq!(r["eof"], true);
-        let r = fs_read(&root, &json!({"path": "../x"}));
+        assert!(blobs.is_empty());
+        let (r, _) = fs_read(&root, &json!({"path": "../x"}));
         assert!(r["error"].is_string());
+        // Over 64 KiB: the content goes as a blob.
+        std::fs::write(root.join("big.bin"), vec![7u8; MAX_INLINE + 1]).unwrap();
+        let (r, blobs) = fs_read(&root, &json!({"path": "big.bin", "length": 1_000_000}));
+        assert_eq!(r["content_blob"], blobs[0].blob_ref.as_str());
+        assert_eq!(blobs[0].data.len(), MAX_INLINE + 1);
+        assert!(r.get("content").is_none());
+        // From a blob file.
+        let src = root.join("src.bin");
+        std::fs::write(&src, b"from a blob").unwrap();
+        let w = fs_write(&root, &json!({"path": "copy.bin", "blob": "R"}), Some(&src));
+        assert_eq!(w["written"], 11, "{w}");
+        assert_eq!(
+            std::fs::read(root.join("copy.bin")).unwrap(),
+            b"from a blob"
+        );
+        let w = fs_write(&root, &json!({"path": "none.bin"}), None);
+        assert!(w["error"].is_string());
     }
 
     #[tokio::test]
     async fn exec_runs_in_the_root_with_a_timeout() {
         let dir = tempfile::TempDir::new().unwrap();
         let root = dir.path().canonicalize().unwrap();
+        let mut blobs = vec![];
         let r = exec(
             &root,
             &json!({"cmd": ["sh", "-c", "pwd; echo err >&2; exit 3"]}),
+            &mut blobs,
         )
         .await;
         assert_eq!(r["exit"], 3);
@@ -434,16 +606,29 @@ mod tests {
             root.display().to_string()
         );
         assert_eq!(r["stderr"], "err\n");
-        let r = exec(&root, &json!({"cmd": "sleep 5", "timeout_ms": 100})).await;
+        let r = exec(
+            &root,
+            &json!({"cmd": "sleep 5", "timeout_ms": 100}),
+            &mut blobs,
+        )
+        .await;
         assert!(r["error"].as_str().unwrap().contains("timed out"));
+        assert!(blobs.is_empty());
         let r = exec(
             &root,
             &json!({"cmd": "head -c 70000 /dev/zero | tr '\\0' a"}),
+            &mut blobs,
         )
         .await;
         assert_eq!(r["truncated"], true);
         assert_eq!(r["stdout"].as_str().unwrap().len(), MAX_INLINE);
-        let r = exec(&root, &json!({"cmd": "true", "cwd": "../"})).await;
+        assert_eq!(
+            r["stdout_blob"],
+            blobs[0].blob_ref.as_str(),
+            "the whole output goes as a blob"
+        );
+        assert_eq!(blobs[0].data.len(), 70000);
+        let r = exec(&root, &json!({"cmd": "true", "cwd": "../"}), &mut blobs).await;
         assert!(r["error"].is_string());
     }
 }
