@@ -7,8 +7,8 @@
 # Targets (fuzz/fuzz_targets/): parse_line (wire parsing round trip), grant_verify (grant
 # objects through verify and the honoring rules), presence_accept (presence documents
 # through PresenceTable::accept), session_lines (lines into an authenticated Session).
-# TODO(blobs): add `chunk_handling` here once the blob receiver lands (chunk lines and
-# blob parts in any order against one store); it goes in the TARGETS list below.
+# chunk_handling (chunk lines and blob-naming msgs in any order through the blob receiver
+# against one store).
 #
 # Works on stable Rust: `-s none` turns the sanitizer off (the default AddressSanitizer
 # needs nightly), and everything else cargo-fuzz passes is a stable `-C` flag. If a
@@ -33,7 +33,7 @@ case "$SECONDS_PER_TARGET" in
     exit 2
     ;;
 esac
-TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines"}
+TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling"}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "== installing cargo-fuzz"

@@ -123,8 +123,18 @@ pub fn object_of(g: &Grant) -> Map<String, Value> {
 }
 
 /// The grant's name: first 16 bytes of SHA-256 of its canonical JSON with `sig`, hex.
+///
+/// `sig` is taken in its canonical encoding (unpadded base64url of the 64 bytes): decoders
+/// accept other base64 forms, and `sig` is not covered by itself, so without this one grant
+/// could be re-encoded into many hashes (and slip past a revocation).
 pub fn grant_hash(obj: &Map<String, Value>) -> String {
-    let bytes = canonical_json(&Value::Object(obj.clone())).unwrap_or_default();
+    let mut obj = obj.clone();
+    if let Some(Value::String(sig)) = obj.get("sig") {
+        if let Ok(bytes) = b64::decode_any(sig) {
+            obj.insert("sig".into(), Value::String(b64::encode_url(&bytes)));
+        }
+    }
+    let bytes = canonical_json(&Value::Object(obj)).unwrap_or_default();
     let digest = Sha256::digest(&bytes);
     digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -298,6 +308,24 @@ mod tests {
         let v = verified(&g);
         assert_eq!(v.exp_s as u64, NOW / 1000 + 3600);
         assert_eq!(v.hash.len(), 32);
+    }
+
+    #[test]
+    fn the_hash_does_not_depend_on_how_sig_is_encoded() {
+        let (a, b) = (id(1), id(2));
+        let g = mint(&a, &b.key(), &["exec".into()], 3600, None, NOW);
+        let obj = object_of(&g);
+        let h = grant_hash(&obj);
+        let raw = b64::decode_any(&g.sig).unwrap();
+        for other in [
+            format!("{}==", g.sig),
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &raw),
+        ] {
+            let mut o = obj.clone();
+            o.insert("sig".into(), Value::String(other));
+            assert!(verify(&o).is_ok(), "other encodings still verify");
+            assert_eq!(grant_hash(&o), h, "…and name the same grant");
+        }
     }
 
     #[test]

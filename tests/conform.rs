@@ -621,3 +621,31 @@ async fn chunk_and_grant_run_against_a_peer_with_the_caps() {
     }
     assert_eq!(report.summary(), "4 passed, 0 failed, 0 skipped");
 }
+
+/// A peer that echoes every line back: its hello carries the runner's own key.
+async fn echo_peer() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("tcp:{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = sock.into_split();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(10), tokio::io::copy(&mut r, &mut w))
+                        .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_echoing_peer_fails_the_handshake_as_reflection() {
+    let addr = echo_peer().await;
+    let report = conform::run_connect(&addr.parse().unwrap(), &quick(&["handshake"]))
+        .await
+        .unwrap();
+    let h = report.get("handshake").unwrap();
+    assert_eq!(h.status, Status::Fail, "{report:#?}");
+    assert!(!report.success());
+}

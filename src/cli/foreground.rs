@@ -18,6 +18,8 @@ pub enum Output {
     Json,
     /// The same as human lines.
     Text,
+    /// Only the listening event, as a human line (`awp relay`).
+    Banner,
 }
 
 /// The node configuration from the command line; bad addresses are usage errors.
@@ -76,6 +78,13 @@ fn start_failure(ctx: &Ctx, e: StartError) -> Failure {
 fn emit(output: Output, ev: &crate::control::Event) -> Result<(), Failure> {
     match output {
         Output::None => Ok(()),
+        Output::Banner if ev.get("event").and_then(Value::as_str) == Some("listening") => {
+            match format::event_line(ev, format::now_ms()) {
+                Some(line) => out(&line),
+                None => Ok(()),
+            }
+        }
+        Output::Banner => Ok(()),
         Output::Json => out_json(&Value::Object(ev.clone())),
         Output::Text => match format::event_line(ev, format::now_ms()) {
             Some(line) => out(&line),
@@ -102,7 +111,7 @@ pub async fn run_config(ctx: &Ctx, config: NodeConfig, output: Output) -> Result
         .await
         .map_err(|e| start_failure(ctx, e))?;
     // Subscribe before printing the listening event, so no event falls in between.
-    let mut events = (output != Output::None).then(|| handle.subscribe());
+    let mut events = matches!(output, Output::Json | Output::Text).then(|| handle.subscribe());
     let listening = handle.listening_event();
     let listening_json = Value::Object(listening.clone()).to_string();
     tracing::info!(event = %listening_json, "node running");

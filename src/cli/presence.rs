@@ -134,7 +134,12 @@ pub async fn relay(ctx: &Ctx, args: &RelayArgs) -> Result<(), Failure> {
             let mut config = super::foreground::node_config(ctx, &args.node)?;
             config.relay = true;
             config.max_connections = Some(args.max_connections);
-            super::foreground::run_config(ctx, config, super::foreground::Output::None).await
+            let output = if ctx.json {
+                super::foreground::Output::Json
+            } else {
+                super::foreground::Output::Banner
+            };
+            super::foreground::run_config(ctx, config, output).await
         }
     }
 }

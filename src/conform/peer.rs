@@ -386,6 +386,13 @@ impl<'s> Peer<'s> {
                     .map_or("not in the canonical form".to_string(), |e| e.to_string())
             ),
         ));
+        // A peer that answers with our own key is reflecting (or echoing) our hello
+        // (protocol-notes §Handshake).
+        checks.push(Check::new(
+            "hello key is not our own (no reflection)",
+            key.as_ref().ok() != Some(&self.identity.key()),
+            "the peer's hello carries the runner's own key",
+        ));
         let nonce = b64::decode_any(&hello.nonce);
         checks.push(Check::new(
             "hello nonce is 32 bytes",

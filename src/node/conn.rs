@@ -213,6 +213,7 @@ pub async fn run_with(
     let conn_id = inner.conn_id();
     let mut registered: Option<PeerKey> = None;
     let mut peer_name: Option<String> = None;
+    let mut auth_grants: Vec<wire::Grant> = Vec::new();
     let mut up = false;
     let mut pending: Vec<u8> = Vec::new();
     let mut write_failed = false;
@@ -224,7 +225,8 @@ pub async fn run_with(
                 SessionEvent::Authenticated { key, hello } => {
                     // The handshake is over: free its slot for the next inbound one.
                     drop(handshake_slot.take());
-                    if let Err(detail) = super::grants::admit(&inner, &key, dialed) {
+                    let presented = std::mem::take(&mut auth_grants);
+                    if let Err(detail) = super::grants::admit(&inner, &key, dialed, &presented) {
                         tracing::warn!(peer = %key, %remote, "admission refused: {detail}");
                         session.refuse(&detail);
                         continue;
@@ -234,6 +236,8 @@ pub async fn run_with(
                     {
                         true => {
                             registered = Some(key);
+                            // Admitted: now the grants of its auth line are worth storing.
+                            super::grants::on_received(&inner, &key, presented);
                             peer_name = hello
                                 .name
                                 .as_deref()
@@ -289,11 +293,12 @@ pub async fn run_with(
                         inner.emit(json!({"event":"ack","peer":key.to_string(),"th":th,"re":re}));
                     }
                 }
-                SessionEvent::Grants(g) => {
-                    if let Some(peer) = session.peer() {
-                        super::grants::on_received(&inner, &peer, g);
-                    }
-                }
+                SessionEvent::Grants(g) => match registered {
+                    // A grant line from an admitted peer.
+                    Some(peer) => super::grants::on_received(&inner, &peer, g),
+                    // auth.grants: judged with admission, stored only after it.
+                    None => auth_grants = g,
+                },
                 SessionEvent::PeerError(e) => {
                     tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
                     inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));

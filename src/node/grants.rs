@@ -11,9 +11,14 @@ use crate::wire::{self, Line, PeerKey};
 /// Most grants taken from one auth or grant line.
 pub const MAX_GRANTS_PER_LINE: usize = 32;
 
+/// Most grants held (issued to us) per issuer; older ones are replaced.
+pub const MAX_HELD_PER_ISSUER: usize = 16;
+
 /// Verify and store grants that `from` presented (auth.grants or a grant line). Refused
 /// grants (forged, weak keys, expired, for a third party) are logged and dropped, never
-/// honored.
+/// honored. Only what is useful is kept, so a stranger cannot fill the store: a presented
+/// grant only when it is honored now; a grant issued to us only when its issuer sent it
+/// (directly or in an introduction), at most [`MAX_HELD_PER_ISSUER`] per issuer.
 pub(super) fn on_received(inner: &Inner, from: &PeerKey, grants: Vec<wire::Grant>) {
     let me = inner.identity.key();
     let now = wire::time::now_ms();
@@ -27,10 +32,15 @@ pub(super) fn on_received(inner: &Inner, from: &PeerKey, grants: Vec<wire::Grant
             }
         };
         if v.expired_at(now) {
-            tracing::warn!(peer = %from, hash = %v.hash, "refused a grant: {}", GrantError::Expired { exp: v.exp.clone() });
+            let e = GrantError::Expired { exp: v.exp.clone() };
+            tracing::warn!(peer = %from, hash = %v.hash, "refused a grant: {e}");
             continue;
         }
         let role = if v.sub == me {
+            if v.iss != *from {
+                tracing::warn!(peer = %from, hash = %v.hash, "refused a grant to us that its sender did not issue");
+                continue;
+            }
             GrantRole::Held
         } else if v.sub == *from {
             if v.iss == me {
@@ -42,6 +52,18 @@ pub(super) fn on_received(inner: &Inner, from: &PeerKey, grants: Vec<wire::Grant
             tracing::warn!(peer = %from, hash = %v.hash, "refused a grant whose subject is neither us nor the sender");
             continue;
         };
+        if role == GrantRole::Presented {
+            match honor(inner, &v, now) {
+                Ok(caps) => tracing::info!(peer = %from, hash = %v.hash, ?caps, "grant honored"),
+                Err(e) => {
+                    tracing::warn!(peer = %from, hash = %v.hash, "grant not honored: {e}");
+                    continue;
+                }
+            }
+        } else {
+            make_room_for(inner, &v.iss, &v.hash);
+            tracing::info!(peer = %from, hash = %v.hash, caps = ?v.caps, "holding a grant issued to us");
+        }
         let rec = GrantRecord {
             hash: v.hash.clone(),
             role,
@@ -51,16 +73,25 @@ pub(super) fn on_received(inner: &Inner, from: &PeerKey, grants: Vec<wire::Grant
         };
         if let Err(e) = inner.store.grant_put(&rec) {
             tracing::warn!("storing a grant: {e}");
-            continue;
         }
-        if role == GrantRole::Presented {
-            match honor(inner, &v, now) {
-                Ok(caps) => tracing::info!(peer = %from, hash = %v.hash, ?caps, "grant honored"),
-                Err(e) => tracing::warn!(peer = %from, hash = %v.hash, "grant not honored: {e}"),
-            }
-        } else {
-            tracing::info!(peer = %from, hash = %v.hash, caps = ?v.caps, "holding a grant issued to us");
-        }
+    }
+}
+
+/// Drop the oldest held grants of `iss` so that one more fits under
+/// [`MAX_HELD_PER_ISSUER`] (nothing when `incoming` is already held).
+fn make_room_for(inner: &Inner, iss: &PeerKey, incoming: &str) {
+    let mut held: Vec<(u64, String)> = verified_records(inner)
+        .into_iter()
+        .filter(|(r, v)| r.role == GrantRole::Held && v.iss == *iss)
+        .map(|(r, _)| (r.stored_ms, r.hash))
+        .collect();
+    if held.iter().any(|(_, h)| h == incoming) {
+        return;
+    }
+    held.sort();
+    while held.len() >= MAX_HELD_PER_ISSUER {
+        let (_, h) = held.remove(0);
+        let _ = inner.store.grant_remove(&h);
     }
 }
 
@@ -77,7 +108,16 @@ fn verified_records(inner: &Inner) -> Vec<(GrantRecord, Verified)> {
 
 /// The honoring rules with this node's trust list, revocations and stored introduce grants.
 pub(super) fn honor(inner: &Inner, g: &Verified, now_ms: u64) -> Result<Vec<String>, GrantError> {
-    let all = verified_records(inner);
+    honor_with(inner, &verified_records(inner), g, now_ms)
+}
+
+/// [`honor`] over records already verified (one pass over the store per operation).
+fn honor_with(
+    inner: &Inner,
+    all: &[(GrantRecord, Verified)],
+    g: &Verified,
+    now_ms: u64,
+) -> Result<Vec<String>, GrantError> {
     let intros = |k: &PeerKey| -> Vec<Verified> {
         all.iter()
             .filter(|(_, v)| v.sub == *k)
@@ -98,12 +138,10 @@ pub(super) fn honor(inner: &Inner, g: &Verified, now_ms: u64) -> Result<Vec<Stri
 /// `peer`.
 pub(crate) fn honored_caps(inner: &Inner, peer: &PeerKey) -> Vec<String> {
     let now = wire::time::now_ms();
+    let all = verified_records(inner);
     let mut caps: Vec<String> = Vec::new();
-    for (_, v) in verified_records(inner)
-        .into_iter()
-        .filter(|(_, v)| v.sub == *peer)
-    {
-        if let Ok(cs) = honor(inner, &v, now) {
+    for (_, v) in all.iter().filter(|(_, v)| v.sub == *peer) {
+        if let Ok(cs) = honor_with(inner, &all, v, now) {
             for c in cs {
                 if !caps.contains(&c) {
                     caps.push(c);
@@ -116,8 +154,14 @@ pub(crate) fn honored_caps(inner: &Inner, peer: &PeerKey) -> Vec<String> {
 
 /// Admission after auth (protocol-notes §Handshake). Under `accept = "allowlist"` a key is
 /// admitted if it is allowed, trusted, was dialed by us (now or before), or holds an
-/// honored grant. Returns the refusal detail otherwise.
-pub(super) fn admit(inner: &Inner, peer: &PeerKey, dialed: bool) -> Result<(), String> {
+/// honored grant — stored, or `presented` in this handshake's auth (those are stored only
+/// once the peer is admitted). Returns the refusal detail otherwise.
+pub(super) fn admit(
+    inner: &Inner,
+    peer: &PeerKey,
+    dialed: bool,
+    presented: &[wire::Grant],
+) -> Result<(), String> {
     let s = &inner.settings;
     if s.accept == Accept::Any || dialed || s.allow.contains(peer) || s.trust.contains(peer) {
         return Ok(());
@@ -129,6 +173,17 @@ pub(super) fn admit(inner: &Inner, peer: &PeerKey, dialed: bool) -> Result<(), S
         .iter()
         .any(|a| a.source == AddrSource::Connect && a.last_ok_ms.is_some());
     if dialed_before || !honored_caps(inner, peer).is_empty() {
+        return Ok(());
+    }
+    let now = wire::time::now_ms();
+    let all = verified_records(inner);
+    let honored_now = presented.iter().take(MAX_GRANTS_PER_LINE).any(|g| {
+        grant::verify(&grant::object_of(g))
+            .ok()
+            .filter(|v| v.sub == *peer)
+            .is_some_and(|v| honor_with(inner, &all, &v, now).is_ok_and(|c| !c.is_empty()))
+    });
+    if honored_now {
         return Ok(());
     }
     Err("this node admits only allowed keys; ask its operator for a grant or an allow entry".into())
@@ -157,15 +212,14 @@ pub(super) fn issued_lines(inner: &Inner, peer: &PeerKey) -> Vec<Vec<u8>> {
     out
 }
 
-/// Grants issued to us that we present in `auth.grants`: valid now and meant for anyone or
-/// (by `aud`) for the peer; filtered per peer by the session once the peer is known.
+/// Grants issued to us that we may present in `auth.grants`: valid now. The session keeps
+/// only those meant for the peer (its `aud`, or issued by it) once the peer is known.
 pub(crate) fn held_for_auth(inner: &Inner) -> Vec<wire::Grant> {
     let now = wire::time::now_ms();
     verified_records(inner)
         .into_iter()
         .filter(|(r, v)| r.role == GrantRole::Held && !v.expired_at(now))
         .filter_map(|(_, v)| v.to_wire().ok())
-        .take(MAX_GRANTS_PER_LINE)
         .collect()
 }
 

@@ -18,6 +18,7 @@ use crate::blob::Outgoing;
 use crate::wire::{self, code, DataPart, Line, Part, PeerKey};
 use serde_json::{json, Value};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -295,6 +296,14 @@ pub fn confine(root: &Path, rel: &str) -> Result<PathBuf, String> {
         }
     }
     let full = root.join(&rel_part);
+    // The last component is opened with O_NOFOLLOW as well; refusing a symlink here also
+    // covers a dangling one (which canonicalize cannot resolve).
+    if full
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink())
+    {
+        return Err("path is a symlink".into());
+    }
     // The nearest existing ancestor (the file itself when it exists), symlinks resolved.
     let mut probe = full.as_path();
     let resolved = loop {
@@ -386,38 +395,60 @@ async fn exec(root: &Path, req: &Value, blobs: &mut Vec<Outgoing>) -> Value {
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     let started = Instant::now();
+    // Its own process group, so a timeout (or the end of the command) stops everything it
+    // started, background processes included.
+    cmd.process_group(0);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return json!({"error": format!("cannot start: {e}")}),
     };
-    let (out_pipe, err_pipe) = (child.stdout.take(), child.stderr.take());
-    let run = async {
-        let (o, e, status) = tokio::join!(capture(out_pipe), capture(err_pipe), child.wait());
-        (o, e, status)
-    };
-    match tokio::time::timeout(Duration::from_millis(timeout), run).await {
-        Ok(((out, d1), (err, d2), Ok(status))) => {
-            let (stdout, t1, out_blob) = output("stdout.txt", out, blobs);
-            let (stderr, t2, err_blob) = output("stderr.txt", err, blobs);
-            json!({
-                "exit": status.code(),
-                "duration_ms": started.elapsed().as_millis() as u64,
-                "stdout": stdout,
-                "stderr": stderr,
-                "truncated": t1 || t2,
-                "stdout_blob": out_blob,
-                "stderr_blob": err_blob,
-                "dropped": d1 || d2,
-            })
-        }
-        Ok((_, _, Err(e))) => json!({"error": format!("wait: {e}")}),
-        Err(_) => json!({
-            "exit": Value::Null,
-            "duration_ms": started.elapsed().as_millis() as u64,
-            "error": format!("timed out after {timeout} ms"),
-            "stdout": "", "stderr": "", "truncated": false,
-        }),
+    let pid = child.id();
+    let out_task = tokio::spawn(capture(child.stdout.take()));
+    let err_task = tokio::spawn(capture(child.stderr.take()));
+    let status = tokio::time::timeout(Duration::from_millis(timeout), child.wait()).await;
+    if let Some(pid) = pid {
+        kill_group(pid).await;
     }
+    if status.is_err() {
+        let _ = child.kill().await;
+    }
+    let collect = |t: tokio::task::JoinHandle<(Vec<u8>, bool)>| async move {
+        match tokio::time::timeout(Duration::from_secs(2), t).await {
+            Ok(Ok(v)) => v,
+            _ => (Vec::new(), true),
+        }
+    };
+    let (out, d1) = collect(out_task).await;
+    let (err, d2) = collect(err_task).await;
+    let (stdout, t1, out_blob) = output("stdout.txt", out, blobs);
+    let (stderr, t2, err_blob) = output("stderr.txt", err, blobs);
+    let mut result = json!({
+        "exit": Value::Null,
+        "duration_ms": started.elapsed().as_millis() as u64,
+        "stdout": stdout,
+        "stderr": stderr,
+        "truncated": t1 || t2,
+        "stdout_blob": out_blob,
+        "stderr_blob": err_blob,
+        "dropped": d1 || d2,
+    });
+    match status {
+        Ok(Ok(st)) => result["exit"] = json!(st.code()),
+        Ok(Err(e)) => result["error"] = json!(format!("wait: {e}")),
+        Err(_) => result["error"] = json!(format!("timed out after {timeout} ms")),
+    }
+    result
+}
+
+/// SIGKILL every process of group `pgid` (via kill(1): this crate has no unsafe code).
+async fn kill_group(pgid: u32) {
+    let _ = tokio::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await;
 }
 
 fn fs_read(root: &Path, req: &Value) -> (Value, Vec<Outgoing>) {
@@ -435,7 +466,10 @@ fn fs_read(root: &Path, req: &Value) -> (Value, Vec<Outgoing>) {
         .unwrap_or(MAX_INLINE as u64)
         .min(MAX_FS_BYTES);
     let r = (|| -> std::io::Result<(Vec<u8>, u64)> {
-        let mut f = std::fs::File::open(&full)?;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&full)?;
         let size = f.metadata()?.len();
         f.seek(SeekFrom::Start(offset))?;
         let mut buf = Vec::new();
@@ -492,6 +526,7 @@ fn fs_write(root: &Path, req: &Value, blob: Option<&Path>) -> Value {
     let append = req.get("append").and_then(Value::as_bool).unwrap_or(false);
     let r = (|| -> std::io::Result<u64> {
         let mut f = std::fs::OpenOptions::new()
+            .custom_flags(libc::O_NOFOLLOW)
             .create(true)
             .write(true)
             .append(append)
@@ -531,6 +566,12 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), root.join("escape")).unwrap();
         assert!(confine(&root, "escape/secret").is_err());
         assert!(confine(&root, "escape").is_err());
+        // A dangling symlink whose target would be outside.
+        std::os::unix::fs::symlink(outside.path().join("new"), root.join("dangling")).unwrap();
+        assert!(confine(&root, "dangling").is_err());
+        let w = fs_write(&root, &json!({"path": "dangling", "content": "x"}), None);
+        assert!(w["error"].is_string(), "{w}");
+        assert!(!outside.path().join("new").exists());
     }
 
     #[test]
@@ -630,5 +671,18 @@ mod tests {
         assert_eq!(blobs[0].data.len(), 70000);
         let r = exec(&root, &json!({"cmd": "true", "cwd": "../"}), &mut blobs).await;
         assert!(r["error"].is_string());
+        // A background process holding the pipe: the output so far comes back, and the
+        // whole group is stopped.
+        let marker = root.join("still-running");
+        let cmd = format!("(sleep 0.3; touch {}) & echo started", marker.display());
+        let r = exec(&root, &json!({"cmd": cmd, "timeout_ms": 2000}), &mut blobs).await;
+        assert_eq!(r["stdout"], "started\n", "{r}");
+        assert_eq!(r["exit"], 0);
+        // Had it survived, it would have created the marker after 0.3 s.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(
+            !marker.exists(),
+            "the background process was stopped with the group"
+        );
     }
 }

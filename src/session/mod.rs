@@ -54,8 +54,8 @@ pub struct SessionConfig {
     pub cert_key: Option<PeerKey>,
     /// The key we expect (dialing a pinned or known address); hello.key must equal it.
     pub expected_key: Option<PeerKey>,
-    /// Grants issued to us, presented in our `auth.grants`: those whose `aud` is absent or
-    /// the peer's key (filtered once the peer's hello is in).
+    /// Grants issued to us, presented in our `auth.grants`: only those whose `aud` is the
+    /// peer or that the peer issued (filtered once the peer's hello is in; at most 32).
     pub auth_grants: Vec<wire::Grant>,
 }
 
@@ -585,7 +585,8 @@ impl Session {
             .cfg
             .auth_grants
             .iter()
-            .filter(|g| g.aud.as_deref().is_none_or(|a| a == peer_s))
+            .filter(|g| g.aud.as_deref() == Some(peer_s.as_str()) || g.iss == peer_s)
+            .take(crate::node::grants::MAX_GRANTS_PER_LINE)
             .cloned()
             .collect();
         let auth = Line::Auth(wire::Auth {
