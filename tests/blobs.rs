@@ -26,16 +26,6 @@ async fn start_limited(name: &str, limit: u64) -> TestNode {
     TestNode { home, handle }
 }
 
-async fn connect(from: &TestNode, to: &TestNode) {
-    let r = from
-        .ctl(Request::Connect {
-            address: to.address(),
-            timeout_ms: Some(10_000),
-        })
-        .await;
-    assert!(r.ok, "connect failed: {:?}", r.error);
-}
-
 fn random_file(dir: &Path, name: &str, len: usize) -> (String, String) {
     let mut data = vec![0u8; len];
     rand::thread_rng().fill_bytes(&mut data);
@@ -86,7 +76,7 @@ fn by_ref<'a>(list: &'a [Value], r: &str) -> Option<&'a Value> {
 async fn files_arrive_identical_and_are_listed_on_both_sides() {
     let a = TestNode::start("alice@test").await;
     let b = TestNode::start("bob@test").await;
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let dir = TempDir::new().unwrap();
     let (big, big_sha) = random_file(dir.path(), "big.bin", 3 * 1024 * 1024 + 17);
     let (small, small_sha) = random_file(dir.path(), "small.txt", 100);
@@ -140,7 +130,7 @@ async fn files_arrive_identical_and_are_listed_on_both_sides() {
 async fn over_limit_is_refused_and_the_sender_drops_the_chunks() {
     let a = TestNode::start("alice@test").await;
     let b = start_limited("bob@test", 1024 * 1024).await;
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let dir = TempDir::new().unwrap();
     let (big, _) = random_file(dir.path(), "big.bin", 4 * 1024 * 1024);
     let reply = send_files(&a, "bob@test", &[big]).await;
@@ -170,7 +160,7 @@ async fn over_limit_is_refused_and_the_sender_drops_the_chunks() {
     // A file over the sender's own limit is refused at once with bad_request.
     let small = start_limited("carol@test", 10).await;
     let (f, _) = random_file(dir.path(), "eleven", 11);
-    connect(&small, &b).await;
+    small.connect(&b).await;
     let r = small
         .ctl(Request::Send {
             peer: Some("bob@test".into()),
@@ -335,7 +325,7 @@ async fn refused_chunk_gets_blob_refused_and_the_connection_stays_open() {
 async fn receiver_restarted_mid_transfer_completes_without_duplicate_bytes() {
     let a = TestNode::start("alice@test").await;
     let b = TestNode::start("bob@test").await;
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let dir = TempDir::new().unwrap();
     let (big, sha) = random_file(dir.path(), "big.bin", 12 * 1024 * 1024);
     // Stop the receiver while chunks are in flight: the sender's outbox replays from the
@@ -351,7 +341,7 @@ async fn receiver_restarted_mid_transfer_completes_without_duplicate_bytes() {
     .await;
     let home = b.stop().await;
     let b = TestNode::start_in(home, "bob@test").await;
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let got = eventually(30, || async {
         let l = blobs(&b).await;
         by_ref(&l, &r)

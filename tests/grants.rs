@@ -9,17 +9,6 @@ use common::*;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-async fn connect(from: &TestNode, to: &TestNode) -> Value {
-    let r = from
-        .ctl(Request::Connect {
-            address: to.address(),
-            timeout_ms: Some(10_000),
-        })
-        .await;
-    assert!(r.ok, "connect failed: {:?}", r.error);
-    Value::Object(r.body)
-}
-
 async fn grants(n: &TestNode) -> Vec<Value> {
     let r = n.ctl(Request::Grants).await;
     assert!(r.ok, "{:?}", r.error);
@@ -49,7 +38,7 @@ async fn start_with_config(name: &str, config: &str) -> TestNode {
 async fn a_grant_reaches_its_subject_and_can_be_revoked() {
     let a = TestNode::start("alice@test").await;
     let b = TestNode::start("bob@test").await;
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let g = grant(&a, "bob@test", &["exec", "fs:read"], None).await;
     let hash = g["hash"].as_str().unwrap().to_string();
     assert_eq!(hash.len(), 32);
@@ -85,7 +74,7 @@ async fn a_grant_minted_while_apart_goes_out_after_the_next_resume() {
     let b = TestNode::start("bob@test").await;
     let g = grant(&a, &b.key(), &["exec"], None).await;
     assert_eq!(g["sent"], false);
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let hash = g["hash"].as_str().unwrap().to_string();
     eventually(10, || async {
         grants(&b)
@@ -176,7 +165,7 @@ async fn allowlist_admits_allowed_dialed_and_granted_keys_only() {
         "no resume for a refused peer: {kinds:?}"
     );
     // The allowed key gets in.
-    connect(&a, &c).await;
+    a.connect(&c).await;
     // A key holding a grant from carol gets in too.
     let holder = Identity::from_seed(&[42; 32]);
     grant(&c, &holder.key().to_string(), &["exec"], None).await;
@@ -193,8 +182,8 @@ async fn an_introduced_peer_honors_the_grant_only_through_a_trusted_introducer()
         &format!("accept = \"allowlist\"\nallow = [\"{}\"]\n", a.key()),
     )
     .await;
-    connect(&a, &b).await;
-    connect(&a, &c).await;
+    a.connect(&b).await;
+    a.connect(&c).await;
     // Bob trusts alice to introduce, for exec.
     grant(&b, "alice@test", &["introduce", "exec"], None).await;
     // Alice introduces bob to carol, with exec and fs:write (bob will cut it to exec).

@@ -9,17 +9,6 @@ use awp_node::wire::{self, Line};
 use common::*;
 use serde_json::{json, Value};
 
-async fn connect(from: &TestNode, to: &TestNode) -> Value {
-    let r = from
-        .ctl(Request::Connect {
-            address: to.address(),
-            timeout_ms: Some(10_000),
-        })
-        .await;
-    assert!(r.ok, "connect failed: {:?}", r.error);
-    Value::Object(r.body)
-}
-
 fn texts(entries: &[Value]) -> Vec<String> {
     entries
         .iter()
@@ -37,7 +26,7 @@ fn texts(entries: &[Value]) -> Vec<String> {
 async fn handshake_msg_ack_and_state_over_tls() {
     let a = TestNode::start("alice@test").await;
     let b = TestNode::start("bob@test").await;
-    let c = connect(&a, &b).await;
+    let c = a.connect(&b).await;
     assert_eq!(c["peer"], b.key());
     assert_eq!(c["peer_name"], "bob@test");
 
@@ -106,7 +95,7 @@ async fn handshake_msg_ack_and_state_over_tls() {
 async fn resume_delivers_lines_queued_in_both_directions_exactly_once() {
     let a = TestNode::start("alice@test").await;
     let b = TestNode::start("bob@test").await;
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let first = a.send(Some(&b.key()), None, "hello").await;
     let th = first["th"].as_str().unwrap().to_string();
     eventually(10, || async {
@@ -126,7 +115,7 @@ async fn resume_delivers_lines_queued_in_both_directions_exactly_once() {
         b.send(None, Some(&th), &format!("b{i}")).await;
     }
     // Reconnect (Bob has a new port).
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let got_b = eventually(15, || async {
         let t = texts(&b.inbound().await);
         (t.len() >= 4).then_some(t)
@@ -426,7 +415,7 @@ async fn simultaneous_dial_leaves_one_connection_per_peer() {
 async fn a_stranger_cannot_take_over_a_peers_name_or_key_prefix() {
     let a = TestNode::start("alice@test").await;
     let b = TestNode::start("bob@test").await;
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let bob_prefix = b.key()["ed25519:".len().."ed25519:".len() + 8].to_string();
     // Two strangers: one calls itself "bob", one uses bob's key prefix as its name.
     for (seed, name) in [(21u8, "bob"), (22u8, bob_prefix.as_str())] {
@@ -482,7 +471,7 @@ async fn a_stranger_cannot_take_over_a_peers_name_or_key_prefix() {
 async fn a_state_from_another_peer_does_not_change_the_thread() {
     let a = TestNode::start("alice@test").await;
     let b = TestNode::start("bob@test").await;
-    connect(&a, &b).await;
+    a.connect(&b).await;
     let th = a.send(Some(&b.key()), None, "job").await["th"]
         .as_str()
         .unwrap()

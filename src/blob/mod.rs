@@ -146,7 +146,7 @@ fn split_ext(name: &str) -> (&str, &str) {
 }
 
 /// `s` cut to at most `max` bytes on a character boundary.
-fn cut(s: &str, max: usize) -> &str {
+pub(crate) fn cut(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }

@@ -241,7 +241,7 @@ pub async fn run_with(
                             peer_name = hello
                                 .name
                                 .as_deref()
-                                .map(|n| truncate(n, MAX_NAME).to_string());
+                                .map(|n| crate::blob::cut(n, MAX_NAME).to_string());
                             on_authenticated(&inner, key, &hello, dial_addr.as_ref());
                         }
                         false => session.close_local("simultaneous open", false, Instant::now()),
@@ -573,13 +573,16 @@ fn on_authenticated(
 ) {
     let now = wire::time::now_ms();
     // Peers choose these texts: keep them short enough to list and show.
-    let name = hello.name.as_deref().map(|n| truncate(n, MAX_NAME));
-    let about = hello.about.as_deref().map(|a| truncate(a, MAX_ABOUT));
+    let name = hello.name.as_deref().map(|n| crate::blob::cut(n, MAX_NAME));
+    let about = hello
+        .about
+        .as_deref()
+        .map(|a| crate::blob::cut(a, MAX_ABOUT));
     let caps: Vec<String> = hello
         .caps
         .iter()
         .take(MAX_CAPS)
-        .map(|c| truncate(c, MAX_NAME).to_string())
+        .map(|c| crate::blob::cut(c, MAX_NAME).to_string())
         .collect();
     if let Err(e) = inner.store.peer_seen(&key, name, about, &caps, now) {
         tracing::warn!("store peer {key}: {e}");
@@ -609,18 +612,6 @@ const MAX_NAME: usize = 256;
 const MAX_ABOUT: usize = 1024;
 /// Most capabilities kept from a hello.
 const MAX_CAPS: usize = 64;
-
-/// `s` cut to at most `max` bytes on a character boundary.
-pub(super) fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
 
 /// The `line` event for a stored content line (see [`crate::control::Event`]).
 pub fn line_event(

@@ -235,11 +235,7 @@ pub(super) fn on_introduce(inner: &Inner, from: &PeerKey, i: wire::Introduce) {
     if key == inner.identity.key() || key == *from {
         return;
     }
-    let name = i
-        .peer
-        .name
-        .as_deref()
-        .map(|n| super::conn::truncate(n, 256));
+    let name = i.peer.name.as_deref().map(|n| crate::blob::cut(n, 256));
     let known = inner.store.peer(&key).ok().flatten();
     if known.is_none() {
         let _ = inner

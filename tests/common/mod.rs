@@ -56,6 +56,18 @@ impl TestNode {
         self.handle.key().to_string()
     }
 
+    /// Dial `to` through the control socket and wait for the handshake; the response body.
+    pub async fn connect(&self, to: &TestNode) -> Value {
+        let r = self
+            .ctl(Request::Connect {
+                address: to.address(),
+                timeout_ms: Some(10_000),
+            })
+            .await;
+        assert!(r.ok, "connect failed: {:?}", r.error);
+        Value::Object(r.body)
+    }
+
     pub async fn ctl(&self, req: Request) -> Response {
         ctl(self.home.path(), req).await
     }
