@@ -75,6 +75,7 @@ fuzz_target!(|data: &[u8]| {
         addr: None,
         cert_key: Some(f.peer.key()),
         expected_key: None,
+        auth_grants: vec![],
     };
     let mut s = Session::new(cfg, f.node.clone(), f.store.clone(), now);
     let node_hello = drain(&mut s)
