@@ -1,7 +1,7 @@
 //! `awp send -f FILE` (path resolution and the progress bar) and `awp blobs`.
 
 use super::format::{self, str_field};
-use super::{out, out_json, Ctx, Failure};
+use super::{Ctx, Failure};
 use crate::control::Request;
 use serde_json::{Map, Value};
 use std::io::IsTerminal;
@@ -149,27 +149,11 @@ pub async fn progress(ctx: &Ctx, reply: &Map<String, Value>) -> Result<(), Failu
 
 /// `awp blobs [-p PEER]`: one line per blob (JSON objects with `--json`).
 pub async fn list(ctx: &Ctx, peer: Option<String>) -> Result<(), Failure> {
-    let body = ctx
-        .call(&Request::Blobs {
-            peer,
-            blob_ref: None,
-        })
-        .await?;
-    let items: Vec<Value> = body
-        .get("blobs")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if ctx.json {
-        for item in &items {
-            out_json(item)?;
-        }
-        return Ok(());
-    }
-    if items.is_empty() {
-        return out("no blobs yet");
-    }
-    out(&blobs_table(&items))
+    let req = Request::Blobs {
+        peer,
+        blob_ref: None,
+    };
+    super::commands::list_with(ctx, &req, "blobs", blobs_table).await
 }
 
 /// The `awp blobs` table: DIR STATUS PEER SIZE SHA256 NAME PATH.

@@ -553,7 +553,23 @@ async fn wait(
 }
 
 async fn list(ctx: &Ctx, req: Request, key: &str) -> Result<(), Failure> {
-    let body = ctx.call(&req).await?;
+    let now = format::now_ms();
+    list_with(ctx, &req, key, |items| match key {
+        "threads" => format::threads_table(items, now),
+        _ => format::peers_table(items, now),
+    })
+    .await
+}
+
+/// A list request answered as `{KEY: [objects]}`: one JSON object per line with `--json`,
+/// else `render`'s table, or `no KEY yet`.
+pub(super) async fn list_with(
+    ctx: &Ctx,
+    req: &Request,
+    key: &str,
+    render: impl FnOnce(&[Value]) -> String,
+) -> Result<(), Failure> {
+    let body = ctx.call(req).await?;
     let items = body
         .get(key)
         .and_then(Value::as_array)
@@ -568,11 +584,7 @@ async fn list(ctx: &Ctx, req: Request, key: &str) -> Result<(), Failure> {
     if items.is_empty() {
         return out(&format!("no {key} yet"));
     }
-    let now = format::now_ms();
-    match key {
-        "threads" => out(&format::threads_table(&items, now)),
-        _ => out(&format::peers_table(&items, now)),
-    }
+    out(&render(&items))
 }
 
 async fn status(ctx: &Ctx) -> Result<(), Failure> {

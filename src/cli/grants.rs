@@ -38,21 +38,11 @@ pub async fn grant(
 
 /// `awp grants`: issued, held and presented grants with validity.
 pub async fn grants(ctx: &Ctx) -> Result<(), Failure> {
-    let body = ctx.call(&Request::Grants).await?;
-    let items = body
-        .get("grants")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if ctx.json {
-        for g in &items {
-            out_json(g)?;
-        }
-        return Ok(());
-    }
-    if items.is_empty() {
-        return out("no grants yet");
-    }
+    super::commands::list_with(ctx, &Request::Grants, "grants", grants_table).await
+}
+
+/// The `awp grants` table: HASH ROLE ISSUER SUBJECT CAPS EXPIRES VALIDITY.
+fn grants_table(items: &[Value]) -> String {
     let rows: Vec<Vec<String>> = items
         .iter()
         .filter_map(Value::as_object)
@@ -79,12 +69,12 @@ pub async fn grants(ctx: &Ctx) -> Result<(), Failure> {
             ]
         })
         .collect();
-    out(&format::table(
+    format::table(
         &[
             "HASH", "ROLE", "ISSUER", "SUBJECT", "CAPS", "EXPIRES", "VALIDITY",
         ],
         &rows,
-    ))
+    )
 }
 
 /// `awp revoke HASH`.
