@@ -38,6 +38,13 @@ pub trait IdSource {
     fn fill(&mut self, buf: &mut [u8]);
 }
 
+/// Any `rand` generator is an id source (the node passes `rand::rngs::OsRng`).
+impl<R: rand::RngCore> IdSource for R {
+    fn fill(&mut self, buf: &mut [u8]) {
+        self.fill_bytes(buf);
+    }
+}
+
 /// A deterministic [`IdSource`] (SplitMix64 from a seed), for tests and reproducible runs.
 #[derive(Debug, Clone)]
 pub struct SeededIds(pub u64);

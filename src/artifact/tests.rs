@@ -260,6 +260,24 @@ fn rejection_table() {
             want: json!({"type": "validation_failed", "message": "invalid json data"}),
         },
         Row {
+            name: "create json nested deeper than 64 levels",
+            actor: alice(),
+            caps: all,
+            setup: vec![],
+            command: json!({"type": "create_artifact", "kind": "json", "data": {"value": nested(64)}}),
+            want: json!({"type": "validation_failed", "message": "invalid json data",
+                         "errors": [{"type": "too_deep", "loc": ["data"]}]}),
+        },
+        Row {
+            name: "edit past the data size cap",
+            actor: alice(),
+            caps: all,
+            setup: vec![],
+            command: edit(1, "Hello", &"x".repeat(super::kinds::MAX_DATA_BYTES)),
+            want: json!({"type": "validation_failed", "message": "invalid markdown data",
+                         "errors": [{"type": "too_large", "loc": ["data"]}]}),
+        },
+        Row {
             name: "edit missing",
             actor: alice(),
             caps: all,
@@ -526,6 +544,31 @@ fn rejection_table() {
         assert_eq!(again, r, "{}: remembered", row.name);
         assert!(evs.is_empty());
     }
+}
+
+/// `n` nested arrays around 0.
+fn nested(n: usize) -> Value {
+    (0..n).fold(json!(0), |v, _| json!([v]))
+}
+
+#[test]
+fn data_at_the_depth_limit_is_accepted() {
+    let mut h = seeded();
+    // The data object is level 1, `value` level 2: 63 arrays make 64 levels in all.
+    let out = h.ok(
+        &alice(),
+        CapSet::all(),
+        cmd(
+            "deep",
+            json!({"type": "create_artifact", "kind": "json", "data": {"value": nested(63)}}),
+        ),
+    );
+    assert_eq!(out["version"], 1);
+    let ev = serde_json::to_string(h.log.last().unwrap()).unwrap();
+    assert!(
+        serde_json::from_str::<EventEnvelope>(&ev).is_ok(),
+        "a replica can parse it"
+    );
 }
 
 fn assert_subset(want: &Value, got: &Value, ctx: &str) {
@@ -993,6 +1036,10 @@ fn runs_follow_the_other_partys_awp_state() {
     );
     let run_id = e[0]["run_id"].clone();
     assert!(step(&mut h, "working", None).is_empty(), "already running");
+    assert_eq!(
+        h.ws.state.active_runs(),
+        [(run_id.as_str().unwrap().to_owned(), "main".to_owned())]
+    );
     let e = step(&mut h, "waiting", Some("which port?"));
     assert_eq!(e[0]["type"], "run_paused");
     assert_eq!(e[0]["requests"][0]["kind"], "question");
@@ -1000,6 +1047,10 @@ fn runs_follow_the_other_partys_awp_state() {
     assert!(
         step(&mut h, "waiting", Some("which port?")).is_empty(),
         "same question"
+    );
+    assert!(
+        h.ws.state.active_runs().is_empty(),
+        "a paused run is not active"
     );
     // The host answers the question.
     let call = e[0]["requests"][0]["tool_call_id"].clone();
