@@ -1280,6 +1280,16 @@ fn every_frame_validates_against_the_schema() {
 /// One random step: who and which command.
 #[derive(Debug, Clone)]
 enum Op {
+    /// Answer the first pending question of any paused run.
+    Answer {
+        who: u8,
+    },
+    /// An AWP `state` line of a peer (1..=3): 0 working, 1 waiting, 2 done, 3 failed.
+    AwpState {
+        who: u8,
+        state: u8,
+        note: bool,
+    },
     Edit {
         who: u8,
         art: u8,
@@ -1321,6 +1331,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..4u8, any::<bool>()).prop_map(|(who, suggest)| Op::Mode { who, suggest }),
         1 => (0..4u8).prop_map(|who| Op::Post { who }),
         2 => (0..8u8).prop_map(|back| Op::Repeat { back }),
+        1 => (0..4u8).prop_map(|who| Op::Answer { who }),
+        2 => (1..4u8, 0..4u8, any::<bool>()).prop_map(|(who, state, note)| Op::AwpState { who, state, note }),
     ]
 }
 
@@ -1396,13 +1408,20 @@ fn frame_of(
             accept,
             changes,
         } => {
-            let pid =
+            // Mostly a pending proposal; sometimes any (resolved ones too) or none.
+            let pending =
                 h.ws.state
                     .proposals
-                    .keys()
-                    .nth(prop as usize)
-                    .cloned()
-                    .unwrap_or_else(|| "prp_none".into());
+                    .values()
+                    .filter(|p| p.status == super::state::ProposalStatus::Pending);
+            let pid = if prop < 4 {
+                pending
+                    .map(|p| p.proposal_id.clone())
+                    .nth(prop as usize % 2)
+            } else {
+                h.ws.state.proposals.keys().nth(prop as usize - 4).cloned()
+            }
+            .unwrap_or_else(|| "prp_none".into());
             let ch = if changes {
                 json!({"kind": "json_patch", "ops": [{"op": "replace", "path": "/text", "value": format!("reviewed {i}")}]})
             } else {
@@ -1425,13 +1444,30 @@ fn frame_of(
             let k = sent.len().checked_sub(1 + back as usize)?;
             return Some(sent[k].clone());
         }
+        Op::AwpState { .. } => return None,
+        Op::Answer { who } => {
+            let (run_id, call) =
+                h.ws.state
+                    .runs
+                    .values()
+                    .find_map(|r| {
+                        r.requests
+                            .first()
+                            .map(|q| (r.run_id.clone(), q.tool_call_id.clone()))
+                    })
+                    .unwrap_or_else(|| ("run_none".into(), "call_none".into()));
+            (
+                who,
+                json!({"type": "answer_deferred", "run_id": run_id, "tool_call_id": call, "answer": i}),
+            )
+        }
     };
     let f = parse_command_frame(&cmd(&format!("p{i}"), command.1)).ok()?;
     Some((command.0, f))
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn random_sequences_keep_replica_equal_versions_dense_and_rejections_inert(ops in proptest::collection::vec(op(), 1..40)) {
@@ -1440,6 +1476,17 @@ proptest! {
         for e in h.log.clone() { replica.receive(e).unwrap(); }
         let mut sent: Vec<(u8, CommandFrame)> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
+            if let Op::AwpState { who, state, note } = *op {
+                // Run events the host commits for a peer's AWP state reach the replica too.
+                let (party, _) = actor_of(who);
+                let state = ["working", "waiting", "done", "failed"][state as usize];
+                let note = note.then(|| format!("note {i}"));
+                let evs = runs::on_peer_state(&h.ws.state, &party, "main", state, note.as_deref(), &mut h.ids);
+                let envs = commit(&mut h.ws, &party, h.now, &mut h.ids, evs).unwrap();
+                h.log.extend(envs.iter().cloned());
+                for e in envs { replica.receive(e).unwrap(); }
+                continue;
+            }
             let Some((who, frame)) = frame_of(op, i, &h, &sent) else { continue };
             let (actor, caps) = actor_of(who);
             let before = h.ws.state.clone();
