@@ -1534,3 +1534,94 @@ proptest! {
         prop_assert_eq!(&Workspace::replay(WS, &h.log).unwrap().state, &h.ws.state);
     }
 }
+
+/// spec/artifact-threads.md §11, step by step: the outcomes, versions and recorded patch the
+/// example shows.
+#[test]
+fn worked_example_of_the_spec() {
+    let th = "thr_01JPLAN";
+    let alice = Actor::User {
+        id: "ed25519:ALICE".into(),
+        name: None,
+    };
+    let bob = Actor::ExternalAgent {
+        client_id: "ed25519:BOB".into(),
+        name: Some("bob@laptop".into()),
+    };
+    let bob_caps = CapSet::from_grant_caps([format!("artifact:resolve@{th}")], th);
+    let mut h = Host::new();
+    h.ws = Workspace::new(th);
+    h.ok(
+        &alice,
+        CapSet::all(),
+        cmd(
+            "open-1",
+            json!({"type": "create_thread", "thread_id": th, "title": "Release plan"}),
+        ),
+    );
+    h.ok(
+        &alice,
+        CapSet::all(),
+        cmd(
+            "open-2",
+            json!({"type": "create_artifact", "artifact_id": "art_5e1f0c2a9b7d4e31",
+        "kind": "markdown", "data": {"text": "# Plan\nShip on Friday.\n"}, "thread_id": th}),
+        ),
+    );
+    let mut replica = Replica::new(th);
+    for e in h.log.clone() {
+        replica.receive(e).unwrap();
+    }
+    // 2. bob's edit becomes a proposal (seq 3).
+    let (r, evs) = h.run(&bob, bob_caps, cmd("cmd-bob-1", json!({"type": "edit_artifact",
+        "artifact_id": "art_5e1f0c2a9b7d4e31", "base_version": 1,
+        "patch": {"kind": "text_edits", "field": "text", "edits": [{"old": "Friday", "new": "Thursday"}]}})));
+    let out = serde_json::to_value(r.outcome.unwrap()).unwrap();
+    assert_eq!(
+        (out["seq"].as_u64(), out["type"].as_str()),
+        (Some(3), Some("proposed"))
+    );
+    let pid = out["proposal_id"].clone();
+    let ev = serde_json::to_value(&evs[0]).unwrap();
+    assert_eq!(ev["thread_id"], Value::Null);
+    assert_eq!(
+        ev["event"]["change"]["summary"],
+        "edited text (1 replacement)"
+    );
+    // 3. bob may not accept his own.
+    let (r, _) = h.run(
+        &bob,
+        bob_caps,
+        cmd(
+            "cmd-bob-2",
+            json!({"type": "respond_to_proposal", "proposal_id": pid, "decision": "accept"}),
+        ),
+    );
+    assert_eq!(
+        rejection(&r),
+        json!({"type": "forbidden", "message": "a proposal must be resolved by someone other than its author"})
+    );
+    // 4. alice accepts with changes: seq 4 artifact_changed (diff), seq 5 proposal_resolved.
+    let (r, evs) = h.run(&alice, CapSet::all(), cmd("cli-1", json!({"type": "respond_to_proposal", "proposal_id": pid,
+        "decision": "accept", "changes": {"kind": "text_edits", "edits": [{"old": "Thursday", "new": "Thursday 10:00"}]}})));
+    assert_eq!(
+        serde_json::to_value(r.outcome.unwrap()).unwrap(),
+        json!({"seq": 5, "type": "resolved", "proposal_id": pid, "decision": "accept", "version": 2})
+    );
+    let changed = serde_json::to_value(&evs[0].event).unwrap();
+    assert_eq!(
+        changed["patch"],
+        json!({"kind": "json_patch", "ops": [{"op": "replace", "path": "/text",
+        "value": "# Plan\nShip on Thursday 10:00.\n"}]})
+    );
+    assert_eq!(changed["summary"], "edited text (1 replacement)");
+    // 5. bob's replica gets 5 before 4: held, resend after 3, then both apply.
+    for e in h.log[2..3].iter().cloned() {
+        replica.receive(e).unwrap();
+    }
+    replica.receive(h.log[4].clone()).unwrap();
+    assert_eq!(replica.needs_resend_from(), Some(3));
+    replica.receive(h.log[3].clone()).unwrap();
+    assert_eq!(replica.needs_resend_from(), None);
+    assert_eq!(replica.state, h.ws.state);
+}
