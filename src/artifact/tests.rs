@@ -1625,3 +1625,41 @@ fn worked_example_of_the_spec() {
     assert_eq!(replica.needs_resend_from(), None);
     assert_eq!(replica.state, h.ws.state);
 }
+
+#[test]
+fn commit_reports_the_first_event_that_does_not_fit() {
+    use super::frames::{KnownEvent, RunTrigger};
+    let mut h = seeded();
+    let start = KnownEvent::RunStarted {
+        run_id: "run_a".into(),
+        thread_id: "main".into(),
+        trigger: RunTrigger::Api,
+    };
+    let end_unknown = KnownEvent::RunEnded {
+        run_id: "run_zz".into(),
+        thread_id: "main".into(),
+        status: super::frames::RunStatus::Completed,
+        error: None,
+        usage: None,
+    };
+    let err = commit(
+        &mut h.ws,
+        &bob(),
+        h.now,
+        &mut h.ids,
+        vec![start, end_unknown],
+    )
+    .unwrap_err();
+    assert_eq!(err.applied.len(), 1, "run_started applied");
+    assert_eq!(err.applied[0].seq, 3);
+    assert!(
+        matches!(
+            err.error,
+            super::state::ApplyError::Inconsistent { seq: 4, .. }
+        ),
+        "{err}"
+    );
+    assert_eq!(h.ws.state.head_seq, 3);
+    h.log.extend(err.applied);
+    assert_eq!(Workspace::replay(WS, &h.log).unwrap().state, h.ws.state);
+}
