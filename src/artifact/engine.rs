@@ -15,6 +15,7 @@
 //! appends nothing and changes nothing (except that its result is remembered). The state
 //! is never copied per command.
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::caps::{CapSet, ADMIN, RESOLVE};
@@ -132,7 +133,7 @@ pub struct Context<'a> {
 /// 1..=2^63−1; ids of things being created non-empty when given. Failure is the
 /// `error` frame `not a command frame: <reason>`; no command_result is due.
 pub fn parse_command_frame(v: &Value) -> Result<CommandFrame, ErrorFrame> {
-    let frame: CommandFrame = serde_json::from_value(v.clone()).map_err(|e| ErrorFrame {
+    let frame = CommandFrame::deserialize(v).map_err(|e| ErrorFrame {
         tag: ErrorTag,
         message: format!("not a command frame: {e}"),
     })?;

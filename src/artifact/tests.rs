@@ -1663,3 +1663,119 @@ fn commit_reports_the_first_event_that_does_not_fit() {
     h.log.extend(err.applied);
     assert_eq!(Workspace::replay(WS, &h.log).unwrap().state, h.ws.state);
 }
+
+/// Random JSON values: scalars (strings with NUL, empty, unicode), arrays, objects.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        (-1e9f64..1e9).prop_map(|f| json!(f)),
+        "[a-z\u{0}é/~0~1 ]{0,8}".prop_map(Value::String),
+        Just(json!("art_doc")),
+        Just(json!("main")),
+        Just(json!("text")),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            proptest::collection::btree_map(
+                prop_oneof![
+                    Just("text".to_owned()),
+                    Just("op".to_owned()),
+                    Just("path".to_owned()),
+                    Just("value".to_owned()),
+                    "[a-z_]{1,6}"
+                ],
+                inner,
+                0..4
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Valid commands of every type; the test replaces some of their fields with hostile values.
+fn templates() -> Vec<Value> {
+    vec![
+        json!({"type": "create_artifact", "kind": "markdown", "data": {"text": "x"}, "thread_id": "main"}),
+        json!({"type": "create_artifact", "kind": "json", "data": {"value": 1, "schema": {"type": "integer"}}}),
+        edit(1, "Hello", "Bye"),
+        json!({"type": "edit_artifact", "artifact_id": "art_doc", "base_version": 1,
+               "patch": {"kind": "json_patch", "ops": [{"op": "add", "path": "/text", "value": "y"}]}}),
+        json!({"type": "archive_artifact", "artifact_id": "art_doc", "base_version": 1}),
+        json!({"type": "propose_change", "change": edit(1, "world", "there"), "rationale": "r"}),
+        json!({"type": "respond_to_proposal", "proposal_id": "prp_a", "decision": "accept",
+               "changes": {"kind": "text_edits", "edits": [{"old": "there", "new": "you"}]}}),
+        json!({"type": "create_thread", "title": "t"}),
+        json!({"type": "post_message", "thread_id": "main", "content": "hi"}),
+        json!({"type": "set_focus", "thread_id": "main", "artifact_ids": ["art_doc"]}),
+        json!({"type": "set_thread_mode", "thread_id": "main", "mode": "suggest"}),
+        json!({"type": "answer_deferred", "run_id": "run_x", "tool_call_id": "c"}),
+        json!({"type": "stop_run", "run_id": "run_x"}),
+        json!({"type": "watch_run", "run_id": "run_x"}),
+    ]
+}
+
+/// Replace the value at a random path inside `v` (descending `depth` steps) with `new`.
+fn mutate(v: &mut Value, mut pick: usize, depth: usize, new: Value) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            let key = m.keys().nth(pick % m.len()).cloned().unwrap();
+            let child = m.get_mut(&key).unwrap();
+            if depth == 0 || !(child.is_object() || child.is_array()) {
+                *child = new;
+            } else {
+                pick /= 3;
+                mutate(child, pick, depth - 1, new);
+            }
+        }
+        Value::Array(a) if !a.is_empty() => {
+            let n = a.len();
+            let child = &mut a[pick % n];
+            if depth == 0 || !(child.is_object() || child.is_array()) {
+                *child = new;
+            } else {
+                mutate(child, pick / 3, depth - 1, new);
+            }
+        }
+        _ => *v = new,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, max_shrink_iters: 100, ..ProptestConfig::default() })]
+
+    /// Hostile command data: valid commands with random fields replaced by random JSON
+    /// (strings with NUL, empty strings, wrong types, deep values). Parsing never panics;
+    /// a parsed frame applies without panic; a rejection changes nothing; an applied
+    /// command replays to the same state.
+    #[test]
+    fn hostile_command_data_never_panics(
+        t in 0..14usize,
+        mutations in proptest::collection::vec((any::<usize>(), 0..4usize, any_json()), 0..3),
+        who in 0..4u8,
+    ) {
+        let mut command = templates()[t].clone();
+        for (pick, depth, v) in mutations {
+            mutate(&mut command, pick, depth, v);
+        }
+        if let Value::Object(m) = &mut command {
+            m.insert("type".into(), templates()[t]["type"].clone());
+        }
+        let frame = json!({"command_id": "h", "command": command});
+        let Ok(frame) = parse_command_frame(&frame) else { return Ok(()) };
+        let mut h = seeded();
+        h.ok(&bob(), CapSet::none(), cmd("setup-p", json!({"type": "propose_change", "proposal_id": "prp_a", "change": edit(1, "world", "there")})));
+        let before = h.ws.state.clone();
+        let (actor, caps) = actor_of(who);
+        let (r, evs) = h.run_frame(&actor, caps, &frame);
+        if r.ok {
+            let replayed = Workspace::replay(WS, &h.log).unwrap();
+            prop_assert_eq!(&replayed.state, &h.ws.state);
+        } else {
+            prop_assert!(evs.is_empty());
+            prop_assert_eq!(&h.ws.state, &before);
+        }
+    }
+}
