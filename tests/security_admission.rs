@@ -1,0 +1,312 @@
+//! Admission, dial-back and introductions against hostile peers, over real sockets on
+//! 127.0.0.1 (raw protocol lines written by hand, as in `tests/hostile.rs`).
+//!
+//! - A stranger refused by `--accept allowlist` that pipelines content behind its auth (one
+//!   TCP write) leaves nothing: no thread, log line, blob file, grant, presence document or
+//!   introduced peer. An admitted peer pipelining the same gets all of it stored.
+//! - Strangers naming a dial-back address in their hello do not make the node dial it.
+//! - Introductions are hints: they do not reorder a peer's addresses, do not shadow a known
+//!   name, and are capped per introducer.
+
+mod common;
+
+use awp_node::canonical::sign_object;
+use awp_node::control::Request;
+use awp_node::identity::{auth_transcript, Identity};
+use awp_node::net::{self, Address, DialOptions, TlsConfig};
+use awp_node::wire::{self, b64, Line};
+use common::*;
+use serde_json::{json, Map, Value};
+use std::path::Path;
+use std::time::Duration;
+use tempfile::TempDir;
+use tokio::io::AsyncWriteExt;
+
+const TS: &str = "2026-01-01T00:00:00.000Z";
+
+async fn start_with_config(name: &str, config: &str) -> TestNode {
+    let home = TempDir::new().unwrap();
+    std::fs::write(home.path().join("config.toml"), config).unwrap();
+    TestNode::start_in(home, name).await
+}
+
+fn obj(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!("an object"),
+    }
+}
+
+fn signed(identity: &Identity, mut o: Map<String, Value>) -> Map<String, Value> {
+    let sig = sign_object(identity, &o);
+    o.insert("sig".into(), sig.into());
+    o
+}
+
+fn line(v: Value) -> Vec<u8> {
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// A raw peer that writes its auth and everything after it in one write.
+struct Pipeliner {
+    identity: Identity,
+    reader: net::LineReader,
+    writer: net::BoxWriter,
+}
+
+impl Pipeliner {
+    async fn dial(addr: &str, identity: Identity) -> Pipeliner {
+        let tls = TlsConfig::new(&identity).unwrap();
+        let addr: Address = addr.parse().unwrap();
+        let c = net::dial(&addr, &tls, &DialOptions::default())
+            .await
+            .expect("dial");
+        Pipeliner {
+            identity,
+            reader: c.reader,
+            writer: c.writer,
+        }
+    }
+
+    fn key(&self) -> String {
+        self.identity.key().to_string()
+    }
+
+    async fn read(&mut self) -> Option<Vec<u8>> {
+        match tokio::time::timeout(Duration::from_secs(10), self.reader.read_line()).await {
+            Ok(Ok(l)) => l,
+            _ => None,
+        }
+    }
+
+    /// Hello (with `addr`), read the node's hello; then auth followed by `after` in a
+    /// single write. Returns the node's hello.
+    async fn handshake_pipelined(&mut self, addr: Option<&str>, after: &[Vec<u8>]) -> wire::Hello {
+        let mine = Line::Hello(wire::Hello {
+            id: "01K00000000000000000000000".into(),
+            ts: TS.into(),
+            v: 0,
+            key: self.key(),
+            name: Some("pipeliner@test".into()),
+            nonce: b64::encode_url(&[9u8; 32]),
+            caps: vec![
+                "presence".into(),
+                "blob".into(),
+                "grant".into(),
+                "introduce".into(),
+            ],
+            about: None,
+            addr: addr.map(str::to_string),
+            shares: None,
+        })
+        .encode();
+        self.writer.write_all(&mine).await.unwrap();
+        self.writer.write_all(b"\n").await.unwrap();
+        self.writer.flush().await.unwrap();
+        let theirs = self.read().await.expect("node hello");
+        let Ok(Line::Hello(h)) = wire::parse_line(&theirs) else {
+            panic!("first line must be hello")
+        };
+        let sig = self.identity.sign(&auth_transcript(&mine, &theirs));
+        let auth = Line::Auth(wire::Auth {
+            id: "01K00000000000000000000001".into(),
+            ts: TS.into(),
+            sig: b64::encode_url(&sig),
+            grants: vec![],
+        });
+        let mut buf = auth.encode();
+        buf.push(b'\n');
+        for l in after {
+            buf.extend_from_slice(l);
+            buf.push(b'\n');
+        }
+        self.writer.write_all(&buf).await.unwrap();
+        self.writer.flush().await.unwrap();
+        h
+    }
+
+    /// Lines from the node until EOF (at most 10 s of silence, at most 10,000 lines).
+    async fn rest(&mut self) -> Vec<Line> {
+        let mut out = Vec::new();
+        while out.len() < 10_000 {
+            match self.read().await {
+                Some(l) => out.push(wire::parse_line(&l).expect("node sends valid lines")),
+                None => break,
+            }
+        }
+        out
+    }
+}
+
+/// What a pipelining peer sends behind its auth: msg, state, chunk + blob msg, a grant it
+/// issues to the node, an introduction, its presence document, an ack, a resume, a ping.
+fn pipelined_content(me: &Identity, node_key: &str, th: &str, introduced: &Identity) -> Vec<Vec<u8>> {
+    let now = wire::time::now_ms();
+    let grant = signed(
+        me,
+        obj(json!({"iss": me.key().to_string(), "sub": node_key, "caps": ["exec"],
+            "exp": "2099-01-01T00:00:00Z", "nonce": b64::encode_url(&[3u8; 16])})),
+    );
+    let doc = signed(
+        me,
+        obj(json!({"origin": me.key().to_string(), "seq": now,
+            "ts": wire::time::format_ms(now), "name": "pipeliner@test"})),
+    );
+    let ik = introduced.key().to_string();
+    vec![
+        line(json!({"t":"msg","id":"01K00000000000000000000101","ts":TS,"th":th,
+            "subject":"pipelined","parts":[{"k":"text","text":"stored?"}]})),
+        line(json!({"t":"state","id":"01K00000000000000000000102","ts":TS,"th":th,"state":"working"})),
+        line(json!({"t":"chunk","id":"01K00000000000000000000103","ts":TS,"th":th,"ref":"r1",
+            "n":0,"last":true,"data":"aGk="})),
+        line(json!({"t":"msg","id":"01K00000000000000000000104","ts":TS,"th":th,
+            "parts":[{"k":"blob","ref":"r1","size":2,"name":"planted.txt","mime":"text/plain"}]})),
+        line(json!({"t":"grant","id":"01K00000000000000000000105","ts":TS,"grant":grant})),
+        line(json!({"t":"introduce","id":"01K00000000000000000000106","ts":TS,
+            "peer":{"key":ik,"name":"carol-introduced","address":format!("tls:127.0.0.1:9#{ik}")}})),
+        line(json!({"t":"presence","id":"01K00000000000000000000107","ts":TS,"doc":doc,"hops":0})),
+        line(json!({"t":"ack","id":"01K00000000000000000000108","ts":TS,"th":th,
+            "re":"01K00000000000000000000001"})),
+        line(json!({"t":"resume","id":"01K00000000000000000000109","ts":TS,"seen":{}})),
+        line(json!({"t":"ping","id":"01K00000000000000000000110","ts":TS})),
+    ]
+}
+
+/// What the node holds from or about `peer` (and the peer it introduced).
+#[derive(Debug, Default, PartialEq)]
+struct Traces {
+    threads: usize,
+    log_lines: usize,
+    blobs_listed: usize,
+    blob_files: usize,
+    grants: usize,
+    presence: bool,
+    peer_known: bool,
+    introduced_known: bool,
+}
+
+fn count_files(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in rd.flatten() {
+        let p = e.path();
+        n += if p.is_dir() { count_files(&p) } else { 1 };
+    }
+    n
+}
+
+async fn traces(node: &TestNode, peer: &str, introduced: &str) -> Traces {
+    let body = |r: awp_node::control::Response| {
+        assert!(r.ok, "{:?}", r.error);
+        Value::Object(r.body)
+    };
+    let threads = body(node.ctl(Request::Threads).await);
+    let blobs = body(
+        node.ctl(Request::Blobs {
+            peer: None,
+            blob_ref: None,
+        })
+        .await,
+    );
+    let grants = body(node.ctl(Request::Grants).await);
+    let presence = body(node.ctl(Request::Presence { peer: None }).await);
+    let peers = body(node.ctl(Request::Peers).await);
+    let arr = |v: &Value, k: &str| v[k].as_array().cloned().unwrap_or_default();
+    let by_peer = |v: &Value| v["peer"] == peer || v["key"] == peer;
+    Traces {
+        threads: arr(&threads, "threads").iter().filter(|t| by_peer(t)).count(),
+        log_lines: node
+            .inbound()
+            .await
+            .iter()
+            .filter(|e| e["peer"] == peer)
+            .count(),
+        blobs_listed: arr(&blobs, "blobs").iter().filter(|b| by_peer(b)).count(),
+        blob_files: count_files(&node.path().join("blobs")),
+        grants: arr(&grants, "grants")
+            .iter()
+            .filter(|g| g["iss"] == peer || g["sub"] == peer)
+            .count(),
+        presence: arr(&presence, "agents")
+            .iter()
+            .any(|a| a["origin"] == peer),
+        peer_known: arr(&peers, "peers").iter().any(|p| p["key"] == peer),
+        introduced_known: arr(&peers, "peers").iter().any(|p| p["key"] == introduced),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Admission bypass by pipelining.
+
+#[tokio::test]
+async fn a_refused_stranger_that_pipelines_leaves_nothing_behind() {
+    let node = start_with_config("guarded@test", "accept = \"allowlist\"\n").await;
+    let carol = Identity::from_seed(&[0x33; 32]);
+    for i in 0..5u8 {
+        let stranger = Identity::from_seed(&[0x60 + i; 32]);
+        let key = stranger.key().to_string();
+        let mut p = Pipeliner::dial(&node.address(), stranger).await;
+        let content = pipelined_content(&p.identity, &node.key(), &format!("thr_s{i}"), &carol);
+        p.handshake_pipelined(None, &content).await;
+        let got = p.rest().await;
+        let kinds: Vec<&str> = got.iter().map(|l| l.kind()).collect();
+        assert!(
+            matches!(got.last(), Some(Line::Err(e)) if e.code == "auth"),
+            "stranger {i}: refused with err auth, got {kinds:?}"
+        );
+        assert!(
+            !kinds.iter().any(|k| ["ack", "resume", "pong", "grant", "presence"].contains(k)),
+            "stranger {i}: nothing answered before the refusal: {kinds:?}"
+        );
+        let t = traces(&node, &key, &carol.key().to_string()).await;
+        assert_eq!(t, Traces::default(), "stranger {i} left traces");
+    }
+}
+
+#[tokio::test]
+async fn an_admitted_peer_that_pipelines_the_same_gets_it_all_stored() {
+    let friend = Identity::from_seed(&[0x42; 32]);
+    let node = start_with_config(
+        "guarded@test",
+        &format!("accept = \"allowlist\"\nallow = [\"{}\"]\n", friend.key()),
+    )
+    .await;
+    let carol = Identity::from_seed(&[0x34; 32]);
+    let key = friend.key().to_string();
+    let mut p = Pipeliner::dial(&node.address(), friend).await;
+    let content = pipelined_content(&p.identity, &node.key(), "thr_friend", &carol);
+    p.handshake_pipelined(None, &content).await;
+    // The node answers: its resume, acks of msg, state and blob msg, and the pong.
+    let mut kinds = Vec::new();
+    for _ in 0..50 {
+        let Some(l) = p.read().await else { break };
+        let l = wire::parse_line(&l).unwrap();
+        kinds.push(l.kind().to_string());
+        if kinds.iter().filter(|k| *k == "ack").count() == 3 && kinds.contains(&"pong".into()) {
+            break;
+        }
+    }
+    assert_eq!(kinds[0], "auth", "{kinds:?}");
+    assert_eq!(kinds[1], "resume", "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| *k == "ack").count(), 3, "{kinds:?}");
+    let t = eventually(10, || async {
+        let t = traces(&node, &key, &carol.key().to_string()).await;
+        (t.presence && t.blob_files == 1 && t.introduced_known).then_some(t)
+    })
+    .await;
+    assert_eq!(
+        t,
+        Traces {
+            threads: 1,
+            log_lines: 3,
+            blobs_listed: 1,
+            blob_files: 1,
+            grants: 1,
+            presence: true,
+            peer_known: true,
+            introduced_known: true,
+        }
+    );
+}
