@@ -140,12 +140,19 @@ impl Pipeliner {
 
 /// What a pipelining peer sends behind its auth: msg, state, chunk + blob msg, a grant it
 /// issues to the node, an introduction, its presence document, an ack, a resume, a ping.
-fn pipelined_content(me: &Identity, node_key: &str, th: &str, introduced: &Identity) -> Vec<Vec<u8>> {
+fn pipelined_content(
+    me: &Identity,
+    node_key: &str,
+    th: &str,
+    introduced: &Identity,
+) -> Vec<Vec<u8>> {
     let now = wire::time::now_ms();
     let grant = signed(
         me,
-        obj(json!({"iss": me.key().to_string(), "sub": node_key, "caps": ["exec"],
-            "exp": "2099-01-01T00:00:00Z", "nonce": b64::encode_url(&[3u8; 16])})),
+        obj(
+            json!({"iss": me.key().to_string(), "sub": node_key, "caps": ["exec"],
+            "exp": "2099-01-01T00:00:00Z", "nonce": b64::encode_url(&[3u8; 16])}),
+        ),
     );
     let doc = signed(
         me,
@@ -154,19 +161,31 @@ fn pipelined_content(me: &Identity, node_key: &str, th: &str, introduced: &Ident
     );
     let ik = introduced.key().to_string();
     vec![
-        line(json!({"t":"msg","id":"01K00000000000000000000101","ts":TS,"th":th,
-            "subject":"pipelined","parts":[{"k":"text","text":"stored?"}]})),
-        line(json!({"t":"state","id":"01K00000000000000000000102","ts":TS,"th":th,"state":"working"})),
-        line(json!({"t":"chunk","id":"01K00000000000000000000103","ts":TS,"th":th,"ref":"r1",
-            "n":0,"last":true,"data":"aGk="})),
-        line(json!({"t":"msg","id":"01K00000000000000000000104","ts":TS,"th":th,
-            "parts":[{"k":"blob","ref":"r1","size":2,"name":"planted.txt","mime":"text/plain"}]})),
+        line(
+            json!({"t":"msg","id":"01K00000000000000000000101","ts":TS,"th":th,
+            "subject":"pipelined","parts":[{"k":"text","text":"stored?"}]}),
+        ),
+        line(
+            json!({"t":"state","id":"01K00000000000000000000102","ts":TS,"th":th,"state":"working"}),
+        ),
+        line(
+            json!({"t":"chunk","id":"01K00000000000000000000103","ts":TS,"th":th,"ref":"r1",
+            "n":0,"last":true,"data":"aGk="}),
+        ),
+        line(
+            json!({"t":"msg","id":"01K00000000000000000000104","ts":TS,"th":th,
+            "parts":[{"k":"blob","ref":"r1","size":2,"name":"planted.txt","mime":"text/plain"}]}),
+        ),
         line(json!({"t":"grant","id":"01K00000000000000000000105","ts":TS,"grant":grant})),
-        line(json!({"t":"introduce","id":"01K00000000000000000000106","ts":TS,
-            "peer":{"key":ik,"name":"carol-introduced","address":format!("tls:127.0.0.1:9#{ik}")}})),
+        line(
+            json!({"t":"introduce","id":"01K00000000000000000000106","ts":TS,
+            "peer":{"key":ik,"name":"carol-introduced","address":format!("tls:127.0.0.1:9#{ik}")}}),
+        ),
         line(json!({"t":"presence","id":"01K00000000000000000000107","ts":TS,"doc":doc,"hops":0})),
-        line(json!({"t":"ack","id":"01K00000000000000000000108","ts":TS,"th":th,
-            "re":"01K00000000000000000000001"})),
+        line(
+            json!({"t":"ack","id":"01K00000000000000000000108","ts":TS,"th":th,
+            "re":"01K00000000000000000000001"}),
+        ),
         line(json!({"t":"resume","id":"01K00000000000000000000109","ts":TS,"seen":{}})),
         line(json!({"t":"ping","id":"01K00000000000000000000110","ts":TS})),
     ]
@@ -216,7 +235,10 @@ async fn traces(node: &TestNode, peer: &str, introduced: &str) -> Traces {
     let arr = |v: &Value, k: &str| v[k].as_array().cloned().unwrap_or_default();
     let by_peer = |v: &Value| v["peer"] == peer || v["key"] == peer;
     Traces {
-        threads: arr(&threads, "threads").iter().filter(|t| by_peer(t)).count(),
+        threads: arr(&threads, "threads")
+            .iter()
+            .filter(|t| by_peer(t))
+            .count(),
         log_lines: node
             .inbound()
             .await
@@ -229,9 +251,7 @@ async fn traces(node: &TestNode, peer: &str, introduced: &str) -> Traces {
             .iter()
             .filter(|g| g["iss"] == peer || g["sub"] == peer)
             .count(),
-        presence: arr(&presence, "agents")
-            .iter()
-            .any(|a| a["origin"] == peer),
+        presence: arr(&presence, "agents").iter().any(|a| a["origin"] == peer),
         peer_known: arr(&peers, "peers").iter().any(|p| p["key"] == peer),
         introduced_known: arr(&peers, "peers").iter().any(|p| p["key"] == introduced),
     }
@@ -257,7 +277,9 @@ async fn a_refused_stranger_that_pipelines_leaves_nothing_behind() {
             "stranger {i}: refused with err auth, got {kinds:?}"
         );
         assert!(
-            !kinds.iter().any(|k| ["ack", "resume", "pong", "grant", "presence"].contains(k)),
+            !kinds
+                .iter()
+                .any(|k| ["ack", "resume", "pong", "grant", "presence"].contains(k)),
             "stranger {i}: nothing answered before the refusal: {kinds:?}"
         );
         let t = traces(&node, &key, &carol.key().to_string()).await;
@@ -309,4 +331,128 @@ async fn an_admitted_peer_that_pipelines_the_same_gets_it_all_stored() {
             introduced_known: true,
         }
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Dial-back amplification.
+
+/// A node whose dialer runs on short delays (so a test sees many rounds in a second).
+async fn start_fast_dialer(name: &str, per_destination: usize) -> TestNode {
+    let home = TempDir::new().unwrap();
+    let handle = awp_node::node::NodeHandle::start(awp_node::node::NodeConfig {
+        home: home.path().to_path_buf(),
+        listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+        name: Some(name.to_string()),
+        dial_timing: awp_node::node::DialTiming {
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(20),
+            hello_grace: Duration::from_millis(20),
+            per_destination,
+            destination_window: Duration::from_secs(600),
+        },
+        ..Default::default()
+    })
+    .await
+    .expect("node starts");
+    TestNode { home, handle }
+}
+
+/// A TCP listener that counts connections and drops them (every TLS dial to it fails).
+async fn counting_listener() -> (
+    u16,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let n2 = n.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            n2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(s);
+        }
+    });
+    (port, n, task)
+}
+
+/// `count` strangers, each naming `tls:127.0.0.1:port` as its dial-back address, open a
+/// thread with one msg (acked), then disconnect. Returns their keys.
+async fn strangers_open_threads(node: &TestNode, port: u16, count: u8, seed: u8) -> Vec<String> {
+    let mut keys = Vec::new();
+    for i in 0..count {
+        let id = Identity::from_seed(&[seed + i; 32]);
+        keys.push(id.key().to_string());
+        let mut p = Pipeliner::dial(&node.address(), id).await;
+        let msg = line(json!({"t":"msg","id":"01K00000000000000000000101","ts":TS,
+            "th":format!("thr_dial_{seed}_{i}"),"subject":"call me","parts":[]}));
+        p.handshake_pipelined(Some(&format!("tls:127.0.0.1:{port}")), &[msg])
+            .await;
+        for _ in 0..20 {
+            match p.read().await.map(|l| wire::parse_line(&l).unwrap()) {
+                Some(Line::Ack(_)) => break,
+                Some(_) => continue,
+                None => panic!("stranger {i}: no ack"),
+            }
+        }
+    }
+    keys
+}
+
+/// Watch `n` for `ms` milliseconds of real time (bounded), returning the final count.
+async fn settle_count(n: &std::sync::atomic::AtomicUsize, ms: u64) -> usize {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    n.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn strangers_hello_addr_is_not_dialed_for_threads_they_opened() {
+    let node = start_fast_dialer("target@test", 1000).await;
+    let (port, n, task) = counting_listener().await;
+    strangers_open_threads(&node, port, 10, 0x70).await;
+    // 50 hello-grace periods and many backoff rounds: the old dialer redialed every one.
+    let dials = settle_count(&n, 1000).await;
+    assert_eq!(dials, 0, "no dial back for threads strangers opened");
+    task.abort();
+}
+
+#[tokio::test]
+async fn dials_to_one_address_are_rate_limited_across_peers() {
+    let node = start_fast_dialer("target@test", 4).await;
+    let (port, n, task) = counting_listener().await;
+    let keys = strangers_open_threads(&node, port, 10, 0x80).await;
+    // Now we do have something to say to each: a reply queued for all ten.
+    for k in &keys {
+        node.send(Some(k), None, "reply").await;
+    }
+    let dials = settle_count(&n, 1000).await;
+    assert!(
+        (1..=4).contains(&dials),
+        "ten peers naming one address: at most 4 dials to it per window, got {dials}"
+    );
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_peer_that_never_answers_is_given_up_after_bounded_failures() {
+    let node = start_fast_dialer("target@test", 1000).await;
+    let (port, n, task) = counting_listener().await;
+    let keys = strangers_open_threads(&node, port, 1, 0x90).await;
+    node.send(Some(&keys[0]), None, "reply").await;
+    let max = awp_node::node::MAX_DIAL_FAILURES as usize;
+    eventually(10, || async {
+        (n.load(std::sync::atomic::Ordering::SeqCst) >= max).then_some(())
+    })
+    .await;
+    // Backoff is 10-20 ms here: another second would be dozens of rounds without a bound.
+    let dials = settle_count(&n, 1000).await;
+    assert_eq!(dials, max, "dialing stops after {max} failed rounds");
+    // New traffic wakes it again (bounded again).
+    node.send(Some(&keys[0]), None, "another reply").await;
+    eventually(10, || async {
+        (n.load(std::sync::atomic::Ordering::SeqCst) >= 2 * max).then_some(())
+    })
+    .await;
+    assert_eq!(settle_count(&n, 1000).await, 2 * max);
+    task.abort();
 }

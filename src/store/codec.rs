@@ -40,6 +40,10 @@ pub(crate) struct ThreadRec {
     pub since: u64,
     pub updated: u64,
     pub unread: u64,
+    /// Created by a line we sent (false for threads a peer opened, and for records
+    /// written before this field existed).
+    #[serde(default)]
+    pub ours: bool,
 }
 
 /// Peer value.

@@ -255,7 +255,7 @@ impl Store {
             };
             tx.put(T::Log, u64_be(seq), pack(&lrec, &bytes)?);
             if let Some(th) = &th {
-                let mut t = self.thread_for_update(&tx, th, peer, now)?;
+                let mut t = self.thread_for_update(&tx, th, peer, now, true)?;
                 t.updated = t.updated.max(now);
                 match &line {
                     Line::Msg(m) if t.subject.is_none() => t.subject = m.subject.clone(),
@@ -297,13 +297,15 @@ impl Store {
         Ok(out)
     }
 
-    /// The thread record to update (existing, or a new one created by `peer` at `now`).
+    /// The thread record to update (existing, or a new one with `peer` at `now`, opened by
+    /// us when `ours`).
     fn thread_for_update(
         &self,
         tx: &Tx<'_>,
         th: &str,
         peer: &PeerKey,
         now: u64,
+        ours: bool,
     ) -> Result<ThreadRec, StoreError> {
         Ok(match tx.get(T::Threads, th.as_bytes())? {
             Some(v) => dec("threads", &v)?,
@@ -317,6 +319,7 @@ impl Store {
                 since: now,
                 updated: now,
                 unread: 0,
+                ours,
             },
         })
     }
@@ -550,7 +553,7 @@ impl Store {
             if raise {
                 tx.put(T::Seen, skey, id.as_bytes().to_vec());
             }
-            let mut t = self.thread_for_update(&tx, th, peer, now)?;
+            let mut t = self.thread_for_update(&tx, th, peer, now, false)?;
             if t.peer != peer_hex {
                 // Another peer's thread id: the line is logged (and deduplicated) under its
                 // sender, but it must not change a thread that belongs to someone else.
@@ -980,6 +983,7 @@ fn thread_info(th: String, v: &[u8]) -> Result<ThreadInfo, StoreError> {
         since_ms: t.since,
         updated_ms: t.updated,
         unread: t.unread,
+        opened_by_us: t.ours,
     })
 }
 

@@ -127,6 +127,9 @@ pub struct ThreadInfo {
     pub updated_ms: u64,
     /// Unread inbound entries.
     pub unread: u64,
+    /// We sent its first line (a thread a peer opened does not make us redial that peer;
+    /// see `node::dialer`).
+    pub opened_by_us: bool,
 }
 
 /// A known peer.
