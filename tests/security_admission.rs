@@ -456,3 +456,209 @@ async fn a_peer_that_never_answers_is_given_up_after_bounded_failures() {
     assert_eq!(settle_count(&n, 1000).await, 2 * max);
     task.abort();
 }
+
+// ---------------------------------------------------------------------------------------
+// 8. Introductions from anyone.
+
+/// Lines from `p` until its pong (so every line before the ping was handled), bounded.
+async fn until_pong(p: &mut Pipeliner) {
+    for _ in 0..1000 {
+        match p.read().await.map(|l| wire::parse_line(&l).unwrap()) {
+            Some(Line::Pong(_)) => return,
+            Some(_) => continue,
+            None => panic!("no pong"),
+        }
+    }
+    panic!("no pong within 1000 lines");
+}
+
+fn introduce_line(n: u32, key: &str, name: &str, address: Option<&str>) -> Vec<u8> {
+    let mut peer = json!({"key": key, "name": name});
+    if let Some(a) = address {
+        peer["address"] = json!(a);
+    }
+    line(json!({"t":"introduce","id":format!("01K0000000000000000000{n:04}"),"ts":TS,"peer":peer}))
+}
+
+async fn peers(node: &TestNode) -> Vec<Value> {
+    let r = node.ctl(Request::Peers).await;
+    assert!(r.ok, "{:?}", r.error);
+    r.body["peers"].as_array().cloned().unwrap_or_default()
+}
+
+/// Two nodes, `node` knowing `real` (which dialed it, named `realpeer@test`), and a
+/// stranger that sent `node` the introductions `lines` (then a ping, answered).
+struct IntroScene {
+    node: TestNode,
+    real: TestNode,
+    stranger_key: String,
+}
+
+async fn stranger_introduces(lines: impl FnOnce(&str) -> Vec<Vec<u8>>) -> IntroScene {
+    let (node, real) = two_known_nodes().await;
+    stranger_introduces_to(node, real, lines).await
+}
+
+async fn two_known_nodes() -> (TestNode, TestNode) {
+    let node = TestNode::start("node@test").await;
+    let real = TestNode::start("realpeer@test").await;
+    // The real peer dials us: we know it, with the address its hello gave.
+    real.connect(&node).await;
+    (node, real)
+}
+
+async fn stranger_introduces_to(
+    node: TestNode,
+    real: TestNode,
+    lines: impl FnOnce(&str) -> Vec<Vec<u8>>,
+) -> IntroScene {
+    let stranger = Identity::from_seed(&[0xA1; 32]);
+    let stranger_key = stranger.key().to_string();
+    let mut p = Pipeliner::dial(&node.address(), stranger).await;
+    let mut lines = lines(&real.key());
+    lines.push(line(
+        json!({"t":"ping","id":"01K00000000000000000009999","ts":TS}),
+    ));
+    p.handshake_pipelined(None, &lines).await;
+    until_pong(&mut p).await;
+    IntroScene {
+        node,
+        real,
+        stranger_key,
+    }
+}
+
+#[tokio::test]
+async fn an_introduced_address_never_goes_ahead_of_one_that_worked() {
+    let (node, real) = two_known_nodes().await;
+    // A trap whose address sorts before the real one as text (the old tie break), so the
+    // order cannot come out right by chance (bounded tries).
+    let real_port = real
+        .address()
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('#')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut trap = None;
+    for _ in 0..100 {
+        let t = counting_listener().await;
+        if t.0.to_string() < real_port {
+            trap = Some(t);
+            break;
+        }
+        t.2.abort();
+    }
+    let Some((trap_port, trap, task)) = trap else {
+        eprintln!("skipped: no free port sorting before {real_port}");
+        return;
+    };
+    let s = stranger_introduces_to(node, real, |real_key| {
+        // A false address for the real peer (pinned to its key, so it passes the checks).
+        vec![introduce_line(
+            1,
+            real_key,
+            "realpeer@test",
+            Some(&format!("tls:127.0.0.1:{trap_port}#{real_key}")),
+        )]
+    })
+    .await;
+    let real_key = s.real.key();
+    // `connect <key>` dials its best known address: the one the peer gave, not the hint.
+    let r = s
+        .node
+        .ctl(Request::Connect {
+            address: real_key.clone(),
+            timeout_ms: Some(10_000),
+        })
+        .await;
+    // It may end as a simultaneous open (the real peer is connected): either way the
+    // address dialed is named.
+    let dialed = match (&r.ok, &r.error) {
+        (true, _) => r.body["address"].as_str().unwrap().to_string(),
+        (false, Some(e)) => e.message.clone(),
+        (false, None) => panic!("no error"),
+    };
+    assert!(
+        dialed.starts_with(&s.real.address()),
+        "dialed {dialed}, the real peer is at {}",
+        s.real.address()
+    );
+    assert_eq!(
+        trap.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the introduced address was dialed"
+    );
+    let all = peers(&s.node).await;
+    let rec = all.iter().find(|p| p["key"] == real_key.as_str()).unwrap();
+    assert_eq!(rec["name"], "realpeer@test");
+    assert!(rec["introduced_by"].is_null(), "{rec}");
+    let addrs = rec["addresses"].as_array().unwrap();
+    assert_eq!(addrs.len(), 2, "{rec}");
+    assert_eq!(
+        addrs[1]["source"], "introduce",
+        "the hint comes last: {rec}"
+    );
+    task.abort();
+}
+
+#[tokio::test]
+async fn an_introduced_name_never_shadows_a_known_peer() {
+    let fake = Identity::from_seed(&[0xA0; 32]).key().to_string();
+    let s = stranger_introduces(|_| vec![introduce_line(2, &fake, "realpeer@test", None)]).await;
+    let real_key = s.real.key();
+    for name in ["realpeer", "realpeer@test"] {
+        let r = s
+            .node
+            .ctl(Request::Send {
+                peer: Some(name.into()),
+                th: None,
+                subject: None,
+                re: None,
+                parts: vec![json!({"k":"text","text":"to the real one"})],
+                files: vec![],
+                wait_ack_ms: None,
+            })
+            .await;
+        assert!(r.ok, "send {name}: {:?}", r.error);
+        assert_eq!(r.body["peer"], real_key.as_str(), "{name}: {:?}", r.body);
+    }
+    // The planted key is kept as the stranger's hint, reachable by its full key only.
+    let all = peers(&s.node).await;
+    let planted = all.iter().find(|p| p["key"] == fake.as_str()).unwrap();
+    assert_eq!(planted["introduced_by"], s.stranger_key.as_str());
+}
+
+#[tokio::test]
+async fn introductions_are_capped_per_introducer() {
+    let flood: Vec<String> = (0..200u32)
+        .map(|i| {
+            let mut seed = [0xB0u8; 32];
+            seed[..4].copy_from_slice(&i.to_be_bytes());
+            Identity::from_seed(&seed).key().to_string()
+        })
+        .collect();
+    let lines: Vec<Vec<u8>> = flood
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            introduce_line(
+                10 + i as u32,
+                k,
+                &format!("flood{i}@x"),
+                Some("tls:127.0.0.1:9"),
+            )
+        })
+        .collect();
+    let s = stranger_introduces(|_| lines).await;
+    let max = awp_node::node::MAX_INTRODUCED_PER_INTRODUCER;
+    let all = peers(&s.node).await;
+    let flooded = all
+        .iter()
+        .filter(|p| flood.iter().any(|k| p["key"] == k.as_str()))
+        .count();
+    assert_eq!(flooded, max, "the flood stops at the quota");
+    assert!(max < flood.len());
+}

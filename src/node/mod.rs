@@ -19,6 +19,7 @@ pub mod serve;
 mod server;
 
 pub use dialer::{DestLimiter, DialReason, DialTiming, Redial, MAX_DIAL_FAILURES};
+pub use grants::MAX_INTRODUCED_PER_INTRODUCER;
 pub use presence::PresenceTiming;
 
 use crate::control::Event;
