@@ -84,7 +84,7 @@ pub const DEST_WINDOW: Duration = Duration::from_secs(60);
 /// Most destinations remembered by [`DestLimiter`]; the oldest are forgotten first.
 pub const DEST_REMEMBERED: usize = 4096;
 
-/// Why we would dial a peer, strongest first.
+/// Why we dial a peer that has work pending, strongest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DialReason {
     /// The operator lists it in `trust` or `allow`.
@@ -97,23 +97,36 @@ pub enum DialReason {
     OpenedByUs,
 }
 
+/// What [`DialReason::from_facts`] looks at for one peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DialFacts {
+    /// Listed in `trust` or `allow`.
+    pub trusted: bool,
+    /// Has an address the user gave (`awp connect`).
+    pub user_dialed: bool,
+    /// Lines of ours wait in its outbox.
+    pub queued: bool,
+    /// Has an open thread (whoever opened it).
+    pub open_thread: bool,
+    /// Has an open thread that we opened.
+    pub open_thread_ours: bool,
+}
+
 impl DialReason {
-    /// The rule, from facts about the peer: trusted/allowed, has a user-given address,
-    /// has queued lines, has an open thread opened by us. None: do not dial (e.g. a
-    /// stranger that only opened threads here).
-    pub fn from_facts(
-        trusted: bool,
-        user_dialed: bool,
-        queued: bool,
-        open_thread_ours: bool,
-    ) -> Option<DialReason> {
-        if trusted {
+    /// The rule. There must be work (queued lines or an open thread), and a reason to
+    /// reach this peer for it: it is trusted or allowed, the user dialed it, the lines are
+    /// ours, or we opened the thread. None: do not dial (e.g. a stranger whose only link
+    /// is a thread it opened here).
+    pub fn from_facts(f: DialFacts) -> Option<DialReason> {
+        if !(f.queued || f.open_thread) {
+            None
+        } else if f.trusted {
             Some(DialReason::Trusted)
-        } else if user_dialed {
+        } else if f.user_dialed {
             Some(DialReason::UserDialed)
-        } else if queued {
+        } else if f.queued {
             Some(DialReason::Queued)
-        } else if open_thread_ours {
+        } else if f.open_thread_ours {
             Some(DialReason::OpenedByUs)
         } else {
             None
@@ -283,15 +296,22 @@ pub(super) fn reason(inner: &Inner, peer: &PeerKey) -> Option<DialReason> {
         .iter()
         .any(|a| a.source == AddrSource::Connect);
     let queued = inner.store.outbox_len(peer).unwrap_or(0) > 0;
-    let ours = || {
-        inner.store.threads().is_ok_and(|ts| {
-            ts.iter().any(|t| {
-                t.peer == *peer && t.opened_by_us && is_open(t.mine.as_deref(), t.theirs.as_deref())
-            })
-        })
-    };
-    let open_ours = !(trusted || user_dialed || queued) && ours();
-    DialReason::from_facts(trusted, user_dialed, queued, open_ours)
+    let (mut open_thread, mut open_thread_ours) = (false, false);
+    if !queued {
+        for t in inner.store.threads().unwrap_or_default() {
+            if t.peer == *peer && is_open(t.mine.as_deref(), t.theirs.as_deref()) {
+                open_thread = true;
+                open_thread_ours |= t.opened_by_us;
+            }
+        }
+    }
+    DialReason::from_facts(DialFacts {
+        trusted,
+        user_dialed,
+        queued,
+        open_thread,
+        open_thread_ours,
+    })
 }
 
 /// A peer's dialer task: woken on disconnects and on new outbound traffic.
@@ -516,22 +536,30 @@ mod policy_tests {
 
     #[test]
     fn a_peer_is_dialed_only_with_a_reason() {
-        // (trusted, user dialed, queued, open thread we opened) → reason.
+        use DialReason::*;
+        // (trusted, user dialed, queued, open thread, open thread we opened) → reason.
         let table = [
-            ((false, false, false, false), None),
-            ((true, false, false, false), Some(DialReason::Trusted)),
-            ((false, true, false, false), Some(DialReason::UserDialed)),
-            ((false, false, true, false), Some(DialReason::Queued)),
-            ((false, false, false, true), Some(DialReason::OpenedByUs)),
-            ((true, true, true, true), Some(DialReason::Trusted)),
-            ((false, true, true, false), Some(DialReason::UserDialed)),
+            // No work: nobody is dialed, however well known.
+            ((true, true, false, false, false), None),
+            // A thread the peer opened: only trusted or user-dialed peers.
+            ((false, false, false, true, false), None),
+            ((true, false, false, true, false), Some(Trusted)),
+            ((false, true, false, true, false), Some(UserDialed)),
+            // Our own work.
+            ((false, false, true, false, false), Some(Queued)),
+            ((false, false, false, true, true), Some(OpenedByUs)),
+            ((true, true, true, true, true), Some(Trusted)),
+            ((false, true, true, false, false), Some(UserDialed)),
         ];
-        for ((t, u, q, o), want) in table {
-            assert_eq!(
-                DialReason::from_facts(t, u, q, o),
-                want,
-                "trusted={t} user={u} queued={q} ours={o}"
-            );
+        for ((trusted, user_dialed, queued, open_thread, open_thread_ours), want) in table {
+            let f = DialFacts {
+                trusted,
+                user_dialed,
+                queued,
+                open_thread,
+                open_thread_ours,
+            };
+            assert_eq!(DialReason::from_facts(f), want, "{f:?}");
         }
     }
 

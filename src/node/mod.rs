@@ -18,7 +18,7 @@ mod presence;
 pub mod serve;
 mod server;
 
-pub use dialer::{DestLimiter, DialReason, DialTiming, Redial, MAX_DIAL_FAILURES};
+pub use dialer::{DestLimiter, DialFacts, DialReason, DialTiming, Redial, MAX_DIAL_FAILURES};
 pub use grants::MAX_INTRODUCED_PER_INTRODUCER;
 pub use presence::PresenceTiming;
 
