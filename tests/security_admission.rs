@@ -396,6 +396,17 @@ async fn strangers_open_threads(node: &TestNode, port: u16, count: u8, seed: u8)
             }
         }
     }
+    // Gone from the node's side too, so what follows starts with no connection to them.
+    eventually(10, || async {
+        let all = peers(node).await;
+        keys.iter()
+            .all(|k| {
+                all.iter()
+                    .any(|p| p["key"] == k.as_str() && p["connected"] == false)
+            })
+            .then_some(())
+    })
+    .await;
     keys
 }
 
