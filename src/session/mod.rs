@@ -901,6 +901,9 @@ impl Session {
         self.phase = Phase::Closed;
         self.replaying = false;
         self.batch.clear();
+        // Input held for an admission that will not happen is never read.
+        self.held_input.clear();
+        self.held_input_bytes = 0;
         // Nothing goes out after a closing line: acks not yet sent are dropped (the peer
         // replays, we dedup). Held events still come out at the next flush.
         self.held_acks.clear();

@@ -803,3 +803,16 @@ fn too_much_input_before_admission_is_refused() {
     b.s.admit(now);
     assert!(b.s.is_closed(), "admit after a refusal does nothing");
 }
+
+#[test]
+fn a_session_closed_during_admission_never_reads_what_it_held() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pipelined_into(&mut a, &mut b, now);
+    // E.g. a simultaneous open decided against this connection, or a handshake timeout.
+    b.s.close_local("simultaneous open", false, now);
+    b.s.admit(now);
+    drain(&mut b);
+    assert!(b.s.is_closed());
+    stored_nothing(&b).unwrap();
+}
