@@ -220,150 +220,136 @@ pub async fn run_with(
 
     loop {
         // Handle events first: they may refuse the peer before anything queued goes out.
-        // Lines held during admission are processed by `admit` and may need a flush, whose
-        // events are handled in the next round.
-        loop {
-            while let Some(ev) = session.poll_event() {
-                match ev {
-                    SessionEvent::Authenticated { key, hello } => {
-                        // The handshake is over: free its slot for the next inbound one.
-                        drop(handshake_slot.take());
-                        if session.phase() != Phase::Admission {
-                            // Closed meanwhile (e.g. too much input before admission).
-                            continue;
+        while let Some(ev) = session.poll_event() {
+            match ev {
+                SessionEvent::Authenticated { key, hello } => {
+                    // The handshake is over: free its slot for the next inbound one.
+                    drop(handshake_slot.take());
+                    if session.phase() != Phase::Admission {
+                        // Closed meanwhile (e.g. too much input before admission).
+                        continue;
+                    }
+                    let presented = std::mem::take(&mut auth_grants);
+                    if let Err(detail) = super::grants::admit(&inner, &key, dialed, &presented) {
+                        tracing::warn!(peer = %key, %remote, "admission refused: {detail}");
+                        // Drops everything the peer sent after its auth, unread.
+                        session.refuse(&detail);
+                        continue;
+                    }
+                    let presence = hello.caps.iter().any(|c| c == super::presence::CAP);
+                    match register(&inner, key, conn_id, dialed, &remote, &handles, presence).await
+                    {
+                        true => {
+                            registered = Some(key);
+                            // Admitted: now the grants of its auth line are worth storing.
+                            super::grants::on_received(&inner, &key, presented);
+                            peer_name = hello
+                                .name
+                                .as_deref()
+                                .map(|n| crate::blob::cut(n, MAX_NAME).to_string());
+                            on_authenticated(&inner, key, &hello, dial_addr.as_ref());
+                            // Only now does the session act on what the peer sent after auth.
+                            session.admit(Instant::now());
                         }
-                        let presented = std::mem::take(&mut auth_grants);
-                        if let Err(detail) = super::grants::admit(&inner, &key, dialed, &presented)
-                        {
-                            tracing::warn!(peer = %key, %remote, "admission refused: {detail}");
-                            // Drops everything the peer sent after its auth, unread.
-                            session.refuse(&detail);
-                            continue;
-                        }
-                        let presence = hello.caps.iter().any(|c| c == super::presence::CAP);
-                        match register(&inner, key, conn_id, dialed, &remote, &handles, presence)
-                            .await
-                        {
-                            true => {
-                                registered = Some(key);
-                                // Admitted: now the grants of its auth line are worth storing.
-                                super::grants::on_received(&inner, &key, presented);
-                                peer_name = hello
-                                    .name
-                                    .as_deref()
-                                    .map(|n| crate::blob::cut(n, MAX_NAME).to_string());
-                                on_authenticated(&inner, key, &hello, dial_addr.as_ref());
-                                // Only now does the session act on what the peer sent after auth.
-                                session.admit(Instant::now());
-                            }
-                            false => {
-                                session.close_local("simultaneous open", false, Instant::now())
-                            }
-                        }
-                    }
-                    SessionEvent::Up => {
-                        up = true;
-                        if let Some(key) = registered {
-                            if let Some((addr, _)) = &dial_addr {
-                                let _ = inner.store.address_result(
-                                    &key,
-                                    addr,
-                                    Ok(()),
-                                    wire::time::now_ms(),
-                                );
-                            }
-                            set_up(&inner, &key);
-                            for line in super::presence::greeting(&inner, &key) {
-                                session.send_ephemeral(line);
-                            }
-                            // Grants are not acked: ours go again after every resume.
-                            for line in super::grants::issued_lines(&inner, &key) {
-                                session.send_ephemeral(line);
-                            }
-                            inner.emit(json!({
-                                "event": "peer_up",
-                                "peer": key.to_string(),
-                                "peer_name": inner.peer_name(&key),
-                                "remote": remote,
-                                "dialed": dialed,
-                            }));
-                            if let Some(tx) = up_tx.take() {
-                                let _ = tx.send(Ok(key));
-                            }
-                        }
-                    }
-                    SessionEvent::Received { seq, line } => {
-                        if let Some(key) = registered {
-                            // A served request (durable and acked by now), if it is one.
-                            super::serve::on_msg(&inner, key, &line);
-                            // Events are built only when someone listens (tail, wait, listen).
-                            if inner.events.receiver_count() > 0 {
-                                inner.emit(line_event(
-                                    seq,
-                                    "in",
-                                    &key,
-                                    peer_name.as_deref(),
-                                    &line,
-                                ));
-                            }
-                        }
-                    }
-                    SessionEvent::Acked { th, re } => {
-                        if let Some(key) = registered {
-                            inner.emit(
-                                json!({"event":"ack","peer":key.to_string(),"th":th,"re":re}),
-                            );
-                        }
-                    }
-                    SessionEvent::Grants(g) => match registered {
-                        // A grant line from an admitted peer.
-                        Some(peer) => super::grants::on_received(&inner, &peer, g),
-                        // auth.grants: judged with admission, stored only after it.
-                        None => auth_grants = g,
-                    },
-                    SessionEvent::PeerError(e) => {
-                        tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
-                        inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
-                    }
-                    SessionEvent::BlobReceived(b) => {
-                        tracing::info!(peer = %b.peer, path = %b.path.display(), size = b.size, "blob received");
-                        inner.emit(json!({
-                            "event": "blob",
-                            "dir": "in",
-                            "peer": b.peer.to_string(),
-                            "peer_name": peer_name,
-                            "ref": b.blob_ref,
-                            "th": b.th,
-                            "msg": b.msg_id,
-                            "name": b.name,
-                            "mime": b.mime,
-                            "size": b.size,
-                            "sha256": b.sha256,
-                            "path": b.path.display().to_string(),
-                        }));
-                    }
-                    SessionEvent::Other(Line::Presence(p)) => {
-                        if let Some(key) = registered {
-                            super::presence::received(&inner, key, p);
-                        }
-                    }
-                    SessionEvent::Other(Line::Introduce(i)) => {
-                        if let Some(key) = registered {
-                            super::grants::on_introduce(&inner, &key, i);
-                        }
-                    }
-                    SessionEvent::Other(line) => {
-                        tracing::debug!(t = line.kind(), "line not acted on by this version");
-                    }
-                    SessionEvent::Closed(reason) => {
-                        log_close(&remote, registered.as_ref(), &reason);
+                        false => session.close_local("simultaneous open", false, Instant::now()),
                     }
                 }
+                SessionEvent::Up => {
+                    up = true;
+                    if let Some(key) = registered {
+                        if let Some((addr, _)) = &dial_addr {
+                            let _ = inner.store.address_result(
+                                &key,
+                                addr,
+                                Ok(()),
+                                wire::time::now_ms(),
+                            );
+                        }
+                        set_up(&inner, &key);
+                        for line in super::presence::greeting(&inner, &key) {
+                            session.send_ephemeral(line);
+                        }
+                        // Grants are not acked: ours go again after every resume.
+                        for line in super::grants::issued_lines(&inner, &key) {
+                            session.send_ephemeral(line);
+                        }
+                        inner.emit(json!({
+                            "event": "peer_up",
+                            "peer": key.to_string(),
+                            "peer_name": inner.peer_name(&key),
+                            "remote": remote,
+                            "dialed": dialed,
+                        }));
+                        if let Some(tx) = up_tx.take() {
+                            let _ = tx.send(Ok(key));
+                        }
+                    }
+                }
+                SessionEvent::Received { seq, line } => {
+                    if let Some(key) = registered {
+                        // A served request (durable and acked by now), if it is one.
+                        super::serve::on_msg(&inner, key, &line);
+                        // Events are built only when someone listens (tail, wait, listen).
+                        if inner.events.receiver_count() > 0 {
+                            inner.emit(line_event(seq, "in", &key, peer_name.as_deref(), &line));
+                        }
+                    }
+                }
+                SessionEvent::Acked { th, re } => {
+                    if let Some(key) = registered {
+                        inner.emit(json!({"event":"ack","peer":key.to_string(),"th":th,"re":re}));
+                    }
+                }
+                SessionEvent::Grants(g) => match registered {
+                    // A grant line from an admitted peer.
+                    Some(peer) => super::grants::on_received(&inner, &peer, g),
+                    // auth.grants: judged with admission, stored only after it.
+                    None => auth_grants = g,
+                },
+                SessionEvent::PeerError(e) => {
+                    tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
+                    inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
+                }
+                SessionEvent::BlobReceived(b) => {
+                    tracing::info!(peer = %b.peer, path = %b.path.display(), size = b.size, "blob received");
+                    inner.emit(json!({
+                        "event": "blob",
+                        "dir": "in",
+                        "peer": b.peer.to_string(),
+                        "peer_name": peer_name,
+                        "ref": b.blob_ref,
+                        "th": b.th,
+                        "msg": b.msg_id,
+                        "name": b.name,
+                        "mime": b.mime,
+                        "size": b.size,
+                        "sha256": b.sha256,
+                        "path": b.path.display().to_string(),
+                    }));
+                }
+                SessionEvent::Other(Line::Presence(p)) => {
+                    if let Some(key) = registered {
+                        super::presence::received(&inner, key, p);
+                    }
+                }
+                SessionEvent::Other(Line::Introduce(i)) => {
+                    if let Some(key) = registered {
+                        super::grants::on_introduce(&inner, &key, i);
+                    }
+                }
+                SessionEvent::Other(line) => {
+                    tracing::debug!(t = line.kind(), "line not acted on by this version");
+                }
+                SessionEvent::Closed(reason) => {
+                    log_close(&remote, registered.as_ref(), &reason);
+                }
             }
-            if !session.wants_flush() {
-                break;
-            }
+        }
+        if session.wants_flush() {
+            // Lines held during admission, processed by `admit`: stored and flushed before
+            // their acks go out; their events are handled at the top of the loop.
             commit_and_flush(&inner, &mut session).await;
+            continue;
         }
         // Fill the pending write batch.
         while pending.len() < WRITE_BATCH {
