@@ -107,6 +107,9 @@ fuzz_target!(|data: &[u8]| {
     })
     .encode();
     s.handle_line(&auth, now);
+    assert_eq!(s.phase(), Phase::Admission, "auth verified, admission pending");
+    // The node admits the peer (its policy is not under test here).
+    s.admit(now);
     settle(&mut s);
     assert_eq!(s.phase(), Phase::Open, "the handshake must complete");
 

@@ -225,9 +225,14 @@ pub async fn run_with(
                 SessionEvent::Authenticated { key, hello } => {
                     // The handshake is over: free its slot for the next inbound one.
                     drop(handshake_slot.take());
+                    if session.phase() != Phase::Admission {
+                        // Closed meanwhile (e.g. too much input before admission).
+                        continue;
+                    }
                     let presented = std::mem::take(&mut auth_grants);
                     if let Err(detail) = super::grants::admit(&inner, &key, dialed, &presented) {
                         tracing::warn!(peer = %key, %remote, "admission refused: {detail}");
+                        // Drops everything the peer sent after its auth, unread.
                         session.refuse(&detail);
                         continue;
                     }
@@ -243,6 +248,8 @@ pub async fn run_with(
                                 .as_deref()
                                 .map(|n| crate::blob::cut(n, MAX_NAME).to_string());
                             on_authenticated(&inner, key, &hello, dial_addr.as_ref());
+                            // Only now does the session act on what the peer sent after auth.
+                            session.admit(Instant::now());
                         }
                         false => session.close_local("simultaneous open", false, Instant::now()),
                     }
@@ -338,6 +345,12 @@ pub async fn run_with(
                 }
             }
         }
+        if session.wants_flush() {
+            // Lines held during admission, processed by `admit`: stored and flushed before
+            // their acks go out; their events are handled at the top of the loop.
+            commit_and_flush(&inner, &mut session).await;
+            continue;
+        }
         // Fill the pending write batch.
         while pending.len() < WRITE_BATCH {
             match session.poll_transmit() {
@@ -411,12 +424,7 @@ pub async fn run_with(
                     next = rrx.try_recv().ok();
                 }
                 if session.wants_flush() {
-                    // One transaction and one fsync for the whole batch, then the acks.
-                    session.commit();
-                    match inner.store.flush().await {
-                        Ok(()) => session.flushed(),
-                        Err(e) => session.flush_failed(&e),
-                    }
+                    commit_and_flush(&inner, &mut session).await;
                 }
             }
             _ = outbox.notified(), if registered.is_some() => session.outbox_changed(),
@@ -467,6 +475,15 @@ pub async fn run_with(
         peer: session.peer(),
         up,
         reason,
+    }
+}
+
+/// One transaction and one fsync for the lines fed since the last commit, then their acks.
+async fn commit_and_flush(inner: &Inner, session: &mut Session) {
+    session.commit();
+    match inner.store.flush().await {
+        Ok(()) => session.flushed(),
+        Err(e) => session.flush_failed(&e),
     }
 }
 

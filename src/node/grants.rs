@@ -5,7 +5,7 @@
 use super::Inner;
 use crate::config::Accept;
 use crate::grant::{self, GrantError, Policy, Verified};
-use crate::store::{AddrSource, GrantRecord, GrantRole};
+use crate::store::{AddrSource, GrantRecord, GrantRole, Introduced};
 use crate::wire::{self, Line, PeerKey};
 
 /// Most grants taken from one auth or grant line.
@@ -223,10 +223,20 @@ pub(crate) fn held_for_auth(inner: &Inner) -> Vec<wire::Grant> {
         .collect()
 }
 
+/// Most distinct keys one peer may introduce to this node (their records, addresses and
+/// grants); further introductions from it are dropped.
+pub const MAX_INTRODUCED_PER_INTRODUCER: usize = 64;
+
 /// An `introduce` from `from` (protocol-notes §Grants, 10.4): remember the introduced
 /// peer's name and its `tls:` address (pinned to its key; source `introduce`) so that
 /// `awp connect <name>` works, and hold the grant (sub = us, aud = the introduced peer) to
 /// present when we connect to it.
+///
+/// Anyone admitted may introduce, so what an introduction says is a hint scoped to its
+/// introducer (see [`crate::store::Store::introduce`]): it never changes the record of a
+/// known peer, its name never shadows a peer that proved its key (`resolve_peer`), its
+/// address sorts after every address that worked, and each introducer is held to
+/// [`MAX_INTRODUCED_PER_INTRODUCER`] keys.
 pub(super) fn on_introduce(inner: &Inner, from: &PeerKey, i: wire::Introduce) {
     let Ok(key) = PeerKey::parse(&i.peer.key) else {
         tracing::warn!(peer = %from, "introduce with an unusable key");
@@ -236,24 +246,36 @@ pub(super) fn on_introduce(inner: &Inner, from: &PeerKey, i: wire::Introduce) {
         return;
     }
     let name = i.peer.name.as_deref().map(|n| crate::blob::cut(n, 256));
-    let known = inner.store.peer(&key).ok().flatten();
-    if known.is_none() {
-        let _ = inner
-            .store
-            .peer_seen(&key, name, None, &[], wire::time::now_ms());
-    }
-    if let Some(a) = &i.peer.address {
-        match a.parse::<crate::net::Address>() {
+    let address = i
+        .peer
+        .address
+        .as_deref()
+        .and_then(|a| match a.parse::<crate::net::Address>() {
             Ok(addr @ crate::net::Address::Tls { .. }) if addr.pin().is_none_or(|p| p == key) => {
-                let _ = inner.store.add_address(
-                    &key,
-                    &addr.with_pin(key).to_string(),
-                    AddrSource::Introduce,
-                );
+                Some(addr.with_pin(key).to_string())
             }
             _ => {
-                tracing::debug!(peer = %from, "ignoring an introduced address that is not tls: for that key")
+                tracing::debug!(peer = %from, "ignoring an introduced address that is not tls: for that key");
+                None
             }
+        });
+    let outcome = inner.store.introduce(
+        from,
+        &key,
+        name,
+        address.as_deref(),
+        MAX_INTRODUCED_PER_INTRODUCER,
+        wire::time::now_ms(),
+    );
+    match outcome {
+        Ok(Introduced::Added) | Ok(Introduced::Again) => {}
+        Ok(Introduced::OverQuota) => {
+            tracing::warn!(introducer = %from, peer = %key, max = MAX_INTRODUCED_PER_INTRODUCER, "introduction dropped: the introducer is at its quota");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(introducer = %from, "storing an introduction: {e}");
+            return;
         }
     }
     if let Some(g) = i.grant {

@@ -18,6 +18,8 @@ mod presence;
 pub mod serve;
 mod server;
 
+pub use dialer::{DestLimiter, DialFacts, DialReason, DialTiming, Redial, MAX_DIAL_FAILURES};
+pub use grants::MAX_INTRODUCED_PER_INTRODUCER;
 pub use presence::PresenceTiming;
 
 use crate::control::Event;
@@ -32,7 +34,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 /// Default TLS port.
@@ -72,6 +74,8 @@ pub struct NodeConfig {
     pub presence: bool,
     /// When our presence document is published (tests shorten the delays).
     pub presence_timing: PresenceTiming,
+    /// How the dialer paces redials (tests shorten the delays).
+    pub dial_timing: DialTiming,
     /// Relay mode (`awp relay`): refuse to queue msgs and states for peers.
     pub relay: bool,
     /// Simultaneous inbound connections accepted at most; beyond, new sockets are closed
@@ -126,7 +130,11 @@ pub(crate) struct Inner {
     pub addresses: Mutex<Vec<Address>>,
     pub events: broadcast::Sender<Event>,
     pub conns: Mutex<HashMap<PeerKey, ConnEntry>>,
-    pub dialers: Mutex<HashMap<PeerKey, Arc<Notify>>>,
+    pub dialers: Mutex<HashMap<PeerKey, Arc<dialer::Wake>>>,
+    /// How the dialer paces redials.
+    pub dial_timing: DialTiming,
+    /// Dials per destination, across all peers' dialers.
+    pub dial_limiter: Mutex<DestLimiter>,
     pub shutdown: CancellationToken,
     pub next_conn: AtomicU64,
     pub started: Instant,
@@ -211,6 +219,11 @@ impl NodeHandle {
             events,
             conns: Mutex::new(HashMap::new()),
             dialers: Mutex::new(HashMap::new()),
+            dial_timing: config.dial_timing,
+            dial_limiter: Mutex::new(DestLimiter::new(
+                config.dial_timing.per_destination,
+                config.dial_timing.destination_window,
+            )),
             shutdown: CancellationToken::new(),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),

@@ -282,6 +282,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
                         "last_seen": wire::time::format_ms(p.last_seen_ms),
                         "last_seen_ms": p.last_seen_ms,
                         "parked": p.parked,
+                        "introduced_by": p.introduced_by.map(|k| k.to_string()),
                         "connected": c.is_some_and(|c| c.up),
                         "remote": c.map(|c| c.remote.clone()),
                         "address": store.addresses(&p.key).ok().and_then(|a| a.into_iter().next()).map(|a| a.address),
@@ -405,7 +406,9 @@ fn owns_thread(inner: &Inner, e: &LogEntry) -> bool {
 /// the text (at least 4 characters, with or without `ed25519:`), whose name equals it, or
 /// whose name before `@` equals it. Exactly one distinct peer must match: names are chosen
 /// by peers themselves, so a name that collides with another peer's key prefix or name is
-/// reported as ambiguous instead of silently picking one.
+/// reported as ambiguous instead of silently picking one. Peers known only from an
+/// introduction count only when no peer that completed a handshake matches: an introducer
+/// cannot shadow a known peer by introducing a key under its name.
 pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
     if let Ok(k) = PeerKey::parse(text) {
         return Ok(k);
@@ -424,6 +427,9 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
         })
         .collect();
     hits.dedup_by_key(|p| p.key);
+    if hits.iter().any(|p| p.introduced_by.is_none()) {
+        hits.retain(|p| p.introduced_by.is_none());
+    }
     match hits.len() {
         1 => Ok(hits[0].key),
         0 if prefix.len() < 4 => Err(Fail::new(

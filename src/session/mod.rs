@@ -36,6 +36,20 @@ pub const BYE_LINGER: Duration = Duration::from_secs(5);
 pub const REPLAY_BATCH: usize = 512;
 /// Above this many queued control lines the driver should stop reading until they drain.
 pub const CONTROL_HIGH_WATER: usize = 16_384;
+/// Most bytes of input held during [`Phase::Admission`] (the driver stops reading while
+/// admission is pending, so it holds at most the rest of one read batch). Over this the
+/// peer is refused with `err auth`.
+pub const ADMISSION_HOLD_BYTES: usize = 8 * 1024 * 1024;
+/// Most lines held during [`Phase::Admission`] (see [`ADMISSION_HOLD_BYTES`]).
+pub const ADMISSION_HOLD_LINES: usize = 16_384;
+
+/// Input received while admission was pending, replayed in order once admitted.
+#[derive(Debug)]
+enum HeldInput {
+    Line(Vec<u8>),
+    TooLarge,
+    Eof,
+}
 
 /// What this side of the connection is.
 #[derive(Debug, Clone)]
@@ -66,6 +80,11 @@ pub enum Phase {
     AwaitHello,
     /// Our auth is out; the peer's second line must be auth.
     AwaitAuth,
+    /// Auth verified; the node's admission decision is pending ([`Session::admit`] or
+    /// [`Session::refuse`]). Lines received meanwhile are held unread: nothing the peer
+    /// sent after its auth is stored, acted on or acked before the peer is admitted, and
+    /// held lines are dropped when it is refused.
+    Admission,
     /// Authenticated: resume, content, acks.
     Open,
     /// We sent bye (or answered one): nothing else goes out; waiting for the close.
@@ -120,8 +139,10 @@ impl std::fmt::Display for CloseReason {
 /// Something the node should know about.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SessionEvent {
-    /// Auth verified: the peer is `key`. The driver registers the connection (one per
-    /// peer) before feeding the next line.
+    /// Auth verified: the peer is `key`. The session is now in [`Phase::Admission`]:
+    /// the driver runs its admission policy and registers the connection (one per peer),
+    /// then calls [`Session::admit`] or [`Session::refuse`]. Until then nothing the peer
+    /// sends is acted on.
     Authenticated { key: PeerKey, hello: wire::Hello },
     /// The peer sent its first non-err line after auth: a dial counts as up now.
     Up,
@@ -180,6 +201,9 @@ pub struct Session {
     lines_in: u64,
     /// Assembles inbound blobs; without it chunks are handed out as [`SessionEvent::Other`].
     blobs: Option<crate::blob::BlobReceiver>,
+    /// Input received during [`Phase::Admission`], with its byte count.
+    held_input: Vec<HeldInput>,
+    held_input_bytes: usize,
 }
 
 impl Session {
@@ -237,6 +261,8 @@ impl Session {
             close: None,
             lines_in: 0,
             blobs: None,
+            held_input: Vec::new(),
+            held_input_bytes: 0,
         }
     }
 
@@ -393,9 +419,10 @@ impl Session {
         Ok(())
     }
 
-    /// Whether the control queue is over [`CONTROL_HIGH_WATER`] (stop reading for now).
+    /// Whether the driver should stop reading for now: the control queue is over
+    /// [`CONTROL_HIGH_WATER`], or admission is pending ([`Phase::Admission`]).
     pub fn backlogged(&self) -> bool {
-        self.control.len() > CONTROL_HIGH_WATER
+        self.phase == Phase::Admission || self.control.len() > CONTROL_HIGH_WATER
     }
 
     /// Lines received so far.
@@ -444,6 +471,14 @@ impl Session {
 
     /// The transport reported a framing error (`too_large`) or I/O error / EOF.
     pub fn handle_read_error(&mut self, too_large: bool) {
+        if self.phase == Phase::Admission {
+            self.held_input.push(if too_large {
+                HeldInput::TooLarge
+            } else {
+                HeldInput::Eof
+            });
+            return;
+        }
         if too_large {
             self.close_with(code::TOO_LARGE, None, "line over 1 MiB");
         } else {
@@ -453,6 +488,10 @@ impl Session {
 
     /// The transport reached EOF.
     pub fn handle_eof(&mut self) {
+        if self.phase == Phase::Admission {
+            self.held_input.push(HeldInput::Eof);
+            return;
+        }
         if self.phase != Phase::Closed {
             self.finish(match self.phase {
                 Phase::Closing => CloseReason::Bye { reason: None },
@@ -461,11 +500,49 @@ impl Session {
         }
     }
 
-    /// Refuse the authenticated peer (admission policy, protocol-notes §Handshake): nothing
-    /// queued goes out (not our resume), then `err auth` with `detail`, and close.
+    /// Refuse the authenticated peer (admission policy, protocol-notes §Handshake): every
+    /// line it sent after its auth is dropped unread, nothing queued goes out, then `err
+    /// auth` with `detail`, and close.
     pub fn refuse(&mut self, detail: &str) {
+        self.held_input.clear();
+        self.held_input_bytes = 0;
         self.control.clear();
         self.close_with(code::AUTH, None, detail);
+    }
+
+    /// Admit the authenticated peer (the driver's admission policy accepted it and the
+    /// connection is registered): the session opens, our `resume` goes out, and the lines
+    /// the peer sent since its auth are processed in order, as if they arrived now. Does
+    /// nothing outside [`Phase::Admission`].
+    pub fn admit(&mut self, now: Instant) {
+        if self.phase != Phase::Admission {
+            return;
+        }
+        let Some(peer) = self.peer else { return };
+        let seen = match self.store.seen(&peer) {
+            Ok(s) => s,
+            Err(e) => {
+                self.held_input.clear();
+                self.fail_storage(None, &e);
+                return;
+            }
+        };
+        self.phase = Phase::Open;
+        let resume = Line::Resume(wire::Resume {
+            id: self.store.next_control_id(),
+            ts: now_ts(),
+            seen,
+        });
+        self.control.push_back(resume.encode());
+        self.resume_deadline = Some(now + RESUME_TIMEOUT);
+        self.held_input_bytes = 0;
+        for input in std::mem::take(&mut self.held_input) {
+            match input {
+                HeldInput::Line(l) => self.handle_line(&l, now),
+                HeldInput::TooLarge => self.handle_read_error(true),
+                HeldInput::Eof => self.handle_eof(),
+            }
+        }
     }
 
     /// Close locally: with bye (graceful, `reason`) when open, otherwise at once.
@@ -493,6 +570,17 @@ impl Session {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
+        if self.phase == Phase::Admission {
+            // Not parsed, stored or answered before the admission decision.
+            self.held_input_bytes += raw.len();
+            self.held_input.push(HeldInput::Line(raw.to_vec()));
+            if self.held_input_bytes > ADMISSION_HOLD_BYTES
+                || self.held_input.len() > ADMISSION_HOLD_LINES
+            {
+                self.refuse("too much input before admission");
+            }
+            return;
+        }
         self.lines_in += 1;
         self.last_rx = now;
         self.pings_out = 0;
@@ -510,10 +598,10 @@ impl Session {
         };
         match self.phase {
             Phase::AwaitHello => self.on_hello(raw, line, now),
-            Phase::AwaitAuth => self.on_auth(line, now),
+            Phase::AwaitAuth => self.on_auth(line),
             Phase::Open => self.on_open_line(raw, line),
             Phase::Closing => self.on_closing_line(line),
-            Phase::Closed => {}
+            Phase::Admission | Phase::Closed => {}
         }
     }
 
@@ -600,7 +688,7 @@ impl Session {
         self.pending_hello = Some(hello);
     }
 
-    fn on_auth(&mut self, line: Line, now: Instant) {
+    fn on_auth(&mut self, line: Line) {
         let auth = match line {
             Line::Auth(a) => a,
             Line::Err(e) => {
@@ -627,30 +715,19 @@ impl Session {
             self.close_with(code::AUTH, Some(auth.id), "bad auth signature");
             return;
         }
-        let seen = match self.store.seen(&peer) {
-            Ok(s) => s,
-            Err(e) => {
-                self.fail_storage(None, &e);
-                return;
-            }
+        let Some(hello) = self.pending_hello.take() else {
+            self.close_with(code::AUTH, Some(auth.id), "auth before hello");
+            return;
         };
-        let hello = self.pending_hello.take();
-        self.phase = Phase::Open;
+        // The handshake is not over until the node decided admission: no resume yet, and
+        // whatever follows is held (see Phase::Admission).
+        self.phase = Phase::Admission;
         // Grants first: admission (on Authenticated) may depend on them.
         if !auth.grants.is_empty() {
             self.events.push_back(SessionEvent::Grants(auth.grants));
         }
-        if let Some(hello) = hello {
-            self.events
-                .push_back(SessionEvent::Authenticated { key: peer, hello });
-        }
-        let resume = Line::Resume(wire::Resume {
-            id: self.store.next_control_id(),
-            ts: now_ts(),
-            seen,
-        });
-        self.control.push_back(resume.encode());
-        self.resume_deadline = Some(now + RESUME_TIMEOUT);
+        self.events
+            .push_back(SessionEvent::Authenticated { key: peer, hello });
     }
 
     fn on_open_line(&mut self, raw: &[u8], line: Line) {
@@ -824,6 +901,9 @@ impl Session {
         self.phase = Phase::Closed;
         self.replaying = false;
         self.batch.clear();
+        // Input held for an admission that will not happen is never read.
+        self.held_input.clear();
+        self.held_input_bytes = 0;
         // Nothing goes out after a closing line: acks not yet sent are dropped (the peer
         // replays, we dedup). Held events still come out at the next flush.
         self.held_acks.clear();

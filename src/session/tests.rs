@@ -12,6 +12,17 @@ struct End {
     _dir: TempDir,
     events: Vec<SessionEvent>,
     sent: Vec<Vec<u8>>,
+    /// What [`drain`] answers an `Authenticated` event with: admit (as the node does when
+    /// its policy accepts), or leave the decision pending (the test decides).
+    admission: Admission,
+    /// The clock the session was made with (admission runs at this instant).
+    t0: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Admission {
+    Admit,
+    Pending,
 }
 
 fn identity(n: u8) -> Arc<Identity> {
@@ -38,6 +49,8 @@ fn end(id: Arc<Identity>, dialed: bool, now: Instant) -> End {
         _dir: dir,
         events: vec![],
         sent: vec![],
+        admission: Admission::Admit,
+        t0: now,
     }
 }
 
@@ -53,7 +66,23 @@ fn drain(e: &mut End) -> Vec<Vec<u8>> {
         e.s.flushed();
     }
     while let Some(ev) = e.s.poll_event() {
+        let authenticated = matches!(ev, SessionEvent::Authenticated { .. });
         e.events.push(ev);
+        if authenticated && e.s.phase() == Phase::Admission {
+            match e.admission {
+                Admission::Admit => e.s.admit(e.t0),
+                Admission::Pending => {}
+            }
+        }
+    }
+    if e.s.wants_flush() {
+        // Lines held during admission, processed by admit.
+        e.s.commit();
+        e.store.flush_blocking().unwrap();
+        e.s.flushed();
+        while let Some(ev) = e.s.poll_event() {
+            e.events.push(ev);
+        }
     }
     let mut out = vec![];
     while let Some(l) = e.s.poll_transmit() {
@@ -546,4 +575,244 @@ fn lines_before_a_bad_frame_are_stored_but_not_acked() {
         "nothing after the closing err, no ack"
     );
     assert_eq!(received(&b).len(), 1, "the msg is on disk and reported");
+}
+
+// ---------------------------------------------------------------------------------------
+// Admission is part of the handshake: nothing a peer sends after its auth is stored, acted
+// on or answered before the node decided to admit it.
+
+/// Every kind of line a peer may pipeline behind its auth, in one write, with what the
+/// session does with it once the peer is admitted (the `t` of its answer, or the kind of
+/// event it produces). Keys and signatures need not verify here: the session hands grants,
+/// introductions and presence to the node, which checks them.
+fn pipelined_lines() -> Vec<(&'static str, &'static [u8])> {
+    vec![
+        ("msg", br#"{"t":"msg","id":"01K00000000000000000000101","ts":"2026-01-01T00:00:00Z","th":"thr_p","subject":"pipelined","parts":[{"k":"text","text":"hi"}]}"#),
+        ("state", br#"{"t":"state","id":"01K00000000000000000000102","ts":"2026-01-01T00:00:00Z","th":"thr_p","state":"working"}"#),
+        ("chunk", br#"{"t":"chunk","id":"01K00000000000000000000103","ts":"2026-01-01T00:00:00Z","th":"thr_p","ref":"r1","n":0,"last":true,"data":"aGk="}"#),
+        ("blob msg", br#"{"t":"msg","id":"01K00000000000000000000104","ts":"2026-01-01T00:00:00Z","th":"thr_p","parts":[{"k":"blob","ref":"r1","size":2,"name":"f.txt","mime":"text/plain"}]}"#),
+        ("grant", br#"{"t":"grant","id":"01K00000000000000000000105","ts":"2026-01-01T00:00:00Z","grant":{"iss":"ed25519:AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI","sub":"ed25519:AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI","caps":["exec"],"exp":"2099-01-01T00:00:00Z","nonce":"AAAA","sig":"AAAA"}}"#),
+        ("introduce", br#"{"t":"introduce","id":"01K00000000000000000000106","ts":"2026-01-01T00:00:00Z","peer":{"key":"ed25519:AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM","name":"bob","address":"tls:10.0.0.1:7700"}}"#),
+        ("presence", br#"{"t":"presence","id":"01K00000000000000000000107","ts":"2026-01-01T00:00:00Z","doc":{"origin":"ed25519:AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM","seq":1,"ts":"2026-01-01T00:00:00Z","sig":"AAAA"},"hops":0}"#),
+        ("ack", br#"{"t":"ack","id":"01K00000000000000000000108","ts":"2026-01-01T00:00:00Z","th":"thr_out","re":"01K00000000000000000000001"}"#),
+        ("resume", br#"{"t":"resume","id":"01K00000000000000000000109","ts":"2026-01-01T00:00:00Z","seen":{}}"#),
+        ("ping", br#"{"t":"ping","id":"01K00000000000000000000110","ts":"2026-01-01T00:00:00Z"}"#),
+    ]
+}
+
+/// `b` (accepting, with a blob receiver) gets a's hello, then a's auth followed by every
+/// line of [`pipelined_lines`] in one batch, as a pipelining peer's single write arrives.
+/// Returns what b wrote after its own hello and auth, with b left in admission.
+fn pipelined_into(a: &mut End, b: &mut End, now: Instant) -> Vec<Vec<u8>> {
+    b.admission = Admission::Pending;
+    let blob_dir = b._dir.path().join("blobs");
+    b.s.set_blob_receiver(crate::blob::BlobReceiver::new(
+        b.store.clone(),
+        blob_dir,
+        1 << 20,
+    ));
+    // Hellos both ways, then a's auth.
+    let bh = drain(b);
+    let ah = drain(a);
+    b.s.handle_line(&ah[0], now);
+    for l in &bh {
+        a.s.handle_line(l, now);
+    }
+    let a_auth = drain(a)
+        .into_iter()
+        .find(|l| kinds(std::slice::from_ref(l)) == ["auth"])
+        .expect("a's auth");
+    b.s.handle_line(&a_auth, now);
+    for (_, line) in pipelined_lines() {
+        b.s.handle_line(line, now);
+    }
+    b.s.handle_eof();
+    drain(b)
+}
+
+fn stored_nothing(e: &End) -> Result<(), String> {
+    let threads = e.store.threads().unwrap();
+    let log = e.store.log(0, None, false, 100).unwrap();
+    let blob_files = std::fs::read_dir(e._dir.path().join("blobs"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    let acted: Vec<&SessionEvent> = e
+        .events
+        .iter()
+        .filter(|ev| {
+            !matches!(
+                ev,
+                SessionEvent::Authenticated { .. } | SessionEvent::Closed(_)
+            )
+        })
+        .collect();
+    if threads.is_empty() && log.is_empty() && blob_files == 0 && acted.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "threads {threads:?}, log entries {}, blob files {blob_files}, events {acted:?}",
+            log.len()
+        ))
+    }
+}
+
+#[test]
+fn lines_pipelined_behind_auth_wait_for_the_admission_decision() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    let out = pipelined_into(&mut a, &mut b, now);
+    assert_eq!(b.s.phase(), Phase::Admission);
+    assert!(
+        b.s.backlogged(),
+        "the driver stops reading during admission"
+    );
+    assert_eq!(
+        kinds(&out),
+        ["auth"],
+        "no resume, ack, pong or err before admission (only our own auth)"
+    );
+    assert!(!b.s.wants_flush());
+    stored_nothing(&b).unwrap();
+    assert_eq!(b.s.poll_timeout(), None);
+}
+
+#[test]
+fn a_refused_peer_leaves_nothing_of_what_it_pipelined() {
+    // One row per kind of line: each alone behind the auth, then refused.
+    for (kind, line) in pipelined_lines() {
+        let now = Instant::now();
+        let (mut a, mut b) = pair(now);
+        b.admission = Admission::Pending;
+        let bh = drain(&mut b);
+        let ah = drain(&mut a);
+        b.s.handle_line(&ah[0], now);
+        for l in &bh {
+            a.s.handle_line(l, now);
+        }
+        let a_auth = drain(&mut a).pop().unwrap();
+        b.s.handle_line(&a_auth, now);
+        b.s.handle_line(line, now);
+        drain(&mut b);
+        b.s.refuse("not allowed here");
+        let out = drain(&mut b);
+        assert_eq!(kinds(&out), ["err"], "{kind}: only the refusal goes out");
+        assert_eq!(err_code(&out[0]).as_deref(), Some("auth"), "{kind}");
+        assert!(b.s.is_closed(), "{kind}");
+        if let Err(e) = stored_nothing(&b) {
+            panic!("{kind}: refused peer left {e}");
+        }
+    }
+    // And all of them in one write.
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pipelined_into(&mut a, &mut b, now);
+    b.s.refuse("not allowed here");
+    let out = drain(&mut b);
+    assert_eq!(kinds(&out), ["err"]);
+    stored_nothing(&b).unwrap();
+    // Lines arriving after the refusal are ignored too.
+    b.s.handle_line(pipelined_lines()[0].1, now);
+    drain(&mut b);
+    stored_nothing(&b).unwrap();
+}
+
+#[test]
+fn an_admitted_peer_that_pipelines_gets_everything_processed_in_order() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pipelined_into(&mut a, &mut b, now);
+    b.s.admit(now);
+    assert_eq!(b.s.phase(), Phase::Closed, "the held EOF comes last");
+    let out = drain(&mut b);
+    assert_eq!(
+        kinds(&out),
+        ["resume", "pong"],
+        "resume first, then the pong; the held EOF ended the session before the acks"
+    );
+    // Stored and reported: msg, state, blob msg (the blob is complete too).
+    let ids = received(&b);
+    assert_eq!(
+        ids,
+        [
+            "01K00000000000000000000101",
+            "01K00000000000000000000102",
+            "01K00000000000000000000104"
+        ]
+    );
+    assert_eq!(b.store.threads().unwrap().len(), 1);
+    let has = |f: &dyn Fn(&SessionEvent) -> bool| b.events.iter().any(f);
+    assert!(has(&|e| matches!(e, SessionEvent::Grants(_))), "grant");
+    assert!(
+        has(&|e| matches!(e, SessionEvent::Other(Line::Introduce(_)))),
+        "introduce"
+    );
+    assert!(
+        has(&|e| matches!(e, SessionEvent::Other(Line::Presence(_)))),
+        "presence"
+    );
+    assert!(has(&|e| matches!(e, SessionEvent::BlobReceived(_))), "blob");
+    assert!(has(&|e| matches!(e, SessionEvent::Up)), "up");
+}
+
+#[test]
+fn an_admitted_peer_that_pipelines_is_acked_and_answered() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    b.admission = Admission::Pending;
+    let bh = drain(&mut b);
+    let ah = drain(&mut a);
+    b.s.handle_line(&ah[0], now);
+    for l in &bh {
+        a.s.handle_line(l, now);
+    }
+    let a_auth = drain(&mut a).pop().unwrap();
+    b.s.handle_line(&a_auth, now);
+    for (_, line) in pipelined_lines() {
+        b.s.handle_line(line, now);
+    }
+    assert_eq!(kinds(&drain(&mut b)), ["auth"]);
+    b.s.admit(now);
+    let out = drain(&mut b);
+    let k = kinds(&out);
+    assert_eq!(k[0], "resume", "{k:?}");
+    assert_eq!(k.iter().filter(|k| *k == "ack").count(), 3, "{k:?}");
+    assert!(k.contains(&"pong".to_string()), "{k:?}");
+    assert_eq!(b.s.phase(), Phase::Open);
+}
+
+#[test]
+fn too_much_input_before_admission_is_refused() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    b.admission = Admission::Pending;
+    let bh = drain(&mut b);
+    let ah = drain(&mut a);
+    b.s.handle_line(&ah[0], now);
+    for l in &bh {
+        a.s.handle_line(l, now);
+    }
+    let a_auth = drain(&mut a).pop().unwrap();
+    b.s.handle_line(&a_auth, now);
+    let ping = pipelined_lines().last().unwrap().1;
+    for _ in 0..=ADMISSION_HOLD_LINES {
+        b.s.handle_line(ping, now);
+    }
+    assert!(b.s.is_closed());
+    let out = drain(&mut b);
+    assert_eq!(err_code(out.last().unwrap()).as_deref(), Some("auth"));
+    b.s.admit(now);
+    assert!(b.s.is_closed(), "admit after a refusal does nothing");
+}
+
+#[test]
+fn a_session_closed_during_admission_never_reads_what_it_held() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pipelined_into(&mut a, &mut b, now);
+    // E.g. a simultaneous open decided against this connection, or a handshake timeout.
+    b.s.close_local("simultaneous open", false, now);
+    b.s.admit(now);
+    drain(&mut b);
+    assert!(b.s.is_closed());
+    stored_nothing(&b).unwrap();
 }

@@ -40,6 +40,10 @@ pub(crate) struct ThreadRec {
     pub since: u64,
     pub updated: u64,
     pub unread: u64,
+    /// Created by a line we sent (false for threads a peer opened, and for records
+    /// written before this field existed).
+    #[serde(default)]
+    pub ours: bool,
 }
 
 /// Peer value.
@@ -51,6 +55,10 @@ pub(crate) struct PeerRec {
     pub first: u64,
     pub last: u64,
     pub parked: bool,
+    /// Hex key of the peer whose introduction created this record; None once the peer
+    /// itself completed a handshake (and for records written before this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub introduced_by: Option<String>,
 }
 
 /// Address value.
@@ -60,6 +68,9 @@ pub(crate) struct AddrRec {
     pub ok: Option<u64>,
     pub err_at: Option<u64>,
     pub err: Option<String>,
+    /// Hex key of the introducer, for addresses of source `introduce`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 pub(crate) fn corrupt(tree: &'static str, detail: impl std::fmt::Display) -> StoreError {

@@ -7,8 +7,8 @@ use super::codec::{
 use super::group::Group;
 use super::tx::{db_err, Trees, Tx, T};
 use super::{
-    AddrSource, AddressRecord, Dir, LineBuilder, LogEntry, OutboxEntry, PeerRecord, Received,
-    StoreError, ThreadInfo, RETENTION_MS,
+    AddrSource, AddressRecord, Dir, Introduced, LineBuilder, LogEntry, OutboxEntry, PeerRecord,
+    Received, StoreError, ThreadInfo, RETENTION_MS,
 };
 use crate::wire::ids::IdGen;
 use crate::wire::{self, Line, PeerKey};
@@ -23,6 +23,9 @@ const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 const META_LAST_ID: &[u8] = b"last_id";
 const META_LOG_SEQ: &[u8] = b"log_seq";
 const META_USER_PREFIX: &[u8] = b"x/";
+/// Meta keys `intro/` ‖ introducer (32 raw bytes) ‖ introduced key (32 raw bytes) → empty:
+/// which keys each peer introduced (its quota, see [`Store::introduce`]).
+const META_INTRO_PREFIX: &[u8] = b"intro/";
 
 /// Databases this process opened: `true` while a [`Store`] is open, `false` once dropped.
 /// sled releases its file lock only when its background I/O threads let go, shortly after
@@ -255,7 +258,7 @@ impl Store {
             };
             tx.put(T::Log, u64_be(seq), pack(&lrec, &bytes)?);
             if let Some(th) = &th {
-                let mut t = self.thread_for_update(&tx, th, peer, now)?;
+                let mut t = self.thread_for_update(&tx, th, peer, now, true)?;
                 t.updated = t.updated.max(now);
                 match &line {
                     Line::Msg(m) if t.subject.is_none() => t.subject = m.subject.clone(),
@@ -297,13 +300,15 @@ impl Store {
         Ok(out)
     }
 
-    /// The thread record to update (existing, or a new one created by `peer` at `now`).
+    /// The thread record to update (existing, or a new one with `peer` at `now`, opened by
+    /// us when `ours`).
     fn thread_for_update(
         &self,
         tx: &Tx<'_>,
         th: &str,
         peer: &PeerKey,
         now: u64,
+        ours: bool,
     ) -> Result<ThreadRec, StoreError> {
         Ok(match tx.get(T::Threads, th.as_bytes())? {
             Some(v) => dec("threads", &v)?,
@@ -317,6 +322,7 @@ impl Store {
                 since: now,
                 updated: now,
                 unread: 0,
+                ours,
             },
         })
     }
@@ -550,7 +556,7 @@ impl Store {
             if raise {
                 tx.put(T::Seen, skey, id.as_bytes().to_vec());
             }
-            let mut t = self.thread_for_update(&tx, th, peer, now)?;
+            let mut t = self.thread_for_update(&tx, th, peer, now, false)?;
             if t.peer != peer_hex {
                 // Another peer's thread id: the line is logged (and deduplicated) under its
                 // sender, but it must not change a thread that belongs to someone else.
@@ -693,6 +699,7 @@ impl Store {
             first,
             last: now_ms,
             parked: false,
+            introduced_by: None,
         };
         tx.put(T::Peers, k, enc(&rec)?);
         tx.commit()
@@ -742,6 +749,7 @@ impl Store {
                     first: now,
                     last: now,
                     parked,
+                    introduced_by: None,
                 }
             }
         };
@@ -775,6 +783,7 @@ impl Store {
                 ok: None,
                 err_at: None,
                 err: None,
+                by: None,
             },
         };
         tx.put(T::Addresses, k, enc(&rec)?);
@@ -823,16 +832,90 @@ impl Store {
                 last_ok_ms: a.ok,
                 last_err_ms: a.err_at,
                 last_err: a.err,
+                introduced_by: a
+                    .by
+                    .as_deref()
+                    .map(|h| peer_from_hex("addresses", h))
+                    .transpose()?,
             });
         }
+        // 0: given by the user; 1: learned from the peer, or introduced and worked;
+        // 2: introduced and never worked (a hint, never ahead of an address that worked).
+        let rank = |a: &AddressRecord| match a.source {
+            AddrSource::Connect => 0,
+            AddrSource::Introduce if a.last_ok_ms.is_none() => 2,
+            _ => 1,
+        };
         out.sort_by(|a, b| {
-            (a.source != AddrSource::Connect)
-                .cmp(&(b.source != AddrSource::Connect))
+            rank(a)
+                .cmp(&rank(b))
                 .then(b.last_ok_ms.cmp(&a.last_ok_ms))
                 .then(a.last_err_ms.cmp(&b.last_err_ms))
                 .then(a.address.cmp(&b.address))
         });
         Ok(out)
+    }
+
+    /// Record an introduction by `introducer` of `key` (protocol-notes §Grants, 10.4), in
+    /// one transaction. Introductions are hints scoped to their introducer:
+    /// - each introducer may introduce at most `max_keys` distinct keys (a repeat of a key
+    ///   it introduced before counts once); over that, nothing is stored ([`Introduced::OverQuota`]);
+    /// - an unknown `key` gets a peer record named `name`, marked introduced by
+    ///   `introducer`; a known peer's record (name, about, caps) is never changed;
+    /// - `address` (already checked by the caller) is added with source `introduce` and its
+    ///   introducer, unless the peer already has it; it sorts after every address that
+    ///   worked (see [`Store::addresses`]).
+    pub fn introduce(
+        &self,
+        introducer: &PeerKey,
+        key: &PeerKey,
+        name: Option<&str>,
+        address: Option<&str>,
+        max_keys: usize,
+        now_ms: u64,
+    ) -> Result<Introduced, StoreError> {
+        let _w = self.writer();
+        let prefix = [META_INTRO_PREFIX, introducer.as_bytes()].concat();
+        let idx = [prefix.as_slice(), key.as_bytes()].concat();
+        let meta = self.trees.t(T::Meta);
+        if meta.contains_key(&idx).map_err(db_err)? {
+            return Ok(Introduced::Again);
+        }
+        // Counting stops at the quota: at most `max_keys` entries are read.
+        if meta.scan_prefix(&prefix).keys().take(max_keys).count() >= max_keys {
+            return Ok(Introduced::OverQuota);
+        }
+        let mut tx = Tx::new(&self.trees);
+        tx.put(T::Meta, idx, Vec::new());
+        let by = hex(introducer.as_bytes());
+        let pk = key.as_bytes().to_vec();
+        if tx.get(T::Peers, &pk)?.is_none() {
+            let rec = PeerRec {
+                name: name.map(str::to_owned),
+                about: None,
+                caps: Vec::new(),
+                first: now_ms,
+                last: now_ms,
+                parked: false,
+                introduced_by: Some(by.clone()),
+            };
+            tx.put(T::Peers, pk, enc(&rec)?);
+        }
+        if let Some(address) = address {
+            let ak = pkey(key, address.as_bytes());
+            if tx.get(T::Addresses, &ak)?.is_none() {
+                let rec = AddrRec {
+                    source: AddrSource::Introduce,
+                    ok: None,
+                    err_at: None,
+                    err: None,
+                    by: Some(by),
+                };
+                tx.put(T::Addresses, ak, enc(&rec)?);
+            }
+        }
+        tx.commit()?;
+        Ok(Introduced::Added)
     }
 
     /// Drop outbox lines whose id (ULID) timestamp and log entries whose `at_ms` are older
@@ -980,6 +1063,7 @@ fn thread_info(th: String, v: &[u8]) -> Result<ThreadInfo, StoreError> {
         since_ms: t.since,
         updated_ms: t.updated,
         unread: t.unread,
+        opened_by_us: t.ours,
     })
 }
 
@@ -993,5 +1077,10 @@ fn peer_record(key: PeerKey, v: &[u8]) -> Result<PeerRecord, StoreError> {
         first_seen_ms: p.first,
         last_seen_ms: p.last,
         parked: p.parked,
+        introduced_by: p
+            .introduced_by
+            .as_deref()
+            .map(|h| peer_from_hex("peers", h))
+            .transpose()?,
     })
 }

@@ -127,6 +127,9 @@ pub struct ThreadInfo {
     pub updated_ms: u64,
     /// Unread inbound entries.
     pub unread: u64,
+    /// We sent its first line (a thread a peer opened does not make us redial that peer;
+    /// see `node::dialer`).
+    pub opened_by_us: bool,
 }
 
 /// A known peer.
@@ -140,6 +143,21 @@ pub struct PeerRecord {
     pub last_seen_ms: u64,
     /// Said bye: not redialed until new outbound traffic is queued.
     pub parked: bool,
+    /// Known only from an introduction by this peer: its name is the introducer's claim
+    /// and never shadows a peer that proved its key (see [`Store::introduce`]). None once
+    /// the peer completed a handshake with us.
+    pub introduced_by: Option<PeerKey>,
+}
+
+/// What [`Store::introduce`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Introduced {
+    /// Recorded (a new peer record and/or a new address hint).
+    Added,
+    /// This introducer already introduced this key: nothing changed.
+    Again,
+    /// The introducer is at its quota of introduced keys: nothing stored.
+    OverQuota,
 }
 
 /// Where an address came from.
@@ -160,4 +178,6 @@ pub struct AddressRecord {
     pub last_ok_ms: Option<u64>,
     pub last_err_ms: Option<u64>,
     pub last_err: Option<String>,
+    /// The peer that introduced this address (source `introduce` only).
+    pub introduced_by: Option<PeerKey>,
 }

@@ -843,3 +843,99 @@ fn another_peer_cannot_change_a_thread_it_does_not_own() {
     assert_eq!(after.their_note, None);
     assert_eq!(after.unread, before.unread);
 }
+
+#[test]
+fn introductions_are_hints_that_never_outrank_an_address_that_worked() {
+    let (_d, s) = open();
+    let (real, introducer) = (key(1), key(2));
+    s.peer_seen(&real, Some("real@host"), None, &[], 1).unwrap();
+    s.add_address(&real, "tls:10.0.0.9:7700", AddrSource::Hello)
+        .unwrap();
+    // A false address sorting first as text, introduced for the real peer.
+    let got = s
+        .introduce(
+            &introducer,
+            &real,
+            Some("evil"),
+            Some("tls:1.1.1.1:1"),
+            8,
+            2,
+        )
+        .unwrap();
+    assert_eq!(got, Introduced::Added);
+    let order = |s: &Store| -> Vec<String> {
+        s.addresses(&real)
+            .unwrap()
+            .into_iter()
+            .map(|a| a.address)
+            .collect()
+    };
+    assert_eq!(order(&s), ["tls:10.0.0.9:7700", "tls:1.1.1.1:1"]);
+    // Even once the real one failed and the hint never worked.
+    s.address_result(&real, "tls:10.0.0.9:7700", Err("refused"), 3)
+        .unwrap();
+    assert_eq!(order(&s)[0], "tls:10.0.0.9:7700");
+    // A hint that worked ranks with the addresses learned from the peer.
+    s.address_result(&real, "tls:1.1.1.1:1", Ok(()), 4).unwrap();
+    assert_eq!(order(&s)[0], "tls:1.1.1.1:1");
+    let hint = s
+        .addresses(&real)
+        .unwrap()
+        .into_iter()
+        .find(|a| a.source == AddrSource::Introduce)
+        .unwrap();
+    assert_eq!(hint.introduced_by, Some(introducer));
+    // The known peer's record is untouched (no rename, not marked introduced).
+    let rec = s.peer(&real).unwrap().unwrap();
+    assert_eq!(rec.name.as_deref(), Some("real@host"));
+    assert_eq!(rec.introduced_by, None);
+}
+
+#[test]
+fn an_introduced_peer_is_marked_until_its_own_handshake() {
+    let (_d, s) = open();
+    let (p, introducer, other) = (key(3), key(4), key(5));
+    s.introduce(&introducer, &p, Some("carol"), None, 8, 1)
+        .unwrap();
+    assert_eq!(s.peer(&p).unwrap().unwrap().introduced_by, Some(introducer));
+    // A second introducer does not rename it.
+    s.introduce(&other, &p, Some("mallory"), None, 8, 2)
+        .unwrap();
+    assert_eq!(s.peer(&p).unwrap().unwrap().name.as_deref(), Some("carol"));
+    // Its handshake makes it a known peer.
+    s.peer_seen(&p, Some("carol@host"), None, &[], 3).unwrap();
+    assert_eq!(s.peer(&p).unwrap().unwrap().introduced_by, None);
+}
+
+#[test]
+fn each_introducer_has_a_quota_of_keys() {
+    let (_d, s) = open();
+    let introducer = key(6);
+    let mut outcomes = Vec::new();
+    for n in 10..20u8 {
+        outcomes.push(s.introduce(&introducer, &key(n), None, None, 4, 1).unwrap());
+    }
+    use Introduced::*;
+    assert_eq!(
+        outcomes,
+        [
+            Added, Added, Added, Added, OverQuota, OverQuota, OverQuota, OverQuota, OverQuota,
+            OverQuota
+        ]
+    );
+    // A repeat of a key it introduced is not a new one.
+    assert_eq!(
+        s.introduce(&introducer, &key(10), None, None, 4, 1)
+            .unwrap(),
+        Again
+    );
+    assert!(
+        s.peer(&key(14)).unwrap().is_none(),
+        "nothing stored over quota"
+    );
+    // Another introducer has its own quota.
+    assert_eq!(
+        s.introduce(&key(7), &key(14), None, None, 4, 1).unwrap(),
+        Added
+    );
+}
