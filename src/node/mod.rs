@@ -5,7 +5,7 @@
 //!   task, writer task, timers, group-committed acks).
 //! - `dialer`: per-peer redial with jittered exponential backoff (protocol-notes
 //!   §Liveness and close).
-//! - `server`: the control socket (see [`crate::control`]).
+//! - `server`: the control socket (see [`crate::control`]); `lists`: its listings.
 //! - `presence`: receiving, relaying and publishing presence documents (the rules are in
 //!   [`crate::presence`]).
 //! - `blobs`: files for `send`, and the `blobs` listing (the rules are in [`crate::blob`]).
@@ -14,6 +14,7 @@ mod blobs;
 mod conn;
 mod dialer;
 pub(crate) mod grants;
+mod lists;
 mod presence;
 pub mod serve;
 mod server;
