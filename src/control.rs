@@ -1,6 +1,8 @@
 //! The local control protocol between the `awp` CLI and its node: NDJSON over the unix
-//! socket `$AWP_HOME/awp.sock` (mode 0600; a short private runtime path recorded in the
-//! home when that path is too long for a unix socket).
+//! socket `$AWP_HOME/awp.sock` (mode 0600 from its creation, see
+//! [`crate::daemon::bind_control_socket`]; a short private runtime path recorded in the
+//! home when that path is too long for a unix socket). Only processes of the node's own
+//! user are served ([`check_peer_uid`]).
 //!
 //! One request per line; one response line per request, except `subscribe`, which answers
 //! `{"ok":true}` and then streams [`Event`] lines until the client closes.
@@ -166,7 +168,8 @@ pub struct Response {
 }
 
 /// A failed request. `code` is one of: `bad_request`, `no_such_peer`, `ambiguous_peer`,
-/// `no_such_thread`, `connect_failed`, `internal`.
+/// `no_such_thread`, `connect_failed`, `forbidden` (the connecting process runs as another
+/// user than the node, see [`check_peer_uid`]), `internal`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ControlError {
     pub code: String,
@@ -216,6 +219,22 @@ impl Response {
             }),
             body: serde_json::Map::new(),
         }
+    }
+}
+
+/// Whether a process connected to the control socket may use it: only a process of the
+/// node's own user. `peer_uid` is the connecting process's uid from the kernel
+/// (`SO_PEERCRED`; `None` when it could not be read), `own_uid` the node's effective uid.
+/// Anyone else who reaches the socket (a lost race at creation, a shared home) is refused
+/// with the message returned here (code `forbidden`), as the socket mints grants and
+/// queues lines under the node's key (security-local §Control socket).
+pub fn check_peer_uid(peer_uid: Option<u32>, own_uid: u32) -> Result<(), String> {
+    match peer_uid {
+        Some(uid) if uid == own_uid => Ok(()),
+        Some(uid) => Err(format!(
+            "uid {uid} may not use this node's control socket (the node runs as uid {own_uid})"
+        )),
+        None => Err("the control socket could not tell which user connected".into()),
     }
 }
 
@@ -390,6 +409,32 @@ impl Subscription {
             Some(line) => serde_json::from_slice(&line)
                 .map(Some)
                 .map_err(|e| ClientError::Malformed(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod peer_tests {
+    use super::check_peer_uid;
+
+    #[test]
+    fn only_the_nodes_own_uid_is_served() {
+        let table: &[(Option<u32>, u32, bool)] = &[
+            (Some(1000), 1000, true),
+            (Some(0), 0, true),
+            (Some(1001), 1000, false),
+            // Root is another user too: the rule is equality.
+            (Some(0), 1000, false),
+            (Some(1000), 0, false),
+            (None, 1000, false),
+            (None, 0, false),
+        ];
+        for &(peer, own, ok) in table {
+            let r = check_peer_uid(peer, own);
+            assert_eq!(r.is_ok(), ok, "peer {peer:?} own {own}: {r:?}");
+            if let (Err(m), Some(p)) = (r, peer) {
+                assert!(m.contains(&format!("uid {p}")), "{m}");
+            }
         }
     }
 }

@@ -107,6 +107,7 @@ pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
         "no_such_grant" => "list grants with `awp grants`".into(),
         "connect_failed" => "check the address and that the peer's node is up".into(),
         "bad_request" => "check the arguments (`awp help`)".into(),
+        "forbidden" => "run awp as the user that started the node".into(),
         _ => format!("see {}", home.join(crate::daemon::LOG_FILE).display()),
     };
     Failure::new(exit_for_node_error(&err.code), err.message.clone(), hint)

@@ -2,7 +2,7 @@
 
 use super::conn::{self, Dial};
 use super::Inner;
-use crate::control::{Request, Response, MAX_CONTROL_LINE};
+use crate::control::{check_peer_uid, Request, Response, MAX_CONTROL_LINE};
 use crate::net::{self, Address};
 use crate::store::{AddrSource, Dir, LineBuilder, LogEntry};
 use crate::wire::{self, Line, Part, PeerKey};
@@ -13,18 +13,12 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-/// Bind the control socket with mode 0600 (a stale socket file is replaced).
+/// Bind the control socket at `path` (see [`crate::daemon::bind_control_socket`]) and
+/// hand it to tokio.
 pub(super) fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    if path.exists() {
-        std::fs::remove_file(path)?;
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let l = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(l)
+    let l = crate::daemon::bind_control_socket(path)?;
+    l.set_nonblocking(true)?;
+    UnixListener::from_std(l)
 }
 
 pub(super) async fn serve(inner: Arc<Inner>, listener: UnixListener, path: PathBuf) {
@@ -61,7 +55,23 @@ async fn write_json(
     w.flush().await
 }
 
+/// At most this many bytes are read (and dropped) from a refused control connection.
+const REFUSED_DRAIN_BYTES: u64 = 64 * 1024;
+/// For at most this long.
+const REFUSED_DRAIN_TIME: Duration = Duration::from_secs(1);
+
 async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
+    let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
+    if let Err(why) = check_peer_uid(peer_uid, rustix::process::geteuid().as_raw()) {
+        tracing::warn!("control socket: refused a connection: {why}");
+        let (r, mut w) = stream.into_split();
+        write_json(&mut w, &Response::err("forbidden", why)).await?;
+        // Take (and ignore) what the client writes for a moment, so that its request does
+        // not fail on a closed socket before it reads the refusal.
+        let (mut r, mut sink) = (r.take(REFUSED_DRAIN_BYTES), tokio::io::sink());
+        let _ = tokio::time::timeout(REFUSED_DRAIN_TIME, tokio::io::copy(&mut r, &mut sink)).await;
+        return Ok(());
+    }
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r.take(u64::MAX));
     loop {
