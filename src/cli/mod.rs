@@ -76,11 +76,13 @@ impl Failure {
         if self.what.is_empty() {
             return None;
         }
+        // The node's messages may quote peer-chosen names: no raw control characters.
         let what: String = self.what.lines().collect::<Vec<_>>().join(" ");
+        let what = format::printable(&what);
         Some(if self.hint.is_empty() {
             format!("awp: {what}")
         } else {
-            format!("awp: {what}; {}", self.hint)
+            format!("awp: {what}; {}", format::printable(&self.hint))
         })
     }
 }
