@@ -214,3 +214,188 @@ async fn run_as_nobody(home: &Path, args: &[&str]) -> std::process::Output {
         .expect("the client finishes")
         .expect("the client runs")
 }
+
+/// `awp ARGS --home HOME` as this user, bounded to 60 s.
+async fn run_awp(home: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"));
+    cmd.arg("--home").arg(home).args(args).kill_on_drop(true);
+    tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("awp finishes")
+        .expect("awp runs")
+}
+
+fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    assert!(
+        out.status.success(),
+        "awp failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+const MANY_THREADS: usize = 50_000;
+const BIG_SUBJECTS: usize = 10;
+const MANY_ADDRESSES: usize = 1_000;
+
+fn msg_builder(th: String, subject: String) -> impl Fn(&str, &str) -> awp_node::wire::Line + Sync {
+    use awp_node::wire::{Line, Msg, Part, TextPart};
+    move |id: &str, ts: &str| {
+        Line::Msg(Msg {
+            id: id.into(),
+            ts: ts.into(),
+            th: th.clone(),
+            re: None,
+            subject: Some(subject.clone()),
+            parts: vec![Part::Text(TextPart { text: "hi".into() })],
+        })
+    }
+}
+
+/// A store with 50,000 threads with one peer and 10 more whose subjects are 1 MB each.
+fn fill_threads(home: &Path) -> awp_node::wire::PeerKey {
+    let store = awp_node::store::Store::open(&home.join("db")).unwrap();
+    let bob = awp_node::identity::Identity::from_seed(&[1; 32]).key();
+    for batch in 0..MANY_THREADS / 1000 {
+        let builders: Vec<_> = (0..1000)
+            .map(|i| msg_builder(format!("thr_{:06}", batch * 1000 + i), "a subject".into()))
+            .collect();
+        let refs: Vec<awp_node::store::LineBuilder<'_>> = builders
+            .iter()
+            .map(|b| b as awp_node::store::LineBuilder<'_>)
+            .collect();
+        store.enqueue(&bob, &refs).unwrap();
+    }
+    for i in 0..BIG_SUBJECTS {
+        let b = msg_builder(format!("thr_big_{i}"), "S".repeat(1_000_000));
+        store.enqueue(&bob, &[&b]).unwrap();
+    }
+    store.flush_blocking().unwrap();
+    bob
+}
+
+/// A store with ten peers whose names and abouts are 1 MB each, and one peer with 1,000
+/// introduced addresses of 10 kB.
+fn fill_peers(home: &Path) -> awp_node::wire::PeerKey {
+    let store = awp_node::store::Store::open(&home.join("db")).unwrap();
+    let now = awp_node::wire::time::now_ms();
+    for i in 0..10u8 {
+        let k = awp_node::identity::Identity::from_seed(&[100 + i; 32]).key();
+        let name = format!("n{i}{}", "N".repeat(1_000_000));
+        store
+            .peer_seen(&k, Some(&name), Some(&"A".repeat(1_000_000)), &[], now)
+            .unwrap();
+    }
+    let carol = awp_node::identity::Identity::from_seed(&[2; 32]).key();
+    store
+        .peer_seen(&carol, Some("carol"), None, &[], now)
+        .unwrap();
+    for i in 0..MANY_ADDRESSES {
+        let addr = format!("tls:10.0.0.1:{}#{}", i, "x".repeat(10_000));
+        store
+            .add_address(&carol, &addr, awp_node::store::AddrSource::Introduce)
+            .unwrap();
+    }
+    store.flush_blocking().unwrap();
+    carol
+}
+
+/// Regression: `awp threads` failed with "control line longer than 8388608 bytes" after
+/// 50,000 threads or a few 1 MB subjects. The node now answers listings a page at a time
+/// with peer-chosen text cut to size, and the CLI reads every page: the user sees all
+/// threads, most recently updated first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_list_at_scale() {
+    let home = tempfile::tempdir().unwrap();
+    let path = home.path().to_path_buf();
+    let bob = tokio::task::spawn_blocking(move || fill_threads(&path))
+        .await
+        .unwrap();
+    let node = {
+        let _serial = serial();
+        common::TestNode::start_in(home, "lister").await
+    };
+    let home = node.path();
+    let threads = json_lines(&run_awp(&home, &["--json", "threads"]).await);
+    assert_eq!(threads.len(), MANY_THREADS + BIG_SUBJECTS);
+    let ths: std::collections::HashSet<&str> =
+        threads.iter().map(|t| t["th"].as_str().unwrap()).collect();
+    assert_eq!(ths.len(), threads.len(), "no thread twice");
+    assert!(ths.contains("thr_000000") && ths.contains("thr_049999"));
+    for t in &threads {
+        assert_eq!(t["peer"], bob.to_string());
+        let subject = t["subject"].as_str().unwrap();
+        assert!(subject.chars().count() <= awp_node::control::MAX_SHOWN_CHARS);
+        if t["th"].as_str().unwrap().starts_with("thr_big_") {
+            assert!(
+                subject.starts_with("SSS") && subject.ends_with('…'),
+                "{subject}"
+            );
+        }
+    }
+    // Most recently updated first, as before paging.
+    let updated: Vec<u64> = threads
+        .iter()
+        .map(|t| t["updated_ms"].as_u64().unwrap())
+        .collect();
+    assert!(updated.windows(2).all(|w| w[0] >= w[1]));
+    node.stop().await;
+}
+
+/// Regression: `awp peers` failed the same way with peers' 1 MB names and abouts and
+/// many introduced addresses. Names and abouts are cut, at most 32 addresses are shown
+/// (with the total), and every peer is listed, also as a table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_list_with_huge_names_and_many_addresses() {
+    let home = tempfile::tempdir().unwrap();
+    let path = home.path().to_path_buf();
+    let carol = tokio::task::spawn_blocking(move || fill_peers(&path))
+        .await
+        .unwrap();
+    let node = {
+        let _serial = serial();
+        common::TestNode::start_in(home, "lister").await
+    };
+    let home = node.path();
+    let peers = json_lines(&run_awp(&home, &["--json", "peers"]).await);
+    assert_eq!(peers.len(), 11, "ten big peers and carol");
+    let keys: std::collections::HashSet<&str> =
+        peers.iter().map(|p| p["key"].as_str().unwrap()).collect();
+    assert_eq!(keys.len(), 11);
+    for p in &peers {
+        for f in ["name", "about"] {
+            if let Some(s) = p[f].as_str() {
+                assert!(
+                    s.chars().count() <= awp_node::control::MAX_SHOWN_CHARS,
+                    "{f}"
+                );
+            }
+        }
+    }
+    let c = peers
+        .iter()
+        .find(|p| p["key"] == carol.to_string())
+        .unwrap();
+    assert_eq!(c["addresses_total"], MANY_ADDRESSES);
+    assert_eq!(
+        c["addresses"].as_array().unwrap().len(),
+        awp_node::control::MAX_SHOWN_ITEMS
+    );
+    let big = peers
+        .iter()
+        .find(|p| p["name"].as_str().is_some_and(|n| n.starts_with("n3")))
+        .unwrap();
+    assert!(big["name"].as_str().unwrap().ends_with('…'));
+    let table = run_awp(&home, &["peers"]).await;
+    assert!(
+        table.status.success(),
+        "{}",
+        String::from_utf8_lossy(&table.stderr)
+    );
+    assert_eq!(table.stdout.iter().filter(|b| **b == b'\n').count(), 1 + 11);
+    node.stop().await;
+}

@@ -164,6 +164,18 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// Thread objects most recently updated first (ties by thread id), the order `awp
+/// threads` shows; the node lists them in thread-id order, a page at a time.
+pub fn recent_first(mut threads: Vec<Value>) -> Vec<Value> {
+    fn key(t: &Value) -> (std::cmp::Reverse<u64>, &str) {
+        let updated = t.get("updated_ms").and_then(Value::as_u64).unwrap_or(0);
+        let th = t.get("th").and_then(Value::as_str).unwrap_or("");
+        (std::cmp::Reverse(updated), th)
+    }
+    threads.sort_by(|a, b| key(a).cmp(&key(b)));
+    threads
+}
+
 /// The threads table from a list of thread objects.
 pub fn threads_table(threads: &[Value], now_ms: i64) -> String {
     let rows: Vec<Vec<String>> = threads

@@ -493,9 +493,15 @@ impl Inner {
         }
     }
 
-    /// A peer's name, if known.
+    /// A peer's name as shown in listings, replies and events, if known: the name the
+    /// peer chose, cut to [`crate::control::MAX_SHOWN_CHARS`] characters.
     pub fn peer_name(&self, key: &PeerKey) -> Option<String> {
-        self.store.peer(key).ok().flatten().and_then(|p| p.name)
+        self.store
+            .peer(key)
+            .ok()
+            .flatten()
+            .and_then(|p| p.name)
+            .map(|n| crate::control::shown(&n))
     }
 
     /// Whether `key` has a live authenticated connection.

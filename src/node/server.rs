@@ -2,7 +2,7 @@
 
 use super::conn::{self, Dial};
 use super::Inner;
-use crate::control::{check_peer_uid, Request, Response, MAX_CONTROL_LINE};
+use crate::control::{check_peer_uid, Page, Request, Response, MAX_CONTROL_LINE};
 use crate::net::{self, Address};
 use crate::store::{AddrSource, Dir, LineBuilder, LogEntry};
 use crate::wire::{self, Line, Part, PeerKey};
@@ -101,8 +101,21 @@ async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
         if let Request::Subscribe { th, peer, from_seq } = req {
             return subscribe(&inner, &mut w, th, peer, from_seq).await;
         }
+        // Listings come in pages; the paging fields sit next to `op`.
+        let page = if req.is_listing() {
+            match serde_json::from_slice::<Page>(&line) {
+                Ok(p) => p,
+                Err(e) => {
+                    let msg = format!("bad paging fields: {e}");
+                    write_json(&mut w, &Response::err("bad_request", msg)).await?;
+                    continue;
+                }
+            }
+        } else {
+            Page::first()
+        };
         let shutdown = matches!(req, Request::Shutdown);
-        let resp = handle(&inner, req).await;
+        let resp = handle(&inner, req, &page).await;
         write_json(&mut w, &resp).await?;
         if shutdown {
             inner.shutdown.cancel();
@@ -111,8 +124,8 @@ async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
     }
 }
 
-async fn handle(inner: &Arc<Inner>, req: Request) -> Response {
-    match handle_inner(inner, req).await {
+async fn handle(inner: &Arc<Inner>, req: Request, page: &Page) -> Response {
+    match handle_inner(inner, req, page).await {
         Ok(v) => Response::ok(v),
         Err(f) => f.response(),
     }
@@ -138,7 +151,7 @@ pub(super) fn internal(e: impl std::fmt::Display) -> Fail {
     Fail::new("internal", e.to_string())
 }
 
-async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
+async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
     let store = &inner.store;
     match req {
         Request::Status => {
@@ -246,42 +259,57 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             };
             queue(inner, key, &[&build], &[], wait_ack_ms, false).await
         }
-        Request::Threads => super::lists::threads(inner),
-        Request::Peers => super::lists::peers(inner),
+        Request::Threads => super::lists::threads(inner, page),
+        Request::Peers => super::lists::peers(inner, page),
         Request::Read { th, mark } => {
             // At most READ_PAGE_BYTES of lines per response (at least one line); only what
-            // is returned is marked read. `more` tells the client to ask again.
+            // is returned is marked read. `more` tells the client to ask again, after the
+            // `next` cursor (a log seq).
+            let after = match page.cursor.as_deref() {
+                None => 0,
+                Some(c) => c
+                    .parse::<u64>()
+                    .map_err(|_| Fail::new("bad_request", format!("bad read cursor {c:?}")))?,
+            };
+            let limit = page.items().min(READ_PAGE_LINES);
             let entries = store
-                .log(0, th.as_deref(), true, READ_PAGE_LINES + 1)
+                .log(after, th.as_deref(), true, limit + 1)
                 .map_err(internal)?;
-            let mut page = Vec::new();
+            // More may follow when the scan stopped early or the store had more to give.
+            let mut more = entries.len() > limit;
+            let mut taken = Vec::new();
             let mut bytes = 0;
-            let mut more = false;
+            let mut scanned = after;
             for e in entries.into_iter().filter(|e| e.dir == Dir::In) {
-                if !page.is_empty()
-                    && (bytes + e.line.len() > READ_PAGE_BYTES || page.len() >= READ_PAGE_LINES)
+                if !taken.is_empty()
+                    && (bytes + e.line.len() > READ_PAGE_BYTES || taken.len() >= limit)
                 {
                     more = true;
                     break;
                 }
+                scanned = e.seq;
                 if th.is_some() && !owns_thread(inner, &e) {
                     continue;
                 }
                 bytes += e.line.len();
-                page.push(e);
+                taken.push(e);
             }
             if mark {
-                let seqs: Vec<u64> = page.iter().map(|e| e.seq).collect();
+                let seqs: Vec<u64> = taken.iter().map(|e| e.seq).collect();
                 store.mark_read(&seqs).map_err(internal)?;
                 store.flush().await.map_err(internal)?;
             }
-            let list: Vec<Value> = page.iter().map(|e| entry_event(inner, e)).collect();
-            Ok(json!({ "entries": list, "more": more }))
+            let list: Vec<Value> = taken.iter().map(|e| entry_event(inner, e)).collect();
+            let mut reply = json!({ "entries": list, "more": more });
+            if more {
+                reply["next"] = json!(scanned.to_string());
+            }
+            Ok(reply)
         }
         Request::Subscribe { .. } => {
             Err(Fail::new("bad_request", "subscribe is handled separately"))
         }
-        Request::Presence { peer } => match super::presence::list(inner, peer.as_deref()) {
+        Request::Presence { peer } => match super::presence::list(inner, peer.as_deref(), page) {
             Ok(Some(v)) => Ok(v),
             Ok(None) => Err(Fail::new(
                 "no_such_peer",
@@ -303,7 +331,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             let aud = aud.map(|a| resolve_peer(inner, &a)).transpose()?;
             mint_and_store(inner, &sub, &caps, ttl_s, aud.as_ref()).await
         }
-        Request::Grants => super::lists::grants(inner),
+        Request::Grants => super::lists::grants(inner, page),
         Request::Revoke { hash } => {
             let hash = hash.trim().to_ascii_lowercase();
             let Some(rec) = store.grant(&hash).map_err(internal)? else {
@@ -326,7 +354,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             th,
         } => introduce(inner, &to, &peer, caps, ttl_s, th).await,
         Request::Blobs { peer, blob_ref } => {
-            super::blobs::list(inner, peer.as_deref(), blob_ref.as_deref())
+            super::blobs::list(inner, peer.as_deref(), blob_ref.as_deref(), page)
         }
         Request::Shutdown => Ok(json!({"stopping": true})),
     }
@@ -390,18 +418,29 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
             "no_such_peer",
             format!("no known peer matches {text:?}; `awp peers` lists them, `awp connect ADDRESS` adds one"),
         )),
-        _ => {
-            let list: Vec<String> = hits
+        n => {
+            // Names are the peers' choice: a few of them, each cut to size.
+            let mut list: Vec<String> = hits
                 .iter()
-                .map(|p| format!("{} ({})", p.name.as_deref().unwrap_or("?"), &p.key.to_string()[..16]))
+                .take(AMBIGUOUS_SHOWN)
+                .map(|p| {
+                    let name = p.name.as_deref().map_or("?".into(), crate::control::shown);
+                    format!("{name} ({})", &p.key.to_string()[..16])
+                })
                 .collect();
+            if n > AMBIGUOUS_SHOWN {
+                list.push(format!("and {} more", n - AMBIGUOUS_SHOWN));
+            }
             Err(Fail::new(
                 "ambiguous_peer",
-                format!("{text:?} matches {}; give more of the key", list.join(", ")),
+                format!("{:?} matches {}; give more of the key", crate::control::shown(text), list.join(", ")),
             ))
         }
     }
 }
+
+/// Most matching peers an `ambiguous_peer` message names.
+const AMBIGUOUS_SHOWN: usize = 8;
 
 /// The peer and thread of a send/state: an existing thread gives its peer; a new thread
 /// needs a peer (and gets `thr_<ULID>` when no id was given).
