@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 /// Tests that change the process umask or start nodes take this, so the umask of one test
 /// never applies to files another test creates.
-static PROCESS_WIDE: Mutex<()> = Mutex::new(());
+static PROCESS_WIDE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    PROCESS_WIDE.lock().unwrap_or_else(|p| p.into_inner())
+/// For the synchronous tests.
+fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    PROCESS_WIDE.blocking_lock()
 }
 
 /// The process umask for the life of the guard.
@@ -174,7 +175,7 @@ async fn control_socket_refuses_another_users_process() {
         return;
     }
     let node = {
-        let _serial = serial();
+        let _serial = PROCESS_WIDE.lock().await;
         common::TestNode::start("sock-owner").await
     };
     let home = node.path();
@@ -316,7 +317,7 @@ async fn threads_list_at_scale() {
         .await
         .unwrap();
     let node = {
-        let _serial = serial();
+        let _serial = PROCESS_WIDE.lock().await;
         common::TestNode::start_in(home, "lister").await
     };
     let home = node.path();
@@ -357,7 +358,7 @@ async fn peers_list_with_huge_names_and_many_addresses() {
         .await
         .unwrap();
     let node = {
-        let _serial = serial();
+        let _serial = PROCESS_WIDE.lock().await;
         common::TestNode::start_in(home, "lister").await
     };
     let home = node.path();
@@ -397,5 +398,111 @@ async fn peers_list_with_huge_names_and_many_addresses() {
         String::from_utf8_lossy(&table.stderr)
     );
     assert_eq!(table.stdout.iter().filter(|b| **b == b'\n').count(), 1 + 11);
+    node.stop().await;
+}
+
+/// `awp read --no-mark` used to stop after the first page ("… more unread lines"): with
+/// nothing marked read, asking again gave the same page. It now pages with the `next`
+/// cursor and shows every unread line (three of ~600 kB here: two pages of 1 MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_no_mark_pages_through_every_unread_line() {
+    use awp_node::wire::{Line, Msg, Part, TextPart};
+    let home = tempfile::tempdir().unwrap();
+    {
+        let store = awp_node::store::Store::open(&home.path().join("db")).unwrap();
+        let dave = awp_node::identity::Identity::from_seed(&[3; 32]).key();
+        for i in 0..3 {
+            let line = Line::Msg(Msg {
+                id: format!("01JD0000000000000000000{i:03}"),
+                ts: "2026-11-30T12:00:00.000Z".into(),
+                th: "thr_big_read".into(),
+                re: None,
+                subject: None,
+                parts: vec![Part::Text(TextPart {
+                    text: format!("{i}{}", "t".repeat(600_000)),
+                })],
+            });
+            store.receive(&dave, &line, &line.encode()).unwrap();
+        }
+        store.flush_blocking().unwrap();
+    }
+    let node = {
+        let _serial = PROCESS_WIDE.lock().await;
+        common::TestNode::start_in(home, "reader").await
+    };
+    let home = node.path();
+    let lines = json_lines(&run_awp(&home, &["--json", "read", "--no-mark"]).await);
+    assert_eq!(lines.len(), 3);
+    let firsts: Vec<char> = lines
+        .iter()
+        .map(|l| {
+            let text = l["line"]["parts"][0]["text"].as_str().unwrap();
+            text.chars().next().unwrap()
+        })
+        .collect();
+    assert_eq!(firsts, ['0', '1', '2']);
+    // Nothing was marked: the same again.
+    assert_eq!(
+        json_lines(&run_awp(&home, &["--json", "read", "--no-mark"]).await).len(),
+        3
+    );
+    node.stop().await;
+}
+
+/// Grants list in pages of `limit`: every grant once, then no `next`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_list_in_pages() {
+    use awp_node::control::{request_page, Page, Request};
+    let node = {
+        let _serial = PROCESS_WIDE.lock().await;
+        common::TestNode::start("granter").await
+    };
+    for i in 0..5u8 {
+        let sub = awp_node::identity::Identity::from_seed(&[40 + i; 32]).key();
+        let r = node
+            .ctl(Request::Grant {
+                peer: sub.to_string(),
+                caps: vec!["exec".into()],
+                ttl_s: 600,
+                aud: None,
+            })
+            .await;
+        assert!(r.ok, "{:?}", r.error);
+    }
+    let sock = awp_node::daemon::socket_path(&node.path());
+    let mut page = Page {
+        cursor: None,
+        limit: Some(2),
+    };
+    let mut hashes = Vec::new();
+    let mut pages = 0;
+    loop {
+        let r = request_page(&sock, &Request::Grants, &page).await.unwrap();
+        assert!(r.ok, "{:?}", r.error);
+        pages += 1;
+        let items = r.body["grants"].as_array().unwrap();
+        assert!(items.len() <= 2);
+        hashes.extend(
+            items
+                .iter()
+                .map(|g| g["hash"].as_str().unwrap().to_string()),
+        );
+        match r.body.get("next").and_then(|n| n.as_str()) {
+            Some(n) => page.cursor = Some(n.to_string()),
+            None => break,
+        }
+        assert!(pages < 10, "paging does not end");
+    }
+    assert_eq!(pages, 3);
+    let mut sorted = hashes.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted, hashes, "hash order, each once");
+    assert_eq!(hashes.len(), 5);
+    // A bad cursor is a bad request, not a silent restart.
+    let r = request_page(&sock, &Request::Peers, &Page::after("nonsense"))
+        .await
+        .unwrap();
+    assert_eq!(r.error.unwrap().code, "bad_request");
     node.stop().await;
 }

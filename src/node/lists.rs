@@ -231,3 +231,63 @@ pub(super) fn grants(inner: &Inner, page: &Page) -> Result<Value, Fail> {
     }
     Ok(out.finish("grants"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(limit: Option<usize>) -> Page {
+        Page {
+            cursor: None,
+            limit,
+        }
+    }
+
+    #[test]
+    fn a_page_stops_at_its_item_limit_and_names_the_last_cursor() {
+        let mut p = Pager::new(&page(Some(2)));
+        assert_eq!(p.fetch(), 3);
+        assert!(p.push("a".into(), json!(1)));
+        assert!(p.push("b".into(), json!(2)));
+        assert!(!p.push("c".into(), json!(3)));
+        assert_eq!(p.finish("xs"), json!({"xs": [1, 2], "next": "b"}));
+        // All fitted: no next.
+        let mut p = Pager::new(&page(Some(2)));
+        assert!(p.push("a".into(), json!(1)));
+        assert_eq!(p.finish("xs"), json!({"xs": [1]}));
+    }
+
+    #[test]
+    fn a_page_stops_at_its_byte_budget_but_holds_at_least_one_item() {
+        let big = "x".repeat(PAGE_BYTES / 2);
+        let mut p = Pager::new(&page(None));
+        assert!(p.push("a".into(), json!(big)));
+        assert!(!p.push("b".into(), json!(big)), "over 1 MiB");
+        let v = p.finish("xs");
+        assert_eq!(v["xs"].as_array().unwrap().len(), 1);
+        assert_eq!(v["next"], "a");
+        // One item over the budget still goes out alone (items are bounded by `shown`).
+        let huge = "x".repeat(PAGE_BYTES + 1);
+        let mut p = Pager::new(&page(None));
+        assert!(p.push("a".into(), json!(huge)));
+        assert!(!p.push("b".into(), json!(1)));
+        assert!(serde_json::to_vec(&p.finish("xs")).unwrap().len() > PAGE_BYTES);
+    }
+
+    #[test]
+    fn a_page_of_capped_items_stays_under_the_control_line() {
+        // The largest thread item a peer can cause: every text field at the cap, of the
+        // widest characters once escaped in JSON.
+        let field = shown(&"\u{1}".repeat(1 << 20));
+        let item = json!({"subject": field, "mine": field, "my_note": field,
+            "theirs": field, "their_note": field, "peer_name": field, "th": "t".repeat(256)});
+        let mut p = Pager::new(&page(None));
+        let mut n = 0;
+        while p.push(format!("{n:08}"), item.clone()) {
+            n += 1;
+        }
+        let line = serde_json::to_vec(&p.finish("threads")).unwrap();
+        assert!(line.len() <= PAGE_BYTES + 16 * 1024, "{}", line.len());
+        assert!(line.len() < crate::control::MAX_CONTROL_LINE);
+    }
+}
