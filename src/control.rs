@@ -1,6 +1,8 @@
 //! The local control protocol between the `awp` CLI and its node: NDJSON over the unix
-//! socket `$AWP_HOME/awp.sock` (mode 0600; a short private runtime path recorded in the
-//! home when that path is too long for a unix socket).
+//! socket `$AWP_HOME/awp.sock` (mode 0600 from its creation, see
+//! [`crate::daemon::bind_control_socket`]; a short private runtime path recorded in the
+//! home when that path is too long for a unix socket). Only processes of the node's own
+//! user are served ([`check_peer_uid`]).
 //!
 //! One request per line; one response line per request, except `subscribe`, which answers
 //! `{"ok":true}` and then streams [`Event`] lines until the client closes.
@@ -64,12 +66,21 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wait_ack_ms: Option<u64>,
     },
-    /// All threads.
+    /// Threads, a [`Page`] at a time, in thread-id order: `{"threads":[{th, peer,
+    /// peer_name, subject, mine, my_note, theirs, their_note, since, updated, updated_ms,
+    /// unread}…], "next"?}`. Text fields are cut to [`MAX_SHOWN_CHARS`].
     Threads,
-    /// All known peers with connection state.
+    /// Known peers with connection state, a [`Page`] at a time, in key order:
+    /// `{"peers":[{key, name, about, caps, caps_total, fingerprint, first_seen, last_seen,
+    /// last_seen_ms, parked, connected, remote, address, outbox, addresses,
+    /// addresses_total}…], "next"?}`. At most [`MAX_SHOWN_ITEMS`] caps and addresses per
+    /// peer (best addresses first; the `_total` fields count all), text cut to
+    /// [`MAX_SHOWN_CHARS`].
     Peers,
     /// Unread inbound entries (of one thread when `th`), marking them read unless `mark`
-    /// is false.
+    /// is false: `{"entries":[event…], "more":bool, "next"?}`, at most 1 MiB of lines (at
+    /// least one) or 1000 entries. The [`Page`] cursor is a log seq: the next page starts
+    /// after it (needed with `mark: false`, where nothing leaves the unread set).
     Read {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         th: Option<String>,
@@ -91,7 +102,8 @@ pub enum Request {
     /// unread, seq, ts, hops, via, via_name, own}…]}`, our own document first. With
     /// `peer` (an origin key, a key prefix of at least 4 characters, or a name): that one
     /// document with `doc` (as received) and `verified` (its signature checks now);
-    /// `no_such_peer` when none matches.
+    /// `no_such_peer` when none matches. The list comes a [`Page`] at a time (`next`): our
+    /// own document, then the others in origin order.
     Presence {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peer: Option<String>,
@@ -115,7 +127,8 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         aud: Option<String>,
     },
-    /// Grants issued by us, held by us, and presented to us, with validity.
+    /// Grants issued by us, held by us, and presented to us, with validity, a [`Page`] at
+    /// a time in hash order: `{"grants":[…], "next"?}`.
     Grants,
     /// Revoke a grant by hash: never honored here again (and dropped when it was ours).
     Revoke { hash: String },
@@ -138,7 +151,8 @@ pub enum Request {
     /// answered `blob_refused`); `chunks_sent` counts chunks written to the live
     /// connection or retired, `chunks_acked` chunks retired by the peer's ack or resume.
     /// Inbound status: `pending`, `complete` (then `path` and `sha256`), `refused` (with
-    /// `reason`); `bytes` = bytes stored so far. `peer`/`blob_ref` filter.
+    /// `reason`); `bytes` = bytes stored so far. `peer`/`blob_ref` filter. A [`Page`] at a
+    /// time (`next`); names, mimes and reasons cut to [`MAX_SHOWN_CHARS`].
     Blobs {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peer: Option<String>,
@@ -151,6 +165,80 @@ pub enum Request {
 
 fn yes() -> bool {
     true
+}
+
+/// Most items in one page of a listing (also the default).
+pub const PAGE_ITEMS: usize = 500;
+/// Most bytes of items in one page of a listing (a page holds at least one item). With
+/// items bounded by [`MAX_SHOWN_CHARS`] and [`MAX_SHOWN_ITEMS`], a page stays far below
+/// [`MAX_CONTROL_LINE`], however many or large the things listed are.
+pub const PAGE_BYTES: usize = 1024 * 1024;
+/// Longest text a listing shows of a field a peer chose (names, subjects, states, notes,
+/// file names…), in characters; longer text is cut and ends with `…`.
+pub const MAX_SHOWN_CHARS: usize = 256;
+/// Most entries a listing shows of a list inside one item (a peer's caps or addresses).
+pub const MAX_SHOWN_ITEMS: usize = 32;
+
+/// `s` as a listing shows it: at most [`MAX_SHOWN_CHARS`] characters, the last one `…`
+/// when it was cut.
+pub fn shown(s: &str) -> String {
+    match s.char_indices().nth(MAX_SHOWN_CHARS) {
+        None => s.to_string(),
+        Some(_) => {
+            let cut = s
+                .char_indices()
+                .nth(MAX_SHOWN_CHARS - 1)
+                .map_or(s.len(), |(i, _)| i);
+            format!("{}…", &s[..cut])
+        }
+    }
+}
+
+/// Paging of the listing requests (`threads`, `peers`, `grants`, `blobs`, `presence`
+/// without a peer, `read`): the fields `cursor` and `limit` sent next to `op` in the
+/// request line. A listing answers at most `limit` items (default and maximum
+/// [`PAGE_ITEMS`]) and at most [`PAGE_BYTES`]; when more remain, its response has
+/// `"next": CURSOR`, to send as `cursor` for the following page. Cursors are opaque.
+/// Items added or changed while paging may be missed or seen twice; nothing else is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Page {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+impl Page {
+    /// The first page.
+    pub fn first() -> Page {
+        Page::default()
+    }
+    /// The page after `cursor`.
+    pub fn after(cursor: impl Into<String>) -> Page {
+        Page {
+            cursor: Some(cursor.into()),
+            limit: None,
+        }
+    }
+    /// The item limit in force: `limit` within 1..=[`PAGE_ITEMS`].
+    pub fn items(&self) -> usize {
+        self.limit.unwrap_or(PAGE_ITEMS).clamp(1, PAGE_ITEMS)
+    }
+}
+
+impl Request {
+    /// Whether this request is a listing answered in pages ([`Page`]).
+    pub fn is_listing(&self) -> bool {
+        matches!(
+            self,
+            Request::Threads
+                | Request::Peers
+                | Request::Grants
+                | Request::Blobs { .. }
+                | Request::Read { .. }
+                | Request::Presence { peer: None }
+        )
+    }
 }
 
 /// A node → CLI response: `{"ok":true, …result fields}` or
@@ -166,7 +254,8 @@ pub struct Response {
 }
 
 /// A failed request. `code` is one of: `bad_request`, `no_such_peer`, `ambiguous_peer`,
-/// `no_such_thread`, `connect_failed`, `internal`.
+/// `no_such_thread`, `connect_failed`, `forbidden` (the connecting process runs as another
+/// user than the node, see [`check_peer_uid`]), `internal`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ControlError {
     pub code: String,
@@ -216,6 +305,22 @@ impl Response {
             }),
             body: serde_json::Map::new(),
         }
+    }
+}
+
+/// Whether a process connected to the control socket may use it: only a process of the
+/// node's own user. `peer_uid` is the connecting process's uid from the kernel
+/// (`SO_PEERCRED`; `None` when it could not be read), `own_uid` the node's effective uid.
+/// Anyone else who reaches the socket (a lost race at creation, a shared home) is refused
+/// with the message returned here (code `forbidden`), as the socket mints grants and
+/// queues lines under the node's key (security-local §Control socket).
+pub fn check_peer_uid(peer_uid: Option<u32>, own_uid: u32) -> Result<(), String> {
+    match peer_uid {
+        Some(uid) if uid == own_uid => Ok(()),
+        Some(uid) => Err(format!(
+            "uid {uid} may not use this node's control socket (the node runs as uid {own_uid})"
+        )),
+        None => Err("the control socket could not tell which user connected".into()),
     }
 }
 
@@ -292,7 +397,16 @@ async fn connect(socket: &Path) -> Result<UnixStream, ClientError> {
     }
 }
 
-async fn write_request(w: &mut OwnedWriteHalf, req: &Request) -> Result<(), ClientError> {
+/// A request line with paging fields next to `op`.
+#[derive(Serialize)]
+struct Paged<'a> {
+    #[serde(flatten)]
+    req: &'a Request,
+    #[serde(flatten)]
+    page: &'a Page,
+}
+
+async fn write_request(w: &mut OwnedWriteHalf, req: &impl Serialize) -> Result<(), ClientError> {
     let mut line = serde_json::to_vec(req).map_err(|e| ClientError::Malformed(e.to_string()))?;
     line.push(b'\n');
     w.write_all(&line).await?;
@@ -338,10 +452,32 @@ pub async fn request_with_timeout(
     req: &Request,
     timeout: Duration,
 ) -> Result<Response, ClientError> {
+    exchange(socket, req, None, timeout).await
+}
+
+/// One page of a listing ([`Request::is_listing`]): `req` with `page`'s fields. The
+/// response's `next` (when present) is the cursor of the following page.
+pub async fn request_page(
+    socket: &Path,
+    req: &Request,
+    page: &Page,
+) -> Result<Response, ClientError> {
+    exchange(socket, req, Some(page), req.response_timeout()).await
+}
+
+async fn exchange(
+    socket: &Path,
+    req: &Request,
+    page: Option<&Page>,
+    timeout: Duration,
+) -> Result<Response, ClientError> {
     let stream = connect(socket).await?;
     let (r, mut w) = stream.into_split();
     let exchange = async {
-        write_request(&mut w, req).await?;
+        match page {
+            None => write_request(&mut w, req).await?,
+            Some(page) => write_request(&mut w, &Paged { req, page }).await?,
+        }
         let mut r = BufReader::new(r);
         match read_line(&mut r).await? {
             Some(line) => parse_response(&line),
@@ -390,6 +526,88 @@ impl Subscription {
             Some(line) => serde_json::from_slice(&line)
                 .map(Some)
                 .map_err(|e| ClientError::Malformed(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    #[test]
+    fn shown_cuts_long_text_with_an_ellipsis() {
+        assert_eq!(shown("short"), "short");
+        let exact = "é".repeat(MAX_SHOWN_CHARS);
+        assert_eq!(shown(&exact), exact);
+        let long = "é".repeat(MAX_SHOWN_CHARS + 1);
+        let s = shown(&long);
+        assert_eq!(s.chars().count(), MAX_SHOWN_CHARS);
+        assert!(s.ends_with("é…"));
+        assert_eq!(
+            shown(&"x".repeat(1 << 20)).len(),
+            MAX_SHOWN_CHARS - 1 + '…'.len_utf8()
+        );
+    }
+
+    #[test]
+    fn paging_fields_sit_next_to_op() {
+        let page = Page {
+            cursor: Some("thr_1".into()),
+            limit: Some(7),
+        };
+        let line = serde_json::to_string(&Paged {
+            req: &Request::Threads,
+            page: &page,
+        })
+        .unwrap();
+        assert_eq!(line, r#"{"op":"threads","cursor":"thr_1","limit":7}"#);
+        // The node reads both from the same line; old clients send neither.
+        assert_eq!(
+            serde_json::from_str::<Request>(&line).unwrap(),
+            Request::Threads
+        );
+        assert_eq!(serde_json::from_str::<Page>(&line).unwrap(), page);
+        let plain = serde_json::to_string(&Paged {
+            req: &Request::Grants,
+            page: &Page::first(),
+        })
+        .unwrap();
+        assert_eq!(plain, r#"{"op":"grants"}"#);
+        assert_eq!(page.items(), 7);
+        assert_eq!(Page::first().items(), PAGE_ITEMS);
+        assert_eq!(
+            Page {
+                cursor: None,
+                limit: Some(1 << 40)
+            }
+            .items(),
+            PAGE_ITEMS
+        );
+    }
+}
+
+#[cfg(test)]
+mod peer_tests {
+    use super::check_peer_uid;
+
+    #[test]
+    fn only_the_nodes_own_uid_is_served() {
+        let table: &[(Option<u32>, u32, bool)] = &[
+            (Some(1000), 1000, true),
+            (Some(0), 0, true),
+            (Some(1001), 1000, false),
+            // Root is another user too: the rule is equality.
+            (Some(0), 1000, false),
+            (Some(1000), 0, false),
+            (None, 1000, false),
+            (None, 0, false),
+        ];
+        for &(peer, own, ok) in table {
+            let r = check_peer_uid(peer, own);
+            assert_eq!(r.is_ok(), ok, "peer {peer:?} own {own}: {r:?}");
+            if let (Err(m), Some(p)) = (r, peer) {
+                assert!(m.contains(&format!("uid {p}")), "{m}");
+            }
         }
     }
 }

@@ -208,6 +208,78 @@ pub fn prepare_socket_path(home: &Path) -> std::io::Result<PathBuf> {
     Ok(path)
 }
 
+/// Bind the node's control socket at `path` (from [`prepare_socket_path`]) so that no
+/// other user can ever reach it, whatever the umask and the mode of its directory: the
+/// socket is bound inside a fresh private directory (mode 0700) next to `path`, set to
+/// mode 0600, and only then renamed to `path` (atomically replacing a stale socket); the
+/// private directory is removed. Binding at `path` and chmod-ing afterwards left a window
+/// in which another local user could connect (security-local §Control socket).
+///
+/// The node also refuses connections from other uids ([`crate::control::check_peer_uid`]).
+///
+/// Errors: creating the directories, binding, or the rename.
+pub fn bind_control_socket(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    bind_control_socket_with(path, |_| {})
+}
+
+/// [`bind_control_socket`], calling `before_publish` with the path the socket is bound at
+/// just before it is renamed to `path` (tests check that nothing but its owner can reach
+/// it there).
+pub fn bind_control_socket_with(
+    path: &Path,
+    before_publish: impl FnOnce(&Path),
+) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use rand::Rng;
+    let dir = path.parent().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the control socket path has no directory",
+        )
+    })?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    // A short name: the bound path is only two bytes longer than `path` (sun_path).
+    let mut private = None;
+    for _ in 0..16 {
+        let tag: String = rand::thread_rng()
+            .sample_iter(rand::distributions::Alphanumeric)
+            .take(6)
+            .map(char::from)
+            .collect();
+        let candidate = dir.join(format!(".s{tag}"));
+        // `create` refuses an existing entry (also a planted symlink): never reuse one.
+        match std::fs::DirBuilder::new().mode(0o700).create(&candidate) {
+            Ok(()) => {
+                private = Some(candidate);
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let private = private.ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("no free private directory name in {}", dir.display()),
+        )
+    })?;
+    let bound = private.join("s");
+    let result = (|| {
+        // The umask can only have removed bits; make sure the owner can use it.
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+        let l = std::os::unix::net::UnixListener::bind(&bound)?;
+        std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o600))?;
+        before_publish(&bound);
+        std::fs::rename(&bound, path)?;
+        Ok(l)
+    })();
+    let _ = std::fs::remove_file(&bound);
+    let _ = std::fs::remove_dir(&private);
+    result
+}
+
 /// Options for a node started in the background (the `awp daemon` arguments).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StartArgs {

@@ -92,25 +92,23 @@ pub async fn progress(ctx: &Ctx, reply: &Map<String, Value>) -> Result<(), Failu
     let mut last_pos = 0;
     let mut last_move = tokio::time::Instant::now();
     loop {
-        let body = ctx
-            .call(&Request::Blobs {
-                peer: Some(peer.clone()),
-                blob_ref: None,
-            })
+        let all = ctx
+            .call_all(
+                &Request::Blobs {
+                    peer: Some(peer.clone()),
+                    blob_ref: None,
+                },
+                "blobs",
+            )
             .await?;
-        let rows: Vec<&Map<String, Value>> = body
-            .get("blobs")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_object)
-                    .filter(|b| {
-                        str_field(b, &["dir"]) == Some("out")
-                            && str_field(b, &["ref"]).is_some_and(|r| refs.iter().any(|x| x == r))
-                    })
-                    .collect()
+        let rows: Vec<&Map<String, Value>> = all
+            .iter()
+            .filter_map(Value::as_object)
+            .filter(|b| {
+                str_field(b, &["dir"]) == Some("out")
+                    && str_field(b, &["ref"]).is_some_and(|r| refs.iter().any(|x| x == r))
             })
-            .unwrap_or_default();
+            .collect();
         let mut pos = 0u64;
         let mut open = 0;
         let mut refused = 0;

@@ -10,6 +10,10 @@ use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Most pages a listing is read in (with [`control::PAGE_ITEMS`] items a page, far more
+/// than any node holds).
+pub const MAX_PAGES: usize = 1_000_000;
+
 /// How long `awp down` waits for the node to release its lock.
 const DOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -108,6 +112,33 @@ impl Ctx {
             });
             Err(node_failure(&err, &self.home))
         }
+    }
+
+    /// Every item of a listing answered as `{KEY: [items], "next"?}`: page after page
+    /// ([`control::Page`]) until the node gives no `next` (at most [`MAX_PAGES`] pages).
+    pub(super) async fn call_all(&self, req: &Request, key: &str) -> Result<Vec<Value>, Failure> {
+        self.ensure_node(&StartArgs::default()).await?;
+        let mut page = control::Page::first();
+        let mut items = Vec::new();
+        for _ in 0..MAX_PAGES {
+            let resp = control::request_page(&self.socket(), req, &page)
+                .await
+                .map_err(|e| client_failure(&e, &self.home))?;
+            let mut body = self.body(resp)?;
+            if let Some(Value::Array(a)) = body.remove(key) {
+                items.extend(a);
+            }
+            match body.get("next").and_then(Value::as_str) {
+                None => return Ok(items),
+                Some(n) if page.cursor.as_deref() == Some(n) => break,
+                Some(n) => page = control::Page::after(n),
+            }
+        }
+        Err(Failure::new(
+            Exit::Failed,
+            format!("the node's {key} listing did not end"),
+            "check the node with `awp status`",
+        ))
     }
 
     async fn subscribe(&self, req: &Request) -> Result<control::Subscription, Failure> {
@@ -440,21 +471,21 @@ async fn tail(
 }
 
 async fn read(ctx: &Ctx, th: Option<String>, mark: bool) -> Result<(), Failure> {
-    // The node answers in pages and marks read only what it returned; ask again while it
-    // says `more` (bounded, in case a peer keeps sending).
+    // The node answers in pages and marks read only what it returned; ask again after its
+    // `next` cursor while it says `more` (bounded, in case a peer keeps sending).
+    ctx.ensure_node(&StartArgs::default()).await?;
+    let req = Request::Read { th, mark };
+    let mut page = control::Page::first();
     let mut shown = 0usize;
-    for _ in 0..10_000 {
-        let body = ctx
-            .call(&Request::Read {
-                th: th.clone(),
-                mark,
-            })
-            .await?;
+    for _ in 0..MAX_PAGES {
+        let resp = control::request_page(&ctx.socket(), &req, &page)
+            .await
+            .map_err(|e| client_failure(&e, &ctx.home))?;
+        let body = ctx.body(resp)?;
         let entries = field(&body, &["entries", "lines", "unread"])
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        let more = body.get("more").and_then(Value::as_bool) == Some(true);
         for entry in entries {
             let Value::Object(mut ev) = entry else {
                 continue;
@@ -467,14 +498,10 @@ async fn read(ctx: &Ctx, th: Option<String>, mark: bool) -> Result<(), Failure> 
                 print_event(ctx, &ev)?;
             }
         }
-        if !more {
-            break;
-        }
-        if !mark {
-            if !ctx.json {
-                out("… more unread lines (read without --no-mark to page through them)")?;
-            }
-            break;
+        let more = body.get("more").and_then(Value::as_bool) == Some(true);
+        match str_field(&body, &["next"]) {
+            Some(n) if more && page.cursor.as_deref() != Some(n) => page = control::Page::after(n),
+            _ => break,
         }
     }
     if shown == 0 && !ctx.json {
@@ -554,27 +581,35 @@ async fn wait(
 
 async fn list(ctx: &Ctx, req: Request, key: &str) -> Result<(), Failure> {
     let now = format::now_ms();
-    list_with(ctx, &req, key, |items| match key {
+    let items = ctx.call_all(&req, key).await?;
+    let items = match key {
+        "threads" => format::recent_first(items),
+        _ => items,
+    };
+    show_list(ctx, items, key, |items| match key {
         "threads" => format::threads_table(items, now),
         _ => format::peers_table(items, now),
     })
-    .await
 }
 
-/// A list request answered as `{KEY: [objects]}`: one JSON object per line with `--json`,
-/// else `render`'s table, or `no KEY yet`.
+/// A listing answered as `{KEY: [objects]}` in pages: every page, then one JSON object
+/// per line with `--json`, else `render`'s table, or `no KEY yet`.
 pub(super) async fn list_with(
     ctx: &Ctx,
     req: &Request,
     key: &str,
     render: impl FnOnce(&[Value]) -> String,
 ) -> Result<(), Failure> {
-    let body = ctx.call(req).await?;
-    let items = body
-        .get(key)
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let items = ctx.call_all(req, key).await?;
+    show_list(ctx, items, key, render)
+}
+
+fn show_list(
+    ctx: &Ctx,
+    items: Vec<Value>,
+    key: &str,
+    render: impl FnOnce(&[Value]) -> String,
+) -> Result<(), Failure> {
     if ctx.json {
         for item in &items {
             out_json(item)?;

@@ -99,13 +99,25 @@ pub fn clip(s: &str, max: usize) -> String {
     }
 }
 
-/// `s` with every control character (including newlines) shown as an escape such as
-/// `\u{1b}`, so text a peer chose (names, subjects, messages) cannot move the cursor,
-/// retitle the terminal or forge table rows.
+/// Whether `c` changes the direction of the text around it: the Unicode bidirectional
+/// embeddings and overrides (U+202A–U+202E), isolates (U+2066–U+2069) and marks (U+200E,
+/// U+200F, U+061C). A peer's name or subject holding U+202E shows the rest of the line
+/// reversed, e.g. a file name `txt.exe` as `exe.txt` ("Trojan Source", CVE-2021-42574).
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+    )
+}
+
+/// `s` with every control character (including newlines) and every bidirectional control
+/// ([`is_bidi_control`]) shown as an escape such as `\u{1b}` or `\u{202e}`, so text a
+/// peer chose (names, subjects, messages) cannot move the cursor, retitle the terminal,
+/// forge table rows or reorder what follows it.
 pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if c.is_control() {
+        if c.is_control() || is_bidi_control(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -150,6 +162,18 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         out.push_str(&render(&mut row.iter().map(String::as_str)));
     }
     out
+}
+
+/// Thread objects most recently updated first (ties by thread id), the order `awp
+/// threads` shows; the node lists them in thread-id order, a page at a time.
+pub fn recent_first(mut threads: Vec<Value>) -> Vec<Value> {
+    fn key(t: &Value) -> (std::cmp::Reverse<u64>, &str) {
+        let updated = t.get("updated_ms").and_then(Value::as_u64).unwrap_or(0);
+        let th = t.get("th").and_then(Value::as_str).unwrap_or("");
+        (std::cmp::Reverse(updated), th)
+    }
+    threads.sort_by(|a, b| key(a).cmp(&key(b)));
+    threads
 }
 
 /// The threads table from a list of thread objects.
@@ -370,6 +394,7 @@ pub fn listening_addresses(obj: &Map<String, Value>) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::table as table_fn;
     use super::*;
     use serde_json::json;
 
@@ -419,6 +444,40 @@ mod tests {
         let t = table(&["NAME"], &[vec![evil.to_string()]]);
         assert_eq!(t.lines().count(), 2, "no forged row: {t}");
         assert!(!t.contains('\u{1b}'));
+    }
+
+    #[test]
+    fn bidi_controls_are_escaped() {
+        // (character, escaped form); every bidi embedding, override, isolate and mark.
+        let table = [
+            ('\u{061C}', "\\u{61c}"),
+            ('\u{200E}', "\\u{200e}"),
+            ('\u{200F}', "\\u{200f}"),
+            ('\u{202A}', "\\u{202a}"),
+            ('\u{202B}', "\\u{202b}"),
+            ('\u{202C}', "\\u{202c}"),
+            ('\u{202D}', "\\u{202d}"),
+            ('\u{202E}', "\\u{202e}"),
+            ('\u{2066}', "\\u{2066}"),
+            ('\u{2067}', "\\u{2067}"),
+            ('\u{2068}', "\\u{2068}"),
+            ('\u{2069}', "\\u{2069}"),
+        ];
+        for (c, want) in table {
+            assert!(is_bidi_control(c), "{c:?}");
+            assert_eq!(printable(&format!("a{c}b")), format!("a{want}b"));
+        }
+        // Neighbours and ordinary right-to-left text stay as they are.
+        for c in [
+            '\u{2029}', '\u{202F}', '\u{2065}', '\u{206A}', '\u{200D}', 'א', 'ع', 'é',
+        ] {
+            assert!(!is_bidi_control(c), "{c:?}");
+            assert_eq!(printable(&c.to_string()), c.to_string());
+        }
+        // In a table cell, as a peer's name.
+        let t = table_fn(&["NAME"], &[vec!["bob\u{202E}txt.exe".to_string()]]);
+        assert!(!t.chars().any(is_bidi_control), "{t}");
+        assert!(t.ends_with("bob\\u{202e}txt.exe"), "{t}");
     }
 
     #[test]

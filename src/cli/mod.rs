@@ -76,11 +76,13 @@ impl Failure {
         if self.what.is_empty() {
             return None;
         }
+        // The node's messages may quote peer-chosen names: no raw control characters.
         let what: String = self.what.lines().collect::<Vec<_>>().join(" ");
+        let what = format::printable(&what);
         Some(if self.hint.is_empty() {
             format!("awp: {what}")
         } else {
-            format!("awp: {what}; {}", self.hint)
+            format!("awp: {what}; {}", format::printable(&self.hint))
         })
     }
 }
@@ -107,6 +109,7 @@ pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
         "no_such_grant" => "list grants with `awp grants`".into(),
         "connect_failed" => "check the address and that the peer's node is up".into(),
         "bad_request" => "check the arguments (`awp help`)".into(),
+        "forbidden" => "run awp as the user that started the node".into(),
         _ => format!("see {}", home.join(crate::daemon::LOG_FILE).display()),
     };
     Failure::new(exit_for_node_error(&err.code), err.message.clone(), hint)

@@ -9,20 +9,21 @@ use serde_json::{Map, Value};
 
 /// `awp presence [PEER]`.
 pub async fn show(ctx: &Ctx, peer: Option<String>) -> Result<(), Failure> {
-    let one = peer.is_some();
-    let body = ctx.call(&Request::Presence { peer }).await?;
-    if one {
+    if peer.is_some() {
+        let body = ctx.call(&Request::Presence { peer }).await?;
         return if ctx.json {
             out_json(&Value::Object(body))
         } else {
             out(&document_text(&body))
         };
     }
-    let agents = body
-        .get("agents")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let mut agents = ctx
+        .call_all(&Request::Presence { peer: None }, "agents")
+        .await?;
+    // Ours first, then the most recent (the node pages them in origin order).
+    let own = |a: &Value| a.get("own").and_then(Value::as_bool) != Some(true);
+    let ts = |a: &Value| field_ts(a);
+    agents.sort_by(|a, b| own(a).cmp(&own(b)).then_with(|| ts(b).cmp(&ts(a))));
     if ctx.json {
         for a in &agents {
             out_json(a)?;
@@ -33,6 +34,14 @@ pub async fn show(ctx: &Ctx, peer: Option<String>) -> Result<(), Failure> {
         return out("no presence documents yet (peers publish with `awp up --presence`)");
     }
     out(&presence_table(&agents, super::format::now_ms()))
+}
+
+/// A document's signed time in ms (0 when missing).
+fn field_ts(a: &Value) -> i64 {
+    a.as_object()
+        .and_then(|o| field(o, &["ts"]))
+        .and_then(timestamp_ms)
+        .unwrap_or(0)
 }
 
 /// The `awp presence` table: NAME, KEY, HOST, HARNESS/MODEL, ACTIVE, WAITING, PEERS UP,

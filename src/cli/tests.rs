@@ -284,6 +284,22 @@ fn failure_message_is_one_line() {
 }
 
 #[test]
+fn failure_message_escapes_peer_chosen_controls() {
+    // An ambiguous_peer message quotes the names peers chose.
+    let f = Failure::usage(
+        "\"bob\" matches bob\u{202E}gnp.exe, \u{1b}[2Jeve",
+        "give more",
+    );
+    let m = f.message().unwrap();
+    assert!(
+        !m.chars()
+            .any(|c| c.is_control() || format::is_bidi_control(c)),
+        "{m}"
+    );
+    assert!(m.contains("bob\\u{202e}gnp.exe"), "{m}");
+}
+
+#[test]
 fn help_documents_exit_codes() {
     use clap::CommandFactory;
     let help = Cli::command().render_long_help().to_string();

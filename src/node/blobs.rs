@@ -1,10 +1,12 @@
 //! Blobs on the node side of the control socket: reading files for `send`, recording what
 //! was queued, and listing blobs both ways (`awp blobs`).
 
+use super::lists::Pager;
 use super::server::{resolve_peer, Fail};
 use super::Inner;
 use crate::blob::Outgoing;
-use crate::store::{InStatus, OutBlobState, OutboxEntry};
+use crate::control::{shown, Page};
+use crate::store::{InBlob, InStatus, OutBlob, OutBlobState, OutboxEntry};
 use crate::wire::{self, PeerKey};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -127,93 +129,134 @@ fn written(inner: &Inner, peer: &PeerKey, ids: &[String]) -> usize {
     }
 }
 
-/// The `blobs` control request (see [`crate::control::Request::Blobs`]).
+/// Where a blob sorts in the `blobs` listing: newest first, then direction, peer and ref
+/// (a total order, so a page can resume after any row). Serialized as the page cursor.
+type RowKey = (std::cmp::Reverse<u64>, String, String, String);
+
+fn cursor_of(k: &RowKey) -> String {
+    json!([k.0 .0, k.1, k.2, k.3]).to_string()
+}
+
+fn parse_cursor(c: &str) -> Result<RowKey, Fail> {
+    let bad = || Fail::new("bad_request", format!("bad blobs cursor {c:?}"));
+    let (at, dir, peer, r): (u64, String, String, String) =
+        serde_json::from_str(c).map_err(|_| bad())?;
+    Ok((std::cmp::Reverse(at), dir, peer, r))
+}
+
+/// The `blobs` control request (see [`crate::control::Request::Blobs`]): one page, the
+/// status of only the rows on it worked out.
 pub(super) fn list(
     inner: &Inner,
     peer: Option<&str>,
     blob_ref: Option<&str>,
+    page: &Page,
 ) -> Result<Value, Fail> {
     let internal = |e: crate::store::StoreError| Fail::new("internal", e.to_string());
     let peer = peer.map(|p| resolve_peer(inner, p)).transpose()?;
+    let after = page.cursor.as_deref().map(parse_cursor).transpose()?;
     let wanted =
         |k: &PeerKey, r: &str| peer.is_none_or(|p| p == *k) && blob_ref.is_none_or(|w| w == r);
     let store = &inner.store;
-    let mut rows: Vec<(u64, Value)> = Vec::new();
-    for b in store.blobs_out().map_err(internal)? {
-        if !wanted(&b.peer, &b.blob_ref) {
-            continue;
+    let outs = store.blobs_out().map_err(internal)?;
+    let ins = store.blobs_in().map_err(internal)?;
+    let key = |at: u64, dir: &str, peer: &PeerKey, r: &str| -> RowKey {
+        (
+            std::cmp::Reverse(at),
+            dir.into(),
+            peer.to_string(),
+            r.into(),
+        )
+    };
+    // (order, index into outs (Ok) or ins (Err)), after the cursor.
+    let mut order: Vec<(RowKey, Result<usize, usize>)> = Vec::new();
+    for (i, b) in outs.iter().enumerate() {
+        if wanted(&b.peer, &b.blob_ref) {
+            order.push((key(b.state.at_ms, "out", &b.peer, &b.blob_ref), Ok(i)));
         }
-        let s = &b.state;
-        let total = s.chunk_ids.len();
-        let acked = store
-            .chunks_retired(&b.peer, &s.chunk_ids)
-            .map_err(internal)?;
-        let status = if s.refused {
-            "refused"
-        } else if store.outbox_has(&b.peer, &s.msg_id).map_err(internal)? {
-            "queued"
-        } else {
-            "sent"
-        };
-        let acked = if status == "sent" { total } else { acked };
-        let sent = written(inner, &b.peer, &s.chunk_ids).max(acked);
-        rows.push((
-            s.at_ms,
-            json!({
-                "dir": "out",
-                "peer": b.peer.to_string(),
-                "peer_name": inner.peer_name(&b.peer),
-                "ref": b.blob_ref,
-                "th": s.th,
-                "msg": s.msg_id,
-                "name": s.name,
-                "mime": s.mime,
-                "size": s.size,
-                "sha256": s.sha256,
-                "status": status,
-                "path": s.source,
-                "chunks": total,
-                "chunks_sent": sent,
-                "chunks_acked": acked,
-                "at": wire::time::format_ms(s.at_ms),
-            }),
-        ));
     }
-    for b in store.blobs_in().map_err(internal)? {
-        if !wanted(&b.peer, &b.blob_ref) {
-            continue;
+    for (i, b) in ins.iter().enumerate() {
+        if wanted(&b.peer, &b.blob_ref) {
+            order.push((key(b.state.started_ms, "in", &b.peer, &b.blob_ref), Err(i)));
         }
-        let s = &b.state;
-        let status = match s.status {
-            InStatus::Pending => "pending",
-            // Marked complete; the move to the final path follows the store flush.
-            InStatus::Complete if !s.path.as_deref().is_some_and(|p| Path::new(p).exists()) => {
-                "pending"
-            }
-            InStatus::Complete => "complete",
-            InStatus::Refused => "refused",
-        };
-        rows.push((
-            s.started_ms,
-            json!({
-                "dir": "in",
-                "peer": b.peer.to_string(),
-                "peer_name": inner.peer_name(&b.peer),
-                "ref": b.blob_ref,
-                "th": s.th,
-                "msg": s.msg_id,
-                "name": s.name,
-                "mime": s.mime,
-                "size": s.size,
-                "sha256": s.sha256,
-                "status": status,
-                "path": s.path,
-                "bytes": s.offset,
-                "reason": s.reason,
-                "at": wire::time::format_ms(s.started_ms),
-            }),
-        ));
     }
-    rows.sort_by_key(|r| std::cmp::Reverse(r.0));
-    Ok(json!({ "blobs": rows.into_iter().map(|(_, v)| v).collect::<Vec<_>>() }))
+    if let Some(a) = &after {
+        order.retain(|(k, _)| k > a);
+    }
+    order.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = Pager::new(page);
+    for (k, which) in order {
+        let row = match which {
+            Ok(i) => out_row(inner, &outs[i]).map_err(internal)?,
+            Err(i) => in_row(inner, &ins[i]),
+        };
+        if !out.push(cursor_of(&k), row) {
+            break;
+        }
+    }
+    Ok(out.finish("blobs"))
+}
+
+fn out_row(inner: &Inner, b: &OutBlob) -> Result<Value, crate::store::StoreError> {
+    let store = &inner.store;
+    let s = &b.state;
+    let total = s.chunk_ids.len();
+    let acked = store.chunks_retired(&b.peer, &s.chunk_ids)?;
+    let status = if s.refused {
+        "refused"
+    } else if store.outbox_has(&b.peer, &s.msg_id)? {
+        "queued"
+    } else {
+        "sent"
+    };
+    let acked = if status == "sent" { total } else { acked };
+    let sent = written(inner, &b.peer, &s.chunk_ids).max(acked);
+    Ok(json!({
+        "dir": "out",
+        "peer": b.peer.to_string(),
+        "peer_name": inner.peer_name(&b.peer),
+        "ref": b.blob_ref,
+        "th": s.th,
+        "msg": s.msg_id,
+        "name": shown(&s.name),
+        "mime": shown(&s.mime),
+        "size": s.size,
+        "sha256": s.sha256,
+        "status": status,
+        "path": s.source,
+        "chunks": total,
+        "chunks_sent": sent,
+        "chunks_acked": acked,
+        "at": wire::time::format_ms(s.at_ms),
+    }))
+}
+
+fn in_row(inner: &Inner, b: &InBlob) -> Value {
+    let s = &b.state;
+    let status = match s.status {
+        InStatus::Pending => "pending",
+        // Marked complete; the move to the final path follows the store flush.
+        InStatus::Complete if !s.path.as_deref().is_some_and(|p| Path::new(p).exists()) => {
+            "pending"
+        }
+        InStatus::Complete => "complete",
+        InStatus::Refused => "refused",
+    };
+    json!({
+        "dir": "in",
+        "peer": b.peer.to_string(),
+        "peer_name": inner.peer_name(&b.peer),
+        "ref": b.blob_ref,
+        "th": s.th,
+        "msg": s.msg_id,
+        "name": s.name.as_deref().map(shown),
+        "mime": s.mime.as_deref().map(shown),
+        "size": s.size,
+        "sha256": s.sha256,
+        "status": status,
+        "path": s.path,
+        "bytes": s.offset,
+        "reason": s.reason.as_deref().map(shown),
+        "at": wire::time::format_ms(s.started_ms),
+    })
 }

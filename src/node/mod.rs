@@ -5,7 +5,7 @@
 //!   task, writer task, timers, group-committed acks).
 //! - `dialer`: per-peer redial with jittered exponential backoff (protocol-notes
 //!   §Liveness and close).
-//! - `server`: the control socket (see [`crate::control`]).
+//! - `server`: the control socket (see [`crate::control`]); `lists`: its listings.
 //! - `presence`: receiving, relaying and publishing presence documents (the rules are in
 //!   [`crate::presence`]).
 //! - `blobs`: files for `send`, and the `blobs` listing (the rules are in [`crate::blob`]).
@@ -14,6 +14,7 @@ mod blobs;
 mod conn;
 mod dialer;
 pub(crate) mod grants;
+mod lists;
 mod presence;
 pub mod serve;
 mod server;
@@ -505,9 +506,15 @@ impl Inner {
         }
     }
 
-    /// A peer's name, if known.
+    /// A peer's name as shown in listings, replies and events, if known: the name the
+    /// peer chose, cut to [`crate::control::MAX_SHOWN_CHARS`] characters.
     pub fn peer_name(&self, key: &PeerKey) -> Option<String> {
-        self.store.peer(key).ok().flatten().and_then(|p| p.name)
+        self.store
+            .peer(key)
+            .ok()
+            .flatten()
+            .and_then(|p| p.name)
+            .map(|n| crate::control::shown(&n))
     }
 
     /// Whether `key` has a live authenticated connection.

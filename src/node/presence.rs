@@ -397,7 +397,11 @@ fn describe(
 /// Known agents for `awp presence`: `{"agents":[…]}`, ours first. With `who`, the one
 /// document whose origin is that key, key prefix (≥ 4 characters) or name, in full with
 /// `verified`; `None` when nothing matches, `Err` with a message when several do.
-pub(crate) fn list(inner: &Inner, who: Option<&str>) -> Result<Option<Value>, String> {
+pub(crate) fn list(
+    inner: &Inner,
+    who: Option<&str>,
+    page: &crate::control::Page,
+) -> Result<Option<Value>, String> {
     let now = wire::time::now_ms();
     let own = inner
         .presence
@@ -415,15 +419,32 @@ pub(crate) fn list(inner: &Inner, who: Option<&str>) -> Result<Option<Value>, St
     for h in table.fresh(now) {
         all.push((&h.doc, Some(h.hops), Some(h.via)));
     }
-    let Some(who) = who else {
-        let agents: Vec<Value> = all
-            .iter()
-            .map(|(d, h, v)| describe(inner, d, *h, *v, false))
-            .collect();
-        return Ok(Some(json!({ "agents": agents })));
-    };
     let origin_of =
         |d: &Map<String, Value>| d.get("origin").and_then(Value::as_str).map(str::to_string);
+    let Some(who) = who else {
+        // A page: ours first, then the others in origin order, after the cursor (an
+        // origin; ours sorts before every other).
+        let own_origin = own.as_ref().and_then(origin_of);
+        let mut others: Vec<&Entry> = all.iter().filter(|(_, h, _)| h.is_some()).collect();
+        others.sort_by_key(|(d, _, _)| origin_of(d));
+        let cursor = page.cursor.as_deref();
+        let past_own = cursor.is_some();
+        let ordered = all
+            .iter()
+            .filter(|(_, h, _)| h.is_none() && !past_own)
+            .chain(others.into_iter().filter(|(d, _, _)| {
+                let o = origin_of(d);
+                cursor.is_none_or(|c| Some(c) == own_origin.as_deref() || o.as_deref() > Some(c))
+            }));
+        let mut out = super::lists::Pager::new(page);
+        for (d, h, v) in ordered {
+            let cursor = origin_of(d).unwrap_or_default();
+            if !out.push(cursor, describe(inner, d, *h, *v, false)) {
+                break;
+            }
+        }
+        return Ok(Some(out.finish("agents")));
+    };
     let prefix = who.strip_prefix("ed25519:").unwrap_or(who);
     let hits: Vec<_> = all
         .iter()

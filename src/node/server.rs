@@ -2,7 +2,7 @@
 
 use super::conn::{self, Dial};
 use super::Inner;
-use crate::control::{Request, Response, MAX_CONTROL_LINE};
+use crate::control::{check_peer_uid, Page, Request, Response, MAX_CONTROL_LINE};
 use crate::net::{self, Address};
 use crate::store::{AddrSource, Dir, LineBuilder, LogEntry};
 use crate::wire::{self, Line, Part, PeerKey};
@@ -13,18 +13,12 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-/// Bind the control socket with mode 0600 (a stale socket file is replaced).
+/// Bind the control socket at `path` (see [`crate::daemon::bind_control_socket`]) and
+/// hand it to tokio.
 pub(super) fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    if path.exists() {
-        std::fs::remove_file(path)?;
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let l = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(l)
+    let l = crate::daemon::bind_control_socket(path)?;
+    l.set_nonblocking(true)?;
+    UnixListener::from_std(l)
 }
 
 pub(super) async fn serve(inner: Arc<Inner>, listener: UnixListener, path: PathBuf) {
@@ -61,7 +55,23 @@ async fn write_json(
     w.flush().await
 }
 
+/// At most this many bytes are read (and dropped) from a refused control connection.
+const REFUSED_DRAIN_BYTES: u64 = 64 * 1024;
+/// For at most this long.
+const REFUSED_DRAIN_TIME: Duration = Duration::from_secs(1);
+
 async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
+    let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
+    if let Err(why) = check_peer_uid(peer_uid, rustix::process::geteuid().as_raw()) {
+        tracing::warn!("control socket: refused a connection: {why}");
+        let (r, mut w) = stream.into_split();
+        write_json(&mut w, &Response::err("forbidden", why)).await?;
+        // Take (and ignore) what the client writes for a moment, so that its request does
+        // not fail on a closed socket before it reads the refusal.
+        let (mut r, mut sink) = (r.take(REFUSED_DRAIN_BYTES), tokio::io::sink());
+        let _ = tokio::time::timeout(REFUSED_DRAIN_TIME, tokio::io::copy(&mut r, &mut sink)).await;
+        return Ok(());
+    }
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r.take(u64::MAX));
     loop {
@@ -91,8 +101,21 @@ async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
         if let Request::Subscribe { th, peer, from_seq } = req {
             return subscribe(&inner, &mut w, th, peer, from_seq).await;
         }
+        // Listings come in pages; the paging fields sit next to `op`.
+        let page = if req.is_listing() {
+            match serde_json::from_slice::<Page>(&line) {
+                Ok(p) => p,
+                Err(e) => {
+                    let msg = format!("bad paging fields: {e}");
+                    write_json(&mut w, &Response::err("bad_request", msg)).await?;
+                    continue;
+                }
+            }
+        } else {
+            Page::first()
+        };
         let shutdown = matches!(req, Request::Shutdown);
-        let resp = handle(&inner, req).await;
+        let resp = handle(&inner, req, &page).await;
         write_json(&mut w, &resp).await?;
         if shutdown {
             inner.shutdown.cancel();
@@ -101,8 +124,8 @@ async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
     }
 }
 
-async fn handle(inner: &Arc<Inner>, req: Request) -> Response {
-    match handle_inner(inner, req).await {
+async fn handle(inner: &Arc<Inner>, req: Request, page: &Page) -> Response {
+    match handle_inner(inner, req, page).await {
         Ok(v) => Response::ok(v),
         Err(f) => f.response(),
     }
@@ -124,11 +147,11 @@ impl Fail {
     }
 }
 
-fn internal(e: impl std::fmt::Display) -> Fail {
+pub(super) fn internal(e: impl std::fmt::Display) -> Fail {
     Fail::new("internal", e.to_string())
 }
 
-async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
+async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
     let store = &inner.store;
     match req {
         Request::Status => {
@@ -236,97 +259,57 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             };
             queue(inner, key, &[&build], &[], wait_ack_ms, false).await
         }
-        Request::Threads => {
-            let threads = store.threads().map_err(internal)?;
-            let list: Vec<Value> = threads
-                .into_iter()
-                .map(|t| {
-                    json!({
-                        "th": t.th,
-                        "peer": t.peer.to_string(),
-                        "peer_name": inner.peer_name(&t.peer),
-                        "subject": t.subject,
-                        "mine": t.mine,
-                        "my_note": t.my_note,
-                        "theirs": t.theirs,
-                        "their_note": t.their_note,
-                        "since": wire::time::format_ms(t.since_ms),
-                        "updated": wire::time::format_ms(t.updated_ms),
-                        "updated_ms": t.updated_ms,
-                        "unread": t.unread,
-                    })
-                })
-                .collect();
-            Ok(json!({ "threads": list }))
-        }
-        Request::Peers => {
-            let peers = store.peers().map_err(internal)?;
-            let conns = inner.conns.lock().unwrap_or_else(|p| p.into_inner());
-            let list: Vec<Value> = peers
-                .into_iter()
-                .map(|p| {
-                    let c = conns.get(&p.key);
-                    let addrs: Vec<Value> = store
-                        .addresses(&p.key)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|a| json!({"address": a.address, "source": a.source, "last_ok": a.last_ok_ms.map(wire::time::format_ms), "last_err": a.last_err}))
-                        .collect();
-                    json!({
-                        "key": p.key.to_string(),
-                        "name": p.name,
-                        "about": p.about,
-                        "caps": p.caps,
-                        "fingerprint": p.key.fingerprint(),
-                        "first_seen": wire::time::format_ms(p.first_seen_ms),
-                        "last_seen": wire::time::format_ms(p.last_seen_ms),
-                        "last_seen_ms": p.last_seen_ms,
-                        "parked": p.parked,
-                        "introduced_by": p.introduced_by.map(|k| k.to_string()),
-                        "connected": c.is_some_and(|c| c.up),
-                        "remote": c.map(|c| c.remote.clone()),
-                        "address": store.addresses(&p.key).ok().and_then(|a| a.into_iter().next()).map(|a| a.address),
-                        "outbox": store.outbox_len(&p.key).unwrap_or(0),
-                        "addresses": addrs,
-                    })
-                })
-                .collect();
-            Ok(json!({ "peers": list }))
-        }
+        Request::Threads => super::lists::threads(inner, page),
+        Request::Peers => super::lists::peers(inner, page),
         Request::Read { th, mark } => {
             // At most READ_PAGE_BYTES of lines per response (at least one line); only what
-            // is returned is marked read. `more` tells the client to ask again.
+            // is returned is marked read. `more` tells the client to ask again, after the
+            // `next` cursor (a log seq).
+            let after = match page.cursor.as_deref() {
+                None => 0,
+                Some(c) => c
+                    .parse::<u64>()
+                    .map_err(|_| Fail::new("bad_request", format!("bad read cursor {c:?}")))?,
+            };
+            let limit = page.items().min(READ_PAGE_LINES);
             let entries = store
-                .log(0, th.as_deref(), true, READ_PAGE_LINES + 1)
+                .log(after, th.as_deref(), true, limit + 1)
                 .map_err(internal)?;
-            let mut page = Vec::new();
+            // More may follow when the scan stopped early or the store had more to give.
+            let mut more = entries.len() > limit;
+            let mut taken = Vec::new();
             let mut bytes = 0;
-            let mut more = false;
+            let mut scanned = after;
             for e in entries.into_iter().filter(|e| e.dir == Dir::In) {
-                if !page.is_empty()
-                    && (bytes + e.line.len() > READ_PAGE_BYTES || page.len() >= READ_PAGE_LINES)
+                if !taken.is_empty()
+                    && (bytes + e.line.len() > READ_PAGE_BYTES || taken.len() >= limit)
                 {
                     more = true;
                     break;
                 }
+                scanned = e.seq;
                 if th.is_some() && !owns_thread(inner, &e) {
                     continue;
                 }
                 bytes += e.line.len();
-                page.push(e);
+                taken.push(e);
             }
             if mark {
-                let seqs: Vec<u64> = page.iter().map(|e| e.seq).collect();
+                let seqs: Vec<u64> = taken.iter().map(|e| e.seq).collect();
                 store.mark_read(&seqs).map_err(internal)?;
                 store.flush().await.map_err(internal)?;
             }
-            let list: Vec<Value> = page.iter().map(|e| entry_event(inner, e)).collect();
-            Ok(json!({ "entries": list, "more": more }))
+            let list: Vec<Value> = taken.iter().map(|e| entry_event(inner, e)).collect();
+            let mut reply = json!({ "entries": list, "more": more });
+            if more {
+                reply["next"] = json!(scanned.to_string());
+            }
+            Ok(reply)
         }
         Request::Subscribe { .. } => {
             Err(Fail::new("bad_request", "subscribe is handled separately"))
         }
-        Request::Presence { peer } => match super::presence::list(inner, peer.as_deref()) {
+        Request::Presence { peer } => match super::presence::list(inner, peer.as_deref(), page) {
             Ok(Some(v)) => Ok(v),
             Ok(None) => Err(Fail::new(
                 "no_such_peer",
@@ -348,7 +331,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             let aud = aud.map(|a| resolve_peer(inner, &a)).transpose()?;
             mint_and_store(inner, &sub, &caps, ttl_s, aud.as_ref()).await
         }
-        Request::Grants => Ok(json!({ "grants": grants_list(inner)? })),
+        Request::Grants => super::lists::grants(inner, page),
         Request::Revoke { hash } => {
             let hash = hash.trim().to_ascii_lowercase();
             let Some(rec) = store.grant(&hash).map_err(internal)? else {
@@ -371,7 +354,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             th,
         } => introduce(inner, &to, &peer, caps, ttl_s, th).await,
         Request::Blobs { peer, blob_ref } => {
-            super::blobs::list(inner, peer.as_deref(), blob_ref.as_deref())
+            super::blobs::list(inner, peer.as_deref(), blob_ref.as_deref(), page)
         }
         Request::Shutdown => Ok(json!({"stopping": true})),
     }
@@ -440,18 +423,29 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
             "no_such_peer",
             format!("no known peer matches {text:?}; `awp peers` lists them, `awp connect ADDRESS` adds one"),
         )),
-        _ => {
-            let list: Vec<String> = hits
+        n => {
+            // Names are the peers' choice: a few of them, each cut to size.
+            let mut list: Vec<String> = hits
                 .iter()
-                .map(|p| format!("{} ({})", p.name.as_deref().unwrap_or("?"), &p.key.to_string()[..16]))
+                .take(AMBIGUOUS_SHOWN)
+                .map(|p| {
+                    let name = p.name.as_deref().map_or("?".into(), crate::control::shown);
+                    format!("{name} ({})", &p.key.to_string()[..16])
+                })
                 .collect();
+            if n > AMBIGUOUS_SHOWN {
+                list.push(format!("and {} more", n - AMBIGUOUS_SHOWN));
+            }
             Err(Fail::new(
                 "ambiguous_peer",
-                format!("{text:?} matches {}; give more of the key", list.join(", ")),
+                format!("{:?} matches {}; give more of the key", crate::control::shown(text), list.join(", ")),
             ))
         }
     }
 }
+
+/// Most matching peers an `ambiguous_peer` message names.
+const AMBIGUOUS_SHOWN: usize = 8;
 
 /// The peer and thread of a send/state: an existing thread gives its peer; a new thread
 /// needs a peer (and gets `thr_<ULID>` when no id was given).
@@ -640,61 +634,6 @@ async fn mint_and_store(
     });
     let sent = inner.send_ephemeral(sub, &line);
     Ok(json!({"hash": hash, "grant": Value::Object(obj), "sent": sent}))
-}
-
-fn grants_list(inner: &Inner) -> Result<Vec<Value>, Fail> {
-    let now = wire::time::now_ms();
-    let me = inner.identity.key();
-    let mut out = Vec::new();
-    for rec in inner.store.grants().map_err(internal)? {
-        let revoked = inner.store.grant_revoked(&rec.hash).unwrap_or(false);
-        let (validity, caps_now, v) = match crate::grant::verify(&rec.object) {
-            Err(e) => (format!("invalid: {e}"), Vec::new(), None),
-            Ok(v) => {
-                let verdict = match rec.role {
-                    // Held grants are judged by the node they are presented to.
-                    crate::store::GrantRole::Held if v.expired_at(now) => "expired".to_string(),
-                    crate::store::GrantRole::Held if revoked => "revoked".to_string(),
-                    crate::store::GrantRole::Held => "valid".to_string(),
-                    _ => match super::grants::honor(inner, &v, now) {
-                        Ok(_) => "valid".to_string(),
-                        Err(crate::grant::GrantError::Expired { .. }) => "expired".to_string(),
-                        Err(crate::grant::GrantError::Revoked { .. }) => "revoked".to_string(),
-                        Err(e) => format!("not honored: {e}"),
-                    },
-                };
-                let caps = if verdict == "valid" && rec.role != crate::store::GrantRole::Held {
-                    super::grants::honor(inner, &v, now).unwrap_or_default()
-                } else {
-                    Vec::new()
-                };
-                (verdict, caps, Some(v))
-            }
-        };
-        let name = |k: &PeerKey| {
-            if *k == me {
-                Some("(this node)".to_string())
-            } else {
-                inner.peer_name(k)
-            }
-        };
-        out.push(json!({
-            "hash": rec.hash,
-            "role": rec.role,
-            "iss": v.as_ref().map(|v| v.iss.to_string()),
-            "iss_name": v.as_ref().and_then(|v| name(&v.iss)),
-            "sub": v.as_ref().map(|v| v.sub.to_string()),
-            "sub_name": v.as_ref().and_then(|v| name(&v.sub)),
-            "aud": v.as_ref().and_then(|v| v.aud.map(|a| a.to_string())),
-            "caps": v.as_ref().map(|v| v.caps.clone()).unwrap_or_default(),
-            "honored_caps": caps_now,
-            "exp": v.as_ref().map(|v| v.exp.clone()),
-            "from": rec.from.map(|k| k.to_string()),
-            "validity": validity,
-            "revoked": revoked,
-        }));
-    }
-    Ok(out)
 }
 
 /// Send `to` an introduction of `peer` (protocol-notes §Grants, 10.4), in a thread, followed

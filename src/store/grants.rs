@@ -87,6 +87,34 @@ impl Store {
         Ok(out)
     }
 
+    /// Up to `limit` stored grants with hash > `after` (from the first when None), in hash
+    /// order: one page of the `grants` listing.
+    pub fn grants_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<GrantRecord>, StoreError> {
+        use std::ops::Bound;
+        let tree = self.db.open_tree(TREE).map_err(db_err)?;
+        let start = match after {
+            Some(a) => Bound::Excluded(a.as_bytes().to_vec()),
+            None => Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for kv in tree
+            .range::<Vec<u8>, _>((start, Bound::Unbounded))
+            .take(limit)
+        {
+            let (k, v) = kv.map_err(db_err)?;
+            let hash = String::from_utf8(k.to_vec()).map_err(|e| StoreError::Corrupt {
+                tree: "grants",
+                detail: e.to_string(),
+            })?;
+            out.push(decode(hash, &v)?);
+        }
+        Ok(out)
+    }
+
     /// Remove a grant record. Returns whether it existed.
     pub fn grant_remove(&self, hash: &str) -> Result<bool, StoreError> {
         let tree = self.db.open_tree(TREE).map_err(db_err)?;

@@ -608,6 +608,31 @@ impl Store {
         Ok(out)
     }
 
+    /// Up to `limit` threads with id > `after` (from the first when None), in thread-id
+    /// byte order: one page of the `threads` listing, read without loading the others.
+    pub fn threads_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
+        use std::ops::Bound;
+        let start = match after {
+            Some(a) => Bound::Excluded(a.as_bytes().to_vec()),
+            None => Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for kv in self
+            .trees
+            .t(T::Threads)
+            .range::<Vec<u8>, _>((start, Bound::Unbounded))
+            .take(limit)
+        {
+            let (k, v) = kv.map_err(db_err)?;
+            out.push(thread_info(utf8("threads", &k)?, &v)?);
+        }
+        Ok(out)
+    }
+
     /// One thread.
     pub fn thread(&self, th: &str) -> Result<Option<ThreadInfo>, StoreError> {
         match self.trees.t(T::Threads).get(th).map_err(db_err)? {
@@ -717,6 +742,32 @@ impl Store {
     pub fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
         let mut out = Vec::new();
         for kv in self.trees.t(T::Peers).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            let key = super::codec::peer_from_slice("peers", &k)?;
+            out.push(peer_record(key, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` known peers with key > `after` (from the first when None), in raw key
+    /// order: one page of the `peers` listing.
+    pub fn peers_after(
+        &self,
+        after: Option<&PeerKey>,
+        limit: usize,
+    ) -> Result<Vec<PeerRecord>, StoreError> {
+        use std::ops::Bound;
+        let start = match after {
+            Some(a) => Bound::Excluded(a.as_bytes().to_vec()),
+            None => Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for kv in self
+            .trees
+            .t(T::Peers)
+            .range::<Vec<u8>, _>((start, Bound::Unbounded))
+            .take(limit)
+        {
             let (k, v) = kv.map_err(db_err)?;
             let key = super::codec::peer_from_slice("peers", &k)?;
             out.push(peer_record(key, &v)?);
