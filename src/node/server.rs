@@ -20,7 +20,7 @@ pub(super) fn bind(path: &Path) -> std::io::Result<UnixListener> {
         std::fs::remove_file(path)?;
     }
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        super::private_dir(dir)?;
     }
     let l = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
