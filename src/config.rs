@@ -229,12 +229,8 @@ impl Settings {
             name: l.name,
             about: l.about,
             presence: l.presence.unwrap_or(false),
-            outbox_quota_bytes: l
-                .outbox_quota_bytes
-                .unwrap_or(DEFAULT_OUTBOX_QUOTA_BYTES),
-            outbox_quota_lines: l
-                .outbox_quota_lines
-                .unwrap_or(DEFAULT_OUTBOX_QUOTA_LINES),
+            outbox_quota_bytes: l.outbox_quota_bytes.unwrap_or(DEFAULT_OUTBOX_QUOTA_BYTES),
+            outbox_quota_lines: l.outbox_quota_lines.unwrap_or(DEFAULT_OUTBOX_QUOTA_LINES),
         })
     }
 
@@ -321,8 +317,8 @@ mod tests {
         )
         .unwrap();
         let file = Layer::from_file(home.path()).unwrap();
-        let env = Layer::from_env(|k| (k == "AWP_OUTBOX_QUOTA_BYTES").then(|| "2M".into()))
-            .unwrap();
+        let env =
+            Layer::from_env(|k| (k == "AWP_OUTBOX_QUOTA_BYTES").then(|| "2M".into())).unwrap();
         let s = Settings::from_layer(file.clone().under(env.clone())).unwrap();
         assert_eq!((s.outbox_quota_bytes, s.outbox_quota_lines), (2 << 20, 7));
         let flags = Layer {

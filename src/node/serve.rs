@@ -263,7 +263,14 @@ pub(super) fn on_msg(inner: &Arc<Inner>, from: PeerKey, line: &Line) {
 }
 
 /// Serve one request whose peer holds the capability, and queue the result.
-async fn serve_one(inner: &Arc<Inner>, from: PeerKey, kind: Served, req: Value, th: &str, re: &str) {
+async fn serve_one(
+    inner: &Arc<Inner>,
+    from: PeerKey,
+    kind: Served,
+    req: Value,
+    th: &str,
+    re: &str,
+) {
     let Some(root) = inner.serve.root.clone() else {
         return;
     };
@@ -532,7 +539,10 @@ async fn exec(
     req: &Value,
     blobs: &mut Vec<Outgoing>,
 ) -> Value {
-    let cwd = match str_arg(req, "cwd").map(|c| relative(&root.path, c)).transpose() {
+    let cwd = match str_arg(req, "cwd")
+        .map(|c| relative(&root.path, c))
+        .transpose()
+    {
         Ok(c) => c.unwrap_or_default(),
         Err(e) => return json!({"error": e}),
     };
@@ -671,7 +681,10 @@ mod tests {
         assert!(begin(&serve, p).is_none(), "one more is refused");
         assert!(begin(&serve, q).is_some(), "another peer is not affected");
         held.pop();
-        assert!(begin(&serve, p).is_some(), "a finished request frees its slot");
+        assert!(
+            begin(&serve, p).is_some(),
+            "a finished request frees its slot"
+        );
         drop(held);
         assert!(serve.running.lock().unwrap().is_empty());
     }
@@ -682,7 +695,16 @@ mod tests {
         let (lines, bytes) = result_cost(&json!({"a": 1}), std::slice::from_ref(&b));
         assert_eq!(lines, 5);
         let exact: u64 = (0..b.chunk_count())
-            .map(|n| b.chunk(n, "01ARZ3NDEKTSV4RRFFQ69G5FAV", "01ARZ3NDEKTSV4RRFFQ69G5FAV", "2026-01-01T00:00:00.000Z").encode().len() as u64)
+            .map(|n| {
+                b.chunk(
+                    n,
+                    "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                    "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                    "2026-01-01T00:00:00.000Z",
+                )
+                .encode()
+                .len() as u64
+            })
             .sum();
         assert!(bytes > exact, "{bytes} > {exact}");
     }
@@ -708,7 +730,12 @@ mod tests {
             root.path.display().to_string()
         );
         assert_eq!(r["stderr"], "err\n");
-        let r = exec_in(&root, json!({"cmd": "sleep 5", "timeout_ms": 100}), &mut blobs).await;
+        let r = exec_in(
+            &root,
+            json!({"cmd": "sleep 5", "timeout_ms": 100}),
+            &mut blobs,
+        )
+        .await;
         assert!(r["error"].as_str().unwrap().contains("timed out"));
         assert!(blobs.is_empty());
         let r = exec_in(

@@ -402,7 +402,11 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let root = root_in(dir.path());
         let r = root.path.clone();
-        let w = fs_write(&root, &json!({"path": "notes.txt", "content": "hello"}), None);
+        let w = fs_write(
+            &root,
+            &json!({"path": "notes.txt", "content": "hello"}),
+            None,
+        );
         assert_eq!(w["written"], 5, "{w}");
         let w = fs_write(
             &root,
@@ -425,7 +429,10 @@ mod tests {
         assert!(blobs[0].data.is_empty(), "not held in memory");
         assert!(v.get("content").is_none());
         use sha2::Digest;
-        assert_eq!(blobs[0].sha256, crate::blob::hex(&sha2::Sha256::digest(&big)));
+        assert_eq!(
+            blobs[0].sha256,
+            crate::blob::hex(&sha2::Sha256::digest(&big))
+        );
         // From a blob file.
         let src = r.join("src.bin");
         std::fs::write(&src, b"from a blob").unwrap();
@@ -451,7 +458,10 @@ mod tests {
             .unwrap();
         let w = fs_write(&root, &json!({"path": "notes.txt", "content": "new"}), None);
         assert_eq!(w["size"], 3, "{w}");
-        let mode = std::fs::metadata(r.join("notes.txt")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(r.join("notes.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o640);
         let left: Vec<_> = std::fs::read_dir(&r)
             .unwrap()
@@ -459,5 +469,68 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().contains("awp-tmp"))
             .collect();
         assert!(left.is_empty());
+    }
+
+    /// Issue §2: a directory inside the root swapped with a symlink to outside
+    /// (renameat2 RENAME_EXCHANGE in a loop) while reads and writes run. Bounded: 3000
+    /// reads, 300 writes.
+    #[test]
+    fn a_directory_swapped_with_a_symlink_never_leads_out() {
+        use rustix::fs::{renameat_with, RenameFlags, CWD};
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let dir = tempfile::TempDir::new().unwrap();
+        let outside = tempfile::TempDir::new().unwrap();
+        let root = root_in(dir.path());
+        let r = root.path.clone();
+        std::fs::create_dir(r.join("d")).unwrap();
+        std::fs::write(r.join("d/f"), "inside").unwrap();
+        std::fs::write(outside.path().join("f"), "OUTSIDE").unwrap();
+        std::os::unix::fs::symlink(outside.path(), r.join("s")).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let swaps = Arc::new(AtomicU64::new(0));
+        let swapper = {
+            let (stop, swaps, r) = (stop.clone(), swaps.clone(), r.clone());
+            std::thread::spawn(move || {
+                for _ in 0..2_000_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    renameat_with(CWD, r.join("d"), CWD, r.join("s"), RenameFlags::EXCHANGE)
+                        .unwrap();
+                    swaps.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let (mut inside, mut refused, mut escaped) = (0, 0, 0);
+        for _ in 0..3000 {
+            let (v, _) = fs_read(&root, &json!({"path": "d/f"}));
+            match v["content"].as_str() {
+                Some("inside") => inside += 1,
+                Some(_) => escaped += 1,
+                None => refused += 1,
+            }
+        }
+        for i in 0..300 {
+            let path = format!("d/w{i}");
+            let _ = fs_write(&root, &json!({"path": path, "content": "x"}), None);
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        let leaked: Vec<_> = std::fs::read_dir(outside.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .filter(|n| n != "f")
+            .collect();
+        assert_eq!(escaped, 0, "reads returned the outside file");
+        assert!(
+            leaked.is_empty(),
+            "writes created {leaked:?} outside the root"
+        );
+        assert!(swaps.load(Ordering::Relaxed) > 100, "the race ran");
+        assert!(
+            inside > 0 && refused > 0,
+            "both states seen: {inside} {refused}"
+        );
     }
 }

@@ -210,6 +210,9 @@ mod tests {
         });
         let stopped = done.recv_timeout(std::time::Duration::from_secs(10));
         let _ = release.send(());
-        assert!(stopped.is_ok(), "the runtime stopped with a job still running");
+        assert!(
+            stopped.is_ok(),
+            "the runtime stopped with a job still running"
+        );
     }
 }

@@ -885,7 +885,11 @@ fn outbox_usage_counts_lines_and_bytes_through_every_removal() {
     assert_eq!(s.outbox_usage(&p).unwrap(), (0, 0));
     assert_eq!(s.outbox_usage(&q).unwrap().1, outbox_bytes_scanned(&s, &q));
     // Retention.
-    assert!(s.prune(crate::wire::time::now_ms() + RETENTION_MS + 60_000).unwrap() > 0);
+    assert!(
+        s.prune(crate::wire::time::now_ms() + RETENTION_MS + 60_000)
+            .unwrap()
+            > 0
+    );
     assert_eq!(s.outbox_usage(&q).unwrap(), (0, 0));
     let _ = c1;
     // A database written before the counter existed gets it counted at open.
