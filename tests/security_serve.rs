@@ -267,7 +267,7 @@ fn raw_request(n: u32, mime: &str, data: Value) -> (String, Vec<u8>) {
 }
 
 /// Read lines until the answer to `id` (a result msg or an err); returns (kind, code or
-/// "", base64 chunk bytes seen meanwhile).
+/// the result's data as JSON text, base64 chunk bytes seen meanwhile).
 async fn raw_answer(raw: &mut Raw, id: &str) -> (String, String, usize) {
     let mut chunk_bytes = 0;
     loop {
@@ -278,7 +278,11 @@ async fn raw_answer(raw: &mut Raw, id: &str) -> (String, String, usize) {
         match line {
             Line::Chunk(c) => chunk_bytes += c.data.len(),
             Line::Msg(m) if m.re.as_deref() == Some(id) => {
-                return ("msg".into(), String::new(), chunk_bytes)
+                let data = match &m.parts[0] {
+                    Part::Data(d) => d.data.to_string(),
+                    _ => String::new(),
+                };
+                return ("msg".into(), data, chunk_bytes);
             }
             Line::Err(e) if e.re.as_deref() == Some(id) => {
                 return ("err".into(), e.code, chunk_bytes)
@@ -324,6 +328,20 @@ async fn a_peer_that_never_acks_gets_err_busy_at_its_outbox_quota() {
     );
     let log = std::fs::read_to_string(server.path().join("served.log")).unwrap();
     assert_eq!(log.matches("\"busy\"").count(), busy, "{log}");
+    // An exec did run: its result comes without the output blob that would not fit.
+    let (id, line) = raw_request(
+        100,
+        EXEC,
+        json!({"cmd": "head -c 3000000 /dev/zero | tr '\\0' a"}),
+    );
+    raw.write(&line).await;
+    let (kind, data, bytes) = raw_answer(&mut raw, &id).await;
+    assert_eq!(kind, "msg", "{data}");
+    let data: Value = serde_json::from_str(&data).unwrap();
+    assert!(data["output_dropped"].is_string(), "{data}");
+    assert!(data["stdout_blob"].is_null(), "{data}");
+    assert_eq!(data["exit"], 0, "{data}");
+    assert_eq!(bytes, 0);
 }
 
 /// Issue §6: at most four requests of one peer run at once; more get `err busy`.

@@ -19,8 +19,9 @@
 //!   and optionally inside a Landlock sandbox (`--sandbox`).
 //! - At most [`MAX_RUNNING_PER_PEER`] requests of one peer run at once, and none while
 //!   the peer's outbox is over its quota (`outbox_quota_bytes`, `outbox_quota_lines`):
-//!   those are answered `err busy` (re = the request id), as is a result that would take
-//!   the outbox over the quota.
+//!   those are answered `err busy` (re = the request id). An fs-read result that would
+//!   take the outbox over the quota is answered `err busy` too; an exec result goes
+//!   without its output blobs (`output_dropped` says why), since the command did run.
 //! - exec runs with a clean environment ([`exec_env`]): not the node's, not `AWP_HOME`.
 //!   A peer with `exec` is still trusted with a shell as this user.
 
@@ -382,10 +383,23 @@ async fn reply(
     result: Value,
     blobs: Vec<Outgoing>,
 ) {
-    if let Some(detail) = over_quota(inner, &to, result_cost(&result, &blobs)) {
-        log(inner, &to, kind, re, "busy", &detail);
-        refuse(inner, &to, th, re, code::BUSY, detail);
-        return;
+    let (mut result, mut blobs) = (result, blobs);
+    let over = over_quota(inner, &to, result_cost(&result, &blobs));
+    if let Some(detail) = over.filter(|_| kind == Served::FsRead || !blobs.is_empty()) {
+        if kind == Served::FsRead {
+            // Nothing happened: refuse, the peer may ask again once it has acked.
+            log(inner, &to, kind, re, "busy", &detail);
+            refuse(inner, &to, th, re, code::BUSY, detail);
+            return;
+        }
+        // exec and fs-write did run: say so, without the blobs.
+        for b in ["stdout_blob", "stderr_blob"] {
+            if result.get(b).is_some() {
+                result[b] = Value::Null;
+            }
+        }
+        result["output_dropped"] = json!(detail);
+        blobs.clear();
     }
     let (th, re) = (th.to_string(), re.to_string());
     let mime = kind.result_mime();
