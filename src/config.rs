@@ -10,11 +10,14 @@
 //! name = "alice@laptop"
 //! about = "CI agent"
 //! presence = true
+//! outbox_quota_bytes = 134217728  # per peer, for served results (default 128 MiB)
+//! outbox_quota_lines = 10000      # per peer, for served results (default 10,000)
 //! ```
 //!
 //! Environment: `AWP_ACCEPT`, `AWP_ALLOW` and `AWP_TRUST` (comma-separated keys),
 //! `AWP_LISTEN` (comma-separated addresses), `AWP_BLOB_LIMIT`, `AWP_NAME`, `AWP_ABOUT`,
-//! `AWP_PRESENCE` (`true`/`false`).
+//! `AWP_PRESENCE` (`true`/`false`), `AWP_OUTBOX_QUOTA_BYTES` (a size, like the blob
+//! limit), `AWP_OUTBOX_QUOTA_LINES`.
 
 use crate::net::Address;
 use crate::wire::PeerKey;
@@ -25,6 +28,11 @@ use std::path::Path;
 pub const CONFIG_FILE: &str = "config.toml";
 /// Default blob limit (sending and receiving), bytes: 50 MiB.
 pub const DEFAULT_BLOB_LIMIT: u64 = crate::blob::DEFAULT_LIMIT;
+/// Default per-peer outbox quota for served results, bytes: 128 MiB (a dozen 8 MiB
+/// fs-read results left unacked). A peer over it gets `err busy` for served requests.
+pub const DEFAULT_OUTBOX_QUOTA_BYTES: u64 = 128 * 1024 * 1024;
+/// Default per-peer outbox quota for served results, lines.
+pub const DEFAULT_OUTBOX_QUOTA_LINES: u64 = 10_000;
 
 /// Who may connect (protocol-notes §Handshake: admission runs after auth).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -72,6 +80,8 @@ pub struct Layer {
     pub name: Option<String>,
     pub about: Option<String>,
     pub presence: Option<bool>,
+    pub outbox_quota_bytes: Option<u64>,
+    pub outbox_quota_lines: Option<u64>,
 }
 
 impl Layer {
@@ -131,6 +141,22 @@ impl Layer {
                     }),
                 })
                 .transpose()?,
+            outbox_quota_bytes: get("AWP_OUTBOX_QUOTA_BYTES")
+                .map(|v| {
+                    crate::blob::parse_limit(&v).ok_or_else(|| ConfigError::Value {
+                        key: "AWP_OUTBOX_QUOTA_BYTES",
+                        detail: format!("{v:?} is not a size (e.g. 134217728, 128M, 1G)"),
+                    })
+                })
+                .transpose()?,
+            outbox_quota_lines: get("AWP_OUTBOX_QUOTA_LINES")
+                .map(|v| {
+                    v.trim().parse::<u64>().map_err(|_| ConfigError::Value {
+                        key: "AWP_OUTBOX_QUOTA_LINES",
+                        detail: format!("{v:?} is not a number of lines"),
+                    })
+                })
+                .transpose()?,
         })
     }
 
@@ -145,6 +171,8 @@ impl Layer {
             name: over.name.or(self.name),
             about: over.about.or(self.about),
             presence: over.presence.or(self.presence),
+            outbox_quota_bytes: over.outbox_quota_bytes.or(self.outbox_quota_bytes),
+            outbox_quota_lines: over.outbox_quota_lines.or(self.outbox_quota_lines),
         }
     }
 }
@@ -160,6 +188,10 @@ pub struct Settings {
     pub name: Option<String>,
     pub about: Option<String>,
     pub presence: bool,
+    /// Per-peer outbox quota for served results, bytes.
+    pub outbox_quota_bytes: u64,
+    /// Per-peer outbox quota for served results, lines.
+    pub outbox_quota_lines: u64,
 }
 
 fn keys(key: &'static str, v: Option<Vec<String>>) -> Result<Vec<PeerKey>, ConfigError> {
@@ -197,6 +229,8 @@ impl Settings {
             name: l.name,
             about: l.about,
             presence: l.presence.unwrap_or(false),
+            outbox_quota_bytes: l.outbox_quota_bytes.unwrap_or(DEFAULT_OUTBOX_QUOTA_BYTES),
+            outbox_quota_lines: l.outbox_quota_lines.unwrap_or(DEFAULT_OUTBOX_QUOTA_LINES),
         })
     }
 
@@ -263,5 +297,35 @@ mod tests {
             Settings::from_layer(Layer::default()).unwrap().blob_limit,
             DEFAULT_BLOB_LIMIT
         );
+        assert!(
+            Layer::from_env(|k| (k == "AWP_OUTBOX_QUOTA_LINES").then(|| "many".into())).is_err()
+        );
+        assert!(
+            Layer::from_env(|k| (k == "AWP_OUTBOX_QUOTA_BYTES").then(|| "big".into())).is_err()
+        );
+    }
+
+    #[test]
+    fn outbox_quota_from_file_env_and_flags() {
+        let home = tempfile::TempDir::new().unwrap();
+        let d = Settings::from_layer(Layer::default()).unwrap();
+        assert_eq!(d.outbox_quota_bytes, DEFAULT_OUTBOX_QUOTA_BYTES);
+        assert_eq!(d.outbox_quota_lines, DEFAULT_OUTBOX_QUOTA_LINES);
+        std::fs::write(
+            home.path().join(CONFIG_FILE),
+            "outbox_quota_bytes = 1000\noutbox_quota_lines = 7\n",
+        )
+        .unwrap();
+        let file = Layer::from_file(home.path()).unwrap();
+        let env =
+            Layer::from_env(|k| (k == "AWP_OUTBOX_QUOTA_BYTES").then(|| "2M".into())).unwrap();
+        let s = Settings::from_layer(file.clone().under(env.clone())).unwrap();
+        assert_eq!((s.outbox_quota_bytes, s.outbox_quota_lines), (2 << 20, 7));
+        let flags = Layer {
+            outbox_quota_lines: Some(3),
+            ..Layer::default()
+        };
+        let s = Settings::from_layer(file.under(env).under(flags)).unwrap();
+        assert_eq!((s.outbox_quota_bytes, s.outbox_quota_lines), (2 << 20, 3));
     }
 }

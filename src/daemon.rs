@@ -203,7 +203,13 @@ pub fn prepare_socket_path(home: &Path) -> std::io::Result<PathBuf> {
         ));
     }
     let tmp = home.join(format!("{SOCKET_RECORD_FILE}.tmp"));
-    std::fs::write(&tmp, format!("{}\n", path.display()))?;
+    let _ = std::fs::remove_file(&tmp);
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?
+        .write_all(format!("{}\n", path.display()).as_bytes())?;
     std::fs::rename(&tmp, &record)?;
     Ok(path)
 }
@@ -299,6 +305,14 @@ pub struct StartArgs {
     pub serve: Vec<String>,
     /// `--root`.
     pub root: Option<PathBuf>,
+    /// `--allow-hardlinks`.
+    pub allow_hardlinks: bool,
+    /// `--sandbox`.
+    pub sandbox: bool,
+    /// `--outbox-quota-bytes`.
+    pub outbox_quota_bytes: Option<u64>,
+    /// `--outbox-quota-lines`.
+    pub outbox_quota_lines: Option<u64>,
 }
 
 impl StartArgs {
@@ -334,6 +348,20 @@ impl StartArgs {
         }
         if self.presence {
             args.push("--presence".into());
+        }
+        if self.allow_hardlinks {
+            args.push("--allow-hardlinks".into());
+        }
+        if self.sandbox {
+            args.push("--sandbox".into());
+        }
+        if let Some(b) = self.outbox_quota_bytes {
+            args.push("--outbox-quota-bytes".into());
+            args.push(b.to_string().into());
+        }
+        if let Some(l) = self.outbox_quota_lines {
+            args.push("--outbox-quota-lines".into());
+            args.push(l.to_string().into());
         }
         args
     }
@@ -547,6 +575,10 @@ mod tests {
             accept: Some("allowlist".into()),
             serve: vec!["exec".into(), "fs:read".into()],
             root: Some("/srv/work".into()),
+            allow_hardlinks: true,
+            sandbox: true,
+            outbox_quota_bytes: Some(1000),
+            outbox_quota_lines: Some(9),
         };
         let args: Vec<String> = a
             .to_args()
@@ -569,7 +601,13 @@ mod tests {
                 "--root",
                 "/srv/work",
                 "--allow-plaintext",
-                "--presence"
+                "--presence",
+                "--allow-hardlinks",
+                "--sandbox",
+                "--outbox-quota-bytes",
+                "1000",
+                "--outbox-quota-lines",
+                "9"
             ]
         );
     }

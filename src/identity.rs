@@ -140,7 +140,14 @@ impl Identity {
     /// Write `home/identity.json` atomically with mode 0600 (temp file, fsync, rename,
     /// fsync of the directory), replacing any existing file.
     pub fn write_file(&self, home: &Path) -> Result<(), IdentityError> {
-        std::fs::create_dir_all(home).map_err(|e| io_err(home, e))?;
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(home)
+                .map_err(|e| io_err(home, e))?;
+        }
         let path = home.join(IDENTITY_FILE);
         let tmp = home.join(format!(".{IDENTITY_FILE}.tmp"));
         let json = self.to_file_json();

@@ -18,7 +18,7 @@ pub mod receive;
 pub mod send;
 
 pub use receive::{BlobError, BlobReceiver, Completed, Verdict};
-pub use send::{Outgoing, SendError};
+pub use send::{FileSlice, Outgoing, SendError};
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};

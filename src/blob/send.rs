@@ -4,7 +4,21 @@ use super::{guess_mime, hex, CHUNK_SIZE};
 use crate::wire::{self, BlobPart, Chunk, Line};
 use sha2::{Digest, Sha256};
 use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A byte range of a file opened once, read chunk by chunk as the chunk lines are built, so
+/// a large blob is never held in memory whole (served fs-read results).
+#[derive(Debug, Clone)]
+pub struct FileSlice {
+    /// The open file (opened by the caller, e.g. confined beneath a served root).
+    pub file: Arc<std::fs::File>,
+    /// First byte of the range.
+    pub offset: u64,
+    /// Length of the range, bytes: the blob's declared size.
+    pub len: u64,
+}
 
 /// A file read for sending: its bytes and what the blob part declares.
 #[derive(Debug, Clone)]
@@ -15,8 +29,11 @@ pub struct Outgoing {
     pub name: String,
     /// Media type from the extension or the content ([`guess_mime`]).
     pub mime: String,
-    /// The data.
+    /// The data (empty when `file` is set).
     pub data: Vec<u8>,
+    /// Read the data from this file range instead of `data`. A file that shrinks under
+    /// us yields short chunks; the receiver then sees less than the declared size.
+    pub file: Option<FileSlice>,
     /// Lowercase hex SHA-256 of `data`.
     pub sha256: String,
     /// Where it was read from.
@@ -74,25 +91,34 @@ impl Outgoing {
             mime,
             sha256: hex(&Sha256::digest(&data)),
             data,
+            file: None,
             source: path.to_path_buf(),
         })
     }
 
     /// Size in bytes.
     pub fn size(&self) -> u64 {
-        self.data.len() as u64
+        match &self.file {
+            Some(f) => f.len,
+            None => self.data.len() as u64,
+        }
     }
 
     /// Number of chunk lines: one per [`CHUNK_SIZE`] bytes, and one for an empty file.
     pub fn chunk_count(&self) -> usize {
-        self.data.len().div_ceil(CHUNK_SIZE).max(1)
+        (self.size() as usize).div_ceil(CHUNK_SIZE).max(1)
     }
 
     /// Chunk `n` (from 0) of this blob in thread `th`, with the given id and ts: data in
     /// standard padded base64, `last` on the final one.
     pub fn chunk(&self, n: usize, th: &str, id: &str, ts: &str) -> Line {
-        let start = (n * CHUNK_SIZE).min(self.data.len());
-        let end = ((n + 1) * CHUNK_SIZE).min(self.data.len());
+        let size = self.size() as usize;
+        let start = (n * CHUNK_SIZE).min(size);
+        let end = ((n + 1) * CHUNK_SIZE).min(size);
+        let bytes = match &self.file {
+            Some(f) => std::borrow::Cow::Owned(read_range(f, start as u64, end - start)),
+            None => std::borrow::Cow::Borrowed(&self.data[start..end]),
+        };
         Line::Chunk(Chunk {
             id: id.into(),
             ts: ts.into(),
@@ -100,7 +126,7 @@ impl Outgoing {
             blob_ref: self.blob_ref.clone(),
             n: n as u64,
             last: n + 1 == self.chunk_count(),
-            data: wire::b64::encode_std(&self.data[start..end]),
+            data: wire::b64::encode_std(&bytes),
         })
     }
 
@@ -113,6 +139,22 @@ impl Outgoing {
             mime: Some(self.mime.clone()),
         })
     }
+}
+
+/// Up to `len` bytes of `f` from `f.offset + at` (fewer at end of file or on an error).
+fn read_range(f: &FileSlice, at: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match f.file.read_at(&mut buf[got..], f.offset + at + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    buf.truncate(got);
+    buf
 }
 
 #[cfg(test)]
@@ -145,6 +187,30 @@ mod tests {
         }
         assert_eq!(back, data);
         assert_eq!(o.name, "data.bin");
+    }
+
+    #[test]
+    fn a_file_slice_is_read_chunk_by_chunk() {
+        let data: Vec<u8> = (0..(CHUNK_SIZE + 100)).map(|i| (i % 251) as u8).collect();
+        let (_d, p) = file(&data);
+        let o = Outgoing {
+            data: Vec::new(),
+            file: Some(FileSlice {
+                file: Arc::new(std::fs::File::open(&p).unwrap()),
+                offset: 50,
+                len: CHUNK_SIZE as u64 + 10,
+            }),
+            ..Outgoing::read(&p, 1 << 30).unwrap()
+        };
+        assert_eq!(o.chunk_count(), 2);
+        let mut back = Vec::new();
+        for n in 0..2 {
+            let Line::Chunk(c) = o.chunk(n, "t", "i", "s") else {
+                panic!()
+            };
+            back.extend(wire::b64::decode_any(&c.data).unwrap());
+        }
+        assert_eq!(back, &data[50..50 + CHUNK_SIZE + 10]);
     }
 
     #[test]

@@ -64,6 +64,26 @@ pub struct NodeArgs {
     /// The directory served requests are confined to.
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
+    /// Serve regular files with more than one hard link (refused by default: a hard link
+    /// inside the root may name a file outside it).
+    #[arg(long)]
+    pub allow_hardlinks: bool,
+    /// Confine served requests (exec and fs) with Landlock to --root plus read-only system
+    /// paths; the node does not start when the kernel cannot enforce it.
+    #[arg(long)]
+    pub sandbox: bool,
+    /// Per-peer outbox quota for served results, bytes (e.g. 128M; default 128 MiB).
+    /// Overrides config.toml and AWP_OUTBOX_QUOTA_BYTES.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub outbox_quota_bytes: Option<u64>,
+    /// Per-peer outbox quota for served results, lines (default 10000). Overrides
+    /// config.toml and AWP_OUTBOX_QUOTA_LINES.
+    #[arg(long, value_name = "N")]
+    pub outbox_quota_lines: Option<u64>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    crate::blob::parse_limit(s).ok_or_else(|| format!("{s:?} is not a size (e.g. 134217728, 128M)"))
 }
 
 impl From<&NodeArgs> for StartArgs {
@@ -80,6 +100,10 @@ impl From<&NodeArgs> for StartArgs {
                 .root
                 .as_ref()
                 .map(|r| std::path::absolute(r).unwrap_or_else(|_| r.clone())),
+            allow_hardlinks: a.allow_hardlinks,
+            sandbox: a.sandbox,
+            outbox_quota_bytes: a.outbox_quota_bytes,
+            outbox_quota_lines: a.outbox_quota_lines,
         }
     }
 }

@@ -56,6 +56,10 @@ pub fn node_config(ctx: &Ctx, args: &NodeArgs) -> Result<NodeConfig, Failure> {
             .root
             .as_ref()
             .map(|r| std::path::absolute(r).unwrap_or_else(|_| r.clone())),
+        allow_hardlinks: args.allow_hardlinks,
+        sandbox: args.sandbox,
+        outbox_quota_bytes: args.outbox_quota_bytes,
+        outbox_quota_lines: args.outbox_quota_lines,
         ..Default::default()
     })
 }

@@ -9,6 +9,9 @@
 //! - `presence`: receiving, relaying and publishing presence documents (the rules are in
 //!   [`crate::presence`]).
 //! - `blobs`: files for `send`, and the `blobs` listing (the rules are in [`crate::blob`]).
+//! - `serve`: served requests (exec, fs:read, fs:write) for peers holding a grant, with
+//!   `served_fs` (paths confined beneath the root's handle) and `workers` (the bounded
+//!   threads served work runs on, and the `--sandbox` Landlock domain).
 
 mod blobs;
 mod conn;
@@ -17,7 +20,9 @@ pub(crate) mod grants;
 mod lists;
 mod presence;
 pub mod serve;
+pub mod served_fs;
 mod server;
+pub mod workers;
 
 pub use dialer::{DestLimiter, DialFacts, DialReason, DialTiming, Redial, MAX_DIAL_FAILURES};
 pub use grants::MAX_INTRODUCED_PER_INTRODUCER;
@@ -91,6 +96,17 @@ pub struct NodeConfig {
     pub serve: Vec<String>,
     /// The directory served requests are confined to (`--root`); required with `serve`.
     pub root: Option<PathBuf>,
+    /// Serve regular files with more than one hard link (`--allow-hardlinks`).
+    pub allow_hardlinks: bool,
+    /// Confine served work with Landlock to the root plus read-only system paths
+    /// (`--sandbox`); the node does not start when the kernel cannot enforce it.
+    pub sandbox: bool,
+    /// Per-peer outbox quota for served results, in lines, from the command line (over
+    /// config.toml `outbox_quota_lines` and `AWP_OUTBOX_QUOTA_LINES`).
+    pub outbox_quota_lines: Option<u64>,
+    /// Per-peer outbox quota for served results, in bytes, from the command line (over
+    /// config.toml `outbox_quota_bytes` and `AWP_OUTBOX_QUOTA_BYTES`).
+    pub outbox_quota_bytes: Option<u64>,
 }
 
 /// Why the node could not start.
@@ -168,7 +184,7 @@ impl NodeHandle {
     /// socket, start dialing peers with queued lines.
     pub async fn start(config: NodeConfig) -> Result<NodeHandle, StartError> {
         let home = config.home.clone();
-        std::fs::create_dir_all(&home).map_err(other("home"))?;
+        private_dir(&home).map_err(other("home"))?;
         let lock = Lock::acquire(&home).map_err(|e| match e {
             LockError::Held { pid, .. } => StartError::AlreadyRunning {
                 home: home.display().to_string(),
@@ -177,6 +193,9 @@ impl NodeHandle {
             e => StartError::Other(format!("lock: {e}")),
         })?;
         let identity = Arc::new(Identity::load_or_create(&home).map_err(other("identity"))?);
+        // The database directory is made 0700 before sled creates its files in it (their
+        // own modes follow the umask; the directory keeps them private).
+        private_dir(&home.join("db")).map_err(other("store"))?;
         let store = Arc::new(Store::open(&home.join("db")).map_err(other("store"))?);
         let tls = Arc::new(TlsConfig::new(&identity).map_err(other("tls"))?);
         let dial_opts = DialOptions {
@@ -191,10 +210,12 @@ impl NodeHandle {
             name: config.name.clone(),
             about: config.about.clone(),
             presence: config.presence.then_some(true),
+            outbox_quota_lines: config.outbox_quota_lines,
+            outbox_quota_bytes: config.outbox_quota_bytes,
             ..Default::default()
         };
         let settings = crate::config::Settings::load(&home, flags).map_err(other("config"))?;
-        let serve = serve_config(&config)?;
+        let serve = serve_config(&config, &settings)?;
         // A name or about given once is remembered in the home, so a node started later
         // without them (e.g. in the background by another command) keeps them.
         let name =
@@ -354,8 +375,11 @@ impl NodeHandle {
     }
 }
 
-/// Check `--serve` / `--root`.
-fn serve_config(config: &NodeConfig) -> Result<serve::ServeConfig, StartError> {
+/// Check `--serve` / `--root` / `--sandbox`, open the root.
+fn serve_config(
+    config: &NodeConfig,
+    settings: &crate::config::Settings,
+) -> Result<serve::ServeConfig, StartError> {
     let mut caps = Vec::new();
     for c in &config.serve {
         match serve::Served::from_cap(c) {
@@ -371,11 +395,44 @@ fn serve_config(config: &NodeConfig) -> Result<serve::ServeConfig, StartError> {
         (_, true) => None,
         (None, false) => return Err(StartError::Other("--serve needs --root DIR".into())),
         (Some(r), false) => Some(
-            r.canonicalize()
+            served_fs::Root::open(r, config.allow_hardlinks)
                 .map_err(|e| StartError::Other(format!("--root {}: {e}", r.display())))?,
         ),
     };
-    Ok(serve::ServeConfig { caps, root })
+    if let Some(r) = &root {
+        let home = config.home.canonicalize().unwrap_or(config.home.clone());
+        if home.starts_with(&r.path) {
+            tracing::warn!(
+                "--root {} contains the home {}: served requests can reach the node's key",
+                r.path.display(),
+                home.display()
+            );
+        }
+    }
+    let sandbox = match (&root, config.sandbox) {
+        (Some(r), true) => {
+            let s = workers::Sandbox::new(&r.path);
+            s.probe()
+                .map_err(|e| StartError::Other(format!("--sandbox: {e}")))?;
+            Some(s)
+        }
+        _ => None,
+    };
+    let quota = serve::OutboxQuota {
+        lines: settings.outbox_quota_lines,
+        bytes: settings.outbox_quota_bytes,
+    };
+    Ok(serve::ServeConfig::new(caps, root, sandbox, quota))
+}
+
+/// Create `dir` (and missing parents) with mode 0700, whatever the umask; an existing
+/// directory is left as it is.
+pub(crate) fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 /// `given` (saved in the store's meta under `key`) or the value saved before.

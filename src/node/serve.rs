@@ -9,31 +9,47 @@
 //! `application/vnd.awp.<cap>-result+json`; output over 64 KiB (exec stdout/stderr, file
 //! content) goes as a blob part of that msg (`stdout_blob`, `stderr_blob`,
 //! `content_blob` name its ref), and fs-write may take its data from a blob part of the
-//! request (`{path, blob: REF}`). Paths are confined to the root: `..`, absolute
-//! paths outside it and symlinks that lead out are refused. Every served request is logged
-//! (the node log, and one JSON line per request in `$AWP_HOME/served.log`).
+//! request (`{path, blob: REF}`). Every served request is logged (the node log, and one
+//! JSON line per request in `$AWP_HOME/served.log`, created 0600).
+//!
+//! Limits (a peer with a grant is still hostile input):
+//! - Paths are resolved beneath the root's open handle ([`super::served_fs`]): no `..`,
+//!   no symlink out, regular files only, no hard links unless `--allow-hardlinks`.
+//! - Work runs on the served workers ([`super::workers`]), never on tokio's blocking pool,
+//!   and optionally inside a Landlock sandbox (`--sandbox`).
+//! - At most [`MAX_RUNNING_PER_PEER`] requests of one peer run at once, and none while
+//!   the peer's outbox is over its quota (`outbox_quota_bytes`, `outbox_quota_lines`):
+//!   those are answered `err busy` (re = the request id). An fs-read result that would
+//!   take the outbox over the quota is answered `err busy` too; an exec result goes
+//!   without its output blobs (`output_dropped` says why), since the command did run.
+//! - exec runs with a clean environment ([`exec_env`]): not the node's, not `AWP_HOME`.
+//!   A peer with `exec` is still trusted with a shell as this user.
 
+use super::served_fs::{self, Root, WriteSource};
+use super::workers::{Sandbox, Workers};
 use super::Inner;
 use crate::blob::Outgoing;
 use crate::wire::{self, code, DataPart, Line, Part, PeerKey};
 use serde_json::{json, Value};
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Output kept inline per stream (stdout, stderr, file content), in bytes.
-pub const MAX_INLINE: usize = 64 * 1024;
+pub use super::served_fs::{relative, MAX_FS_BYTES, MAX_INLINE};
+
 /// Default and largest `timeout_ms` of an exec request.
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const MAX_TIMEOUT_MS: u64 = 600_000;
-/// Largest fs-read `length` and fs-write `content`, bytes.
-pub const MAX_FS_BYTES: u64 = 8 * 1024 * 1024;
 /// Most output captured per exec stream (the rest is read and dropped), bytes.
 pub const MAX_CAPTURE: usize = 8 * 1024 * 1024;
 /// How long fs-write waits for the request's blob to complete, ms.
 const BLOB_WAIT_MS: u64 = 10_000;
+/// Served requests of one peer running at once; more are answered `err busy`.
+pub const MAX_RUNNING_PER_PEER: usize = 4;
+/// `PATH` of an exec child.
+pub const EXEC_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// A capability this node can serve, with its request and result mime types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,12 +96,119 @@ impl Served {
     }
 }
 
-/// What this node serves.
-#[derive(Debug, Clone, Default)]
+/// Per-peer outbox quota for served results: a peer whose queued lines reach either
+/// number gets `err busy` instead of more output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxQuota {
+    /// Queued lines (default [`crate::config::DEFAULT_OUTBOX_QUOTA_LINES`]).
+    pub lines: u64,
+    /// Queued bytes (default [`crate::config::DEFAULT_OUTBOX_QUOTA_BYTES`]).
+    pub bytes: u64,
+}
+
+impl Default for OutboxQuota {
+    fn default() -> Self {
+        OutboxQuota {
+            lines: crate::config::DEFAULT_OUTBOX_QUOTA_LINES,
+            bytes: crate::config::DEFAULT_OUTBOX_QUOTA_BYTES,
+        }
+    }
+}
+
+/// What this node serves, and the state of serving it.
+#[derive(Debug, Default)]
 pub struct ServeConfig {
     pub caps: Vec<Served>,
-    /// The canonical root directory requests are confined to.
-    pub root: Option<PathBuf>,
+    /// The root requests are confined to (opened at start).
+    pub root: Option<Root>,
+    /// Landlock domain for served work (`--sandbox`).
+    pub sandbox: Option<Sandbox>,
+    /// Per-peer outbox quota for results.
+    pub quota: OutboxQuota,
+    /// Threads served work runs on.
+    pub workers: Workers,
+    /// Requests running per peer.
+    running: Arc<Mutex<HashMap<PeerKey, usize>>>,
+}
+
+impl ServeConfig {
+    /// Serving `caps` beneath `root`.
+    pub fn new(
+        caps: Vec<Served>,
+        root: Option<Root>,
+        sandbox: Option<Sandbox>,
+        quota: OutboxQuota,
+    ) -> ServeConfig {
+        ServeConfig {
+            caps,
+            root,
+            sandbox,
+            quota,
+            ..Default::default()
+        }
+    }
+}
+
+/// One running request of a peer; dropping it frees the peer's slot.
+struct Running {
+    map: Arc<Mutex<HashMap<PeerKey, usize>>>,
+    peer: PeerKey,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// A slot for one more request of `peer`, unless [`MAX_RUNNING_PER_PEER`] run.
+fn begin(serve: &ServeConfig, peer: PeerKey) -> Option<Running> {
+    let mut m = serve.running.lock().unwrap_or_else(|p| p.into_inner());
+    let n = m.entry(peer).or_insert(0);
+    if *n >= MAX_RUNNING_PER_PEER {
+        return None;
+    }
+    *n += 1;
+    Some(Running {
+        map: serve.running.clone(),
+        peer,
+    })
+}
+
+/// Why `peer`'s outbox cannot take `extra` (lines, bytes) more, if it cannot.
+fn over_quota(inner: &Inner, peer: &PeerKey, extra: (u64, u64)) -> Option<String> {
+    let q = inner.serve.quota;
+    let (lines, bytes) = match inner.store.outbox_usage(peer) {
+        Ok(u) => u,
+        Err(e) => return Some(format!("outbox: {e}")),
+    };
+    let (l, b) = (lines.saturating_add(extra.0), bytes.saturating_add(extra.1));
+    (l > q.lines || b > q.bytes || lines >= q.lines || bytes >= q.bytes).then(|| {
+        format!(
+            "the outbox for you holds {lines} lines, {bytes} bytes (quota {} lines, {} bytes): ack what you received, then ask again",
+            q.lines, q.bytes
+        )
+    })
+}
+
+/// Answer `re` with `err <code>` (not queued: sent when connected).
+fn refuse(inner: &Inner, to: &PeerKey, th: &str, re: &str, code: &str, detail: String) {
+    let err = Line::Err(wire::ErrLine {
+        id: inner.store.next_control_id(),
+        ts: wire::time::format_ms(wire::time::now_ms()),
+        th: Some(th.to_string()),
+        re: Some(re.to_string()),
+        code: code.into(),
+        detail: Some(detail),
+        blob_ref: None,
+    });
+    inner.send_ephemeral(to, &err);
 }
 
 /// If `line` is a request msg, serve it (in a task) or refuse it.
@@ -112,63 +235,90 @@ pub(super) fn on_msg(inner: &Arc<Inner>, from: PeerKey, line: &Line) {
             format!("this node does not serve `{}`", kind.cap())
         };
         log(inner, &from, kind, &m.id, "refused", &detail);
-        let err = Line::Err(wire::ErrLine {
-            id: inner.store.next_control_id(),
-            ts: wire::time::format_ms(wire::time::now_ms()),
-            th: Some(m.th.clone()),
-            re: Some(m.id.clone()),
-            code: code::FORBIDDEN.into(),
-            detail: Some(detail),
-            blob_ref: None,
-        });
-        inner.send_ephemeral(&from, &err);
+        refuse(inner, &from, &m.th, &m.id, code::FORBIDDEN, detail);
         return;
     }
+    let busy = |detail: String| {
+        log(inner, &from, kind, &m.id, "busy", &detail);
+        refuse(inner, &from, &m.th, &m.id, code::BUSY, detail);
+    };
+    if let Some(detail) = over_quota(inner, &from, (0, 0)) {
+        return busy(detail);
+    }
+    let Some(running) = begin(&inner.serve, from) else {
+        return busy(format!(
+            "{MAX_RUNNING_PER_PEER} of your requests are running; ask again when one is answered"
+        ));
+    };
     let inner = inner.clone();
     let (th, re) = (m.th.clone(), m.id.clone());
     inner.tasks.clone().spawn(async move {
-        let root = inner.serve.root.clone().unwrap_or_default();
-        let started = Instant::now();
-        let mut blobs = Vec::new();
-        let result = match kind {
-            Served::Exec => exec(&root, &req, &mut blobs).await,
-            Served::FsRead => {
-                let (v, b) = blocking(move || fs_read(&root, &req)).await;
-                blobs.extend(b);
-                v
-            }
-            Served::FsWrite => {
-                let source = match req.get("blob").and_then(Value::as_str) {
-                    Some(r) => wait_for_blob(&inner, &from, r).await.map(Some),
-                    None => Ok(None),
-                };
-                match source {
-                    Ok(src) => {
-                        blocking(move || (fs_write(&root, &req, src.as_deref()), vec![]))
-                            .await
-                            .0
-                    }
-                    Err(e) => json!({"path": req.get("path"), "error": e}),
-                }
-            }
-        };
-        let outcome = if result.get("error").is_some() {
-            "failed"
-        } else {
-            "served"
-        };
-        let detail = format!("{} ms", started.elapsed().as_millis());
-        log(&inner, &from, kind, &re, outcome, &detail);
-        reply(&inner, from, &th, &re, kind, result, blobs).await;
+        let _running = running;
+        // Stopping the node does not wait for served work: the task ends (an exec child
+        // is killed), a job on a worker thread finishes on its own.
+        tokio::select! {
+            _ = inner.shutdown.cancelled() => {}
+            _ = serve_one(&inner, from, kind, req, &th, &re) => {}
+        }
     });
 }
 
-async fn blocking(
-    f: impl FnOnce() -> (Value, Vec<Outgoing>) + Send + 'static,
-) -> (Value, Vec<Outgoing>) {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| (json!({"error": format!("internal: {e}")}), vec![]))
+/// Serve one request whose peer holds the capability, and queue the result.
+async fn serve_one(
+    inner: &Arc<Inner>,
+    from: PeerKey,
+    kind: Served,
+    req: Value,
+    th: &str,
+    re: &str,
+) {
+    let Some(root) = inner.serve.root.clone() else {
+        return;
+    };
+    let sandbox = inner.serve.sandbox.as_ref();
+    let workers = &inner.serve.workers;
+    let started = Instant::now();
+    let mut blobs = Vec::new();
+    let internal = |e: String| json!({"error": format!("internal: {e}")});
+    let result = match kind {
+        Served::Exec => exec(&root, sandbox, workers, &req, &mut blobs).await,
+        Served::FsRead => {
+            match workers
+                .run(sandbox, move || served_fs::fs_read(&root, &req))
+                .await
+            {
+                Ok((v, b)) => {
+                    blobs = b;
+                    v
+                }
+                Err(e) => internal(e),
+            }
+        }
+        Served::FsWrite => {
+            let source = match req.get("blob").and_then(Value::as_str) {
+                Some(r) => wait_for_blob(inner, &from, r)
+                    .await
+                    .and_then(|p| std::fs::File::open(&p).map_err(|e| format!("blob: {e}")))
+                    .map(|f| Some(WriteSource::File(f))),
+                None => Ok(None),
+            };
+            match source {
+                Ok(src) => workers
+                    .run(sandbox, move || served_fs::fs_write(&root, &req, src))
+                    .await
+                    .unwrap_or_else(internal),
+                Err(e) => json!({"path": req.get("path"), "error": e}),
+            }
+        }
+    };
+    let outcome = if result.get("error").is_some() {
+        "failed"
+    } else {
+        "served"
+    };
+    let detail = format!("{} ms", started.elapsed().as_millis());
+    log(inner, &from, kind, re, outcome, &detail);
+    reply(inner, from, th, re, kind, result, blobs).await;
 }
 
 /// Output as a blob to attach to the result msg.
@@ -180,6 +330,7 @@ fn output_blob(name: &str, mime: &str, data: Vec<u8>) -> Outgoing {
         mime: mime.into(),
         sha256: crate::blob::hex(&sha2::Sha256::digest(&data)),
         data,
+        file: None,
         source: PathBuf::new(),
     }
 }
@@ -208,6 +359,20 @@ async fn wait_for_blob(inner: &Inner, peer: &PeerKey, blob_ref: &str) -> Result<
     }
 }
 
+/// What queuing `result` with `blobs` adds to an outbox: (lines, bytes), an upper
+/// estimate (base64 of each chunk plus its line and record overhead).
+fn result_cost(result: &Value, blobs: &[Outgoing]) -> (u64, u64) {
+    const PER_LINE: u64 = 512;
+    let mut lines = 1u64;
+    let mut bytes = result.to_string().len() as u64 + PER_LINE;
+    for b in blobs {
+        let n = b.chunk_count() as u64;
+        lines += n;
+        bytes += b.size().div_ceil(3) * 4 + n * PER_LINE;
+    }
+    (lines, bytes)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn reply(
     inner: &Arc<Inner>,
@@ -218,6 +383,24 @@ async fn reply(
     result: Value,
     blobs: Vec<Outgoing>,
 ) {
+    let (mut result, mut blobs) = (result, blobs);
+    let over = over_quota(inner, &to, result_cost(&result, &blobs));
+    if let Some(detail) = over.filter(|_| kind == Served::FsRead || !blobs.is_empty()) {
+        if kind == Served::FsRead {
+            // Nothing happened: refuse, the peer may ask again once it has acked.
+            log(inner, &to, kind, re, "busy", &detail);
+            refuse(inner, &to, th, re, code::BUSY, detail);
+            return;
+        }
+        // exec and fs-write did run: say so, without the blobs.
+        for b in ["stdout_blob", "stderr_blob"] {
+            if result.get(b).is_some() {
+                result[b] = Value::Null;
+            }
+        }
+        result["output_dropped"] = json!(detail);
+        blobs.clear();
+    }
     let (th, re) = (th.to_string(), re.to_string());
     let mime = kind.result_mime();
     let mut parts = vec![Part::Data(DataPart {
@@ -225,36 +408,66 @@ async fn reply(
         mime: Some(mime),
     })];
     parts.extend(blobs.iter().map(Outgoing::part));
-    let th2 = th.clone();
-    let build = move |id: &str, ts: &str| {
-        Line::Msg(wire::Msg {
-            id: id.into(),
-            ts: ts.into(),
-            th: th2.clone(),
-            re: Some(re.clone()),
-            subject: None,
-            parts: parts.clone(),
-        })
-    };
     // Chunks first, then the msg naming them, in one transaction (protocol-notes §Blobs).
-    let chunks = super::blobs::chunk_builders(&blobs, &th);
-    let mut builders: Vec<crate::store::LineBuilder<'_>> = chunks
-        .iter()
-        .map(|b| b.as_ref() as crate::store::LineBuilder<'_>)
-        .collect();
-    builders.push(&build);
-    match inner.store.enqueue(&to, &builders) {
-        Ok(entries) => {
+    // Chunks of a file blob are read from the file as they are built, so this runs on a
+    // worker (outside the sandbox: it writes the store).
+    let inner2 = inner.clone();
+    let queued = inner
+        .serve
+        .workers
+        .run(None, move || {
+            let th2 = th.clone();
+            let build = move |id: &str, ts: &str| {
+                Line::Msg(wire::Msg {
+                    id: id.into(),
+                    ts: ts.into(),
+                    th: th2.clone(),
+                    re: Some(re.clone()),
+                    subject: None,
+                    parts: parts.clone(),
+                })
+            };
+            let chunks = super::blobs::chunk_builders(&blobs, &th);
+            let mut builders: Vec<crate::store::LineBuilder<'_>> = chunks
+                .iter()
+                .map(|b| b.as_ref() as crate::store::LineBuilder<'_>)
+                .collect();
+            builders.push(&build);
+            let entries = inner2.store.enqueue(&to, &builders)?;
             if !blobs.is_empty() {
-                let _ = super::blobs::record(inner, &to, &blobs, &entries);
+                let _ = super::blobs::record(&inner2, &to, &blobs, &entries);
             }
+            Ok::<_, crate::store::StoreError>(())
+        })
+        .await;
+    match queued {
+        Ok(Ok(())) => {
             if let Err(e) = inner.store.flush().await {
                 tracing::warn!("served result not flushed: {e}");
             }
             inner.outbox_changed(&to);
         }
+        Ok(Err(e)) => tracing::warn!("served result not queued: {e}"),
         Err(e) => tracing::warn!("served result not queued: {e}"),
     }
+}
+
+/// Create (0600, whatever the umask) or open `path` for appending; an existing file that
+/// others could read or write (left by an older version) is made 0600. A symlink is
+/// refused.
+pub(crate) fn open_private_append(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let mode = f.metadata()?.permissions().mode();
+    if mode & 0o077 != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(f)
 }
 
 fn log(inner: &Inner, from: &PeerKey, kind: Served, id: &str, outcome: &str, detail: &str) {
@@ -268,57 +481,10 @@ fn log(inner: &Inner, from: &PeerKey, kind: Served, id: &str, outcome: &str, det
         "detail": detail,
     });
     let path = inner.home.join("served.log");
-    let r = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| writeln!(f, "{line}"));
+    let r = open_private_append(&path).and_then(|mut f| writeln!(f, "{line}"));
     if let Err(e) = r {
         tracing::warn!("{}: {e}", path.display());
     }
-}
-
-/// Resolve `rel` inside `root` (canonical): no `..`, no absolute path outside the root,
-/// and the nearest existing ancestor, with symlinks resolved, must stay inside the root.
-pub fn confine(root: &Path, rel: &str) -> Result<PathBuf, String> {
-    let p = Path::new(rel);
-    let rel_part: PathBuf = if p.is_absolute() {
-        p.strip_prefix(root)
-            .map_err(|_| "path is outside the root".to_string())?
-            .to_path_buf()
-    } else {
-        p.to_path_buf()
-    };
-    for c in rel_part.components() {
-        match c {
-            Component::Normal(_) | Component::CurDir => {}
-            _ => return Err("path may not contain `..` or a root".into()),
-        }
-    }
-    let full = root.join(&rel_part);
-    // The last component is opened with O_NOFOLLOW as well; refusing a symlink here also
-    // covers a dangling one (which canonicalize cannot resolve).
-    if full
-        .symlink_metadata()
-        .is_ok_and(|m| m.file_type().is_symlink())
-    {
-        return Err("path is a symlink".into());
-    }
-    // The nearest existing ancestor (the file itself when it exists), symlinks resolved.
-    let mut probe = full.as_path();
-    let resolved = loop {
-        match probe.canonicalize() {
-            Ok(c) => break c,
-            Err(_) => match probe.parent() {
-                Some(parent) => probe = parent,
-                None => return Err("path does not resolve".into()),
-            },
-        }
-    };
-    if !resolved.starts_with(root) {
-        return Err("path leads outside the root (symlink)".into());
-    }
-    Ok(full)
 }
 
 fn str_arg<'a>(req: &'a Value, k: &str) -> Option<&'a str> {
@@ -365,9 +531,33 @@ fn output(name: &str, data: Vec<u8>, blobs: &mut Vec<Outgoing>) -> (String, bool
     (text, true, Some(r))
 }
 
-async fn exec(root: &Path, req: &Value, blobs: &mut Vec<Outgoing>) -> Value {
-    let cwd = match str_arg(req, "cwd").map(|c| confine(root, c)).transpose() {
-        Ok(c) => c.unwrap_or_else(|| root.to_path_buf()),
+/// The whole environment of an exec child: `PATH` = [`EXEC_PATH`], `HOME` = the root,
+/// `LANG` (the node's, else `C.UTF-8`). Nothing else of the node's environment (so no
+/// `AWP_HOME`) is passed on.
+pub fn exec_env(root: &Path) -> Vec<(String, String)> {
+    let lang = std::env::var("LANG")
+        .ok()
+        .filter(|l| !l.is_empty() && l.len() < 64 && !l.contains('/'))
+        .unwrap_or_else(|| "C.UTF-8".into());
+    vec![
+        ("PATH".into(), EXEC_PATH.into()),
+        ("HOME".into(), root.display().to_string()),
+        ("LANG".into(), lang),
+    ]
+}
+
+async fn exec(
+    root: &Root,
+    sandbox: Option<&Sandbox>,
+    workers: &Workers,
+    req: &Value,
+    blobs: &mut Vec<Outgoing>,
+) -> Value {
+    let cwd = match str_arg(req, "cwd")
+        .map(|c| relative(&root.path, c))
+        .transpose()
+    {
+        Ok(c) => c.unwrap_or_default(),
         Err(e) => return json!({"error": e}),
     };
     let mut cmd = match req.get("cmd") {
@@ -389,18 +579,40 @@ async fn exec(root: &Path, req: &Value, blobs: &mut Vec<Outgoing>) -> Value {
         .and_then(Value::as_u64)
         .unwrap_or(DEFAULT_TIMEOUT_MS)
         .min(MAX_TIMEOUT_MS);
-    cmd.current_dir(&cwd)
+    cmd.env_clear()
+        .envs(exec_env(&root.path))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let started = Instant::now();
     // Its own process group, so a timeout (or the end of the command) stops everything it
     // started, background processes included.
     cmd.process_group(0);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => return json!({"error": format!("cannot start: {e}")}),
+    let started = Instant::now();
+    // The working directory is opened beneath the root and entered through its descriptor
+    // (never re-walked by name); the child is started on a worker, inside the sandbox
+    // when there is one, and inherits it.
+    let dir = root.dir.clone();
+    let rt = tokio::runtime::Handle::current();
+    let spawned = workers
+        .run(sandbox, move || {
+            let _rt = rt.enter();
+            let d = if cwd.as_os_str().is_empty() {
+                dir.try_clone()
+            } else {
+                dir.open_dir(&cwd)
+            }
+            .map_err(|e| format!("cwd: {e}"))?;
+            use std::os::fd::AsRawFd;
+            cmd.current_dir(format!("/proc/self/fd/{}", d.as_raw_fd()));
+            let child = cmd.spawn().map_err(|e| format!("cannot start: {e}"));
+            drop(d);
+            child
+        })
+        .await;
+    let mut child = match spawned {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) | Err(e) => return json!({"error": e}),
     };
     let pid = child.id();
     let out_task = tokio::spawn(capture(child.stdout.take()));
@@ -444,6 +656,8 @@ async fn exec(root: &Path, req: &Value, blobs: &mut Vec<Outgoing>) -> Value {
 async fn kill_group(pgid: u32) {
     let _ = tokio::process::Command::new("kill")
         .args(["-KILL", "--", &format!("-{pgid}")])
+        .env_clear()
+        .env("PATH", EXEC_PATH)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -451,128 +665,9 @@ async fn kill_group(pgid: u32) {
         .await;
 }
 
-fn fs_read(root: &Path, req: &Value) -> (Value, Vec<Outgoing>) {
-    let Some(path) = str_arg(req, "path") else {
-        return (json!({"error": "path is required"}), vec![]);
-    };
-    let full = match confine(root, path) {
-        Ok(p) => p,
-        Err(e) => return (json!({"path": path, "error": e}), vec![]),
-    };
-    let offset = req.get("offset").and_then(Value::as_u64).unwrap_or(0);
-    let length = req
-        .get("length")
-        .and_then(Value::as_u64)
-        .unwrap_or(MAX_INLINE as u64)
-        .min(MAX_FS_BYTES);
-    let r = (|| -> std::io::Result<(Vec<u8>, u64)> {
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&full)?;
-        let size = f.metadata()?.len();
-        f.seek(SeekFrom::Start(offset))?;
-        let mut buf = Vec::new();
-        f.take(length).read_to_end(&mut buf)?;
-        Ok((buf, size))
-    })();
-    match r {
-        Ok((buf, size)) => {
-            let eof = offset + buf.len() as u64 >= size;
-            let mut out = json!({"path": path, "offset": offset, "length": buf.len(), "size": size, "eof": eof});
-            if buf.len() > MAX_INLINE {
-                let name = Path::new(path)
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "content".into());
-                let mime = crate::blob::guess_mime(&name, &buf[..buf.len().min(512)]);
-                let b = output_blob(&name, &mime, buf);
-                out["content_blob"] = json!(b.blob_ref);
-                return (out, vec![b]);
-            }
-            match String::from_utf8(buf) {
-                Ok(text) => out["content"] = json!(text),
-                Err(e) => out["content_b64"] = json!(wire::b64::encode_std(e.as_bytes())),
-            }
-            (out, vec![])
-        }
-        Err(e) => (json!({"path": path, "error": e.to_string()}), vec![]),
-    }
-}
-
-/// Write `content` (text) or the file at `blob` (a completed request blob) to `path`.
-fn fs_write(root: &Path, req: &Value, blob: Option<&Path>) -> Value {
-    let Some(path) = str_arg(req, "path") else {
-        return json!({"error": "path is required"});
-    };
-    let full = match confine(root, path) {
-        Ok(p) => p,
-        Err(e) => return json!({"path": path, "error": e}),
-    };
-    let data: Vec<u8> = match (str_arg(req, "content"), blob) {
-        (Some(c), _) => c.as_bytes().to_vec(),
-        (None, Some(b)) => match std::fs::read(b) {
-            Ok(d) => d,
-            Err(e) => return json!({"path": path, "error": format!("blob: {e}")}),
-        },
-        (None, None) => {
-            return json!({"path": path, "error": "content (text) or blob (the ref of a blob part of this msg) is required"})
-        }
-    };
-    let content = data.as_slice();
-    if content.len() as u64 > MAX_FS_BYTES {
-        return json!({"path": path, "error": format!("content over {MAX_FS_BYTES} bytes")});
-    }
-    let append = req.get("append").and_then(Value::as_bool).unwrap_or(false);
-    let r = (|| -> std::io::Result<u64> {
-        let mut f = std::fs::OpenOptions::new()
-            .custom_flags(libc::O_NOFOLLOW)
-            .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
-            .open(&full)?;
-        f.write_all(content)?;
-        f.sync_data()?;
-        Ok(f.metadata()?.len())
-    })();
-    match r {
-        Ok(size) => json!({"path": path, "written": content.len(), "size": size, "append": append}),
-        Err(e) => json!({"path": path, "error": e.to_string()}),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_stay_inside_the_root() {
-        let dir = tempfile::TempDir::new().unwrap();
-        let root = dir.path().canonicalize().unwrap();
-        std::fs::create_dir(root.join("sub")).unwrap();
-        std::fs::write(root.join("sub/a.txt"), "x").unwrap();
-        assert_eq!(confine(&root, "sub/a.txt").unwrap(), root.join("sub/a.txt"));
-        assert_eq!(
-            confine(&root, "new/file.txt").unwrap(),
-            root.join("new/file.txt")
-        );
-        assert!(confine(&root, "../etc/passwd").is_err());
-        assert!(confine(&root, "sub/../../x").is_err());
-        assert!(confine(&root, "/etc/passwd").is_err());
-        assert!(confine(&root, &root.join("sub/a.txt").display().to_string()).is_ok());
-        // A symlink that leads out of the root.
-        let outside = tempfile::TempDir::new().unwrap();
-        std::os::unix::fs::symlink(outside.path(), root.join("escape")).unwrap();
-        assert!(confine(&root, "escape/secret").is_err());
-        assert!(confine(&root, "escape").is_err());
-        // A dangling symlink whose target would be outside.
-        std::os::unix::fs::symlink(outside.path().join("new"), root.join("dangling")).unwrap();
-        assert!(confine(&root, "dangling").is_err());
-        let w = fs_write(&root, &json!({"path": "dangling", "content": "x"}), None);
-        assert!(w["error"].is_string(), "{w}");
-        assert!(!outside.path().join("new").exists());
-    }
 
     #[test]
     fn mime_types_and_caps() {
@@ -590,74 +685,76 @@ mod tests {
     }
 
     #[test]
-    fn fs_read_and_write_round_trip_and_cap_output() {
-        let dir = tempfile::TempDir::new().unwrap();
-        let root = dir.path().canonicalize().unwrap();
-        let w = fs_write(
-            &root,
-            &json!({"path": "notes.txt", "content": "hello"}),
-            None,
+    fn a_peer_runs_at_most_so_many_requests_at_once() {
+        let serve = ServeConfig::default();
+        let p = PeerKey::parse("ed25519:A6EHv_POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg").unwrap();
+        let q = PeerKey::parse("ed25519:Kay64UG8yvCyLhqU000LxzYeUm0L_hLIl5S8kyKWbdc").unwrap();
+        let mut held: Vec<_> = (0..MAX_RUNNING_PER_PEER)
+            .map(|_| begin(&serve, p).expect("a slot"))
+            .collect();
+        assert!(begin(&serve, p).is_none(), "one more is refused");
+        assert!(begin(&serve, q).is_some(), "another peer is not affected");
+        held.pop();
+        assert!(
+            begin(&serve, p).is_some(),
+            "a finished request frees its slot"
         );
-        assert_eq!(w["written"], 5, "{w}");
-        let w = fs_write(
-            &root,
-            &json!({"path": "notes.txt", "content": " world", "append": true}),
-            None,
-        );
-        assert_eq!(w["size"], 11);
-        let (r, blobs) = fs_read(&root, &json!({"path": "notes.txt", "offset": 6}));
-        assert_eq!(r["content"], "world");
-        assert_eq!(r["eof"], true);
-        assert!(blobs.is_empty());
-        let (r, _) = fs_read(&root, &json!({"path": "../x"}));
-        assert!(r["error"].is_string());
-        // Over 64 KiB: the content goes as a blob.
-        std::fs::write(root.join("big.bin"), vec![7u8; MAX_INLINE + 1]).unwrap();
-        let (r, blobs) = fs_read(&root, &json!({"path": "big.bin", "length": 1_000_000}));
-        assert_eq!(r["content_blob"], blobs[0].blob_ref.as_str());
-        assert_eq!(blobs[0].data.len(), MAX_INLINE + 1);
-        assert!(r.get("content").is_none());
-        // From a blob file.
-        let src = root.join("src.bin");
-        std::fs::write(&src, b"from a blob").unwrap();
-        let w = fs_write(&root, &json!({"path": "copy.bin", "blob": "R"}), Some(&src));
-        assert_eq!(w["written"], 11, "{w}");
-        assert_eq!(
-            std::fs::read(root.join("copy.bin")).unwrap(),
-            b"from a blob"
-        );
-        let w = fs_write(&root, &json!({"path": "none.bin"}), None);
-        assert!(w["error"].is_string());
+        drop(held);
+        assert!(serve.running.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn result_cost_covers_the_chunks() {
+        let b = output_blob("x", "text/plain", vec![1u8; 3 * 256 * 1024 + 1]);
+        let (lines, bytes) = result_cost(&json!({"a": 1}), std::slice::from_ref(&b));
+        assert_eq!(lines, 5);
+        let exact: u64 = (0..b.chunk_count())
+            .map(|n| {
+                b.chunk(
+                    n,
+                    "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                    "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                    "2026-01-01T00:00:00.000Z",
+                )
+                .encode()
+                .len() as u64
+            })
+            .sum();
+        assert!(bytes > exact, "{bytes} > {exact}");
+    }
+
+    async fn exec_in(root: &Root, req: Value, blobs: &mut Vec<Outgoing>) -> Value {
+        exec(root, None, &Workers::new(2), &req, blobs).await
     }
 
     #[tokio::test]
     async fn exec_runs_in_the_root_with_a_timeout() {
         let dir = tempfile::TempDir::new().unwrap();
-        let root = dir.path().canonicalize().unwrap();
+        let root = Root::open(dir.path(), false).unwrap();
         let mut blobs = vec![];
-        let r = exec(
+        let r = exec_in(
             &root,
-            &json!({"cmd": ["sh", "-c", "pwd; echo err >&2; exit 3"]}),
+            json!({"cmd": ["sh", "-c", "pwd -P; echo err >&2; exit 3"]}),
             &mut blobs,
         )
         .await;
-        assert_eq!(r["exit"], 3);
+        assert_eq!(r["exit"], 3, "{r}");
         assert_eq!(
             r["stdout"].as_str().unwrap().trim(),
-            root.display().to_string()
+            root.path.display().to_string()
         );
         assert_eq!(r["stderr"], "err\n");
-        let r = exec(
+        let r = exec_in(
             &root,
-            &json!({"cmd": "sleep 5", "timeout_ms": 100}),
+            json!({"cmd": "sleep 5", "timeout_ms": 100}),
             &mut blobs,
         )
         .await;
         assert!(r["error"].as_str().unwrap().contains("timed out"));
         assert!(blobs.is_empty());
-        let r = exec(
+        let r = exec_in(
             &root,
-            &json!({"cmd": "head -c 70000 /dev/zero | tr '\\0' a"}),
+            json!({"cmd": "head -c 70000 /dev/zero | tr '\\0' a"}),
             &mut blobs,
         )
         .await;
@@ -669,13 +766,20 @@ mod tests {
             "the whole output goes as a blob"
         );
         assert_eq!(blobs[0].data.len(), 70000);
-        let r = exec(&root, &json!({"cmd": "true", "cwd": "../"}), &mut blobs).await;
+        let r = exec_in(&root, json!({"cmd": "true", "cwd": "../"}), &mut blobs).await;
         assert!(r["error"].is_string());
+        // A cwd inside the root.
+        std::fs::create_dir(root.path.join("sub")).unwrap();
+        let r = exec_in(&root, json!({"cmd": "pwd -P", "cwd": "sub"}), &mut blobs).await;
+        assert_eq!(
+            r["stdout"].as_str().unwrap().trim(),
+            root.path.join("sub").display().to_string()
+        );
         // A background process holding the pipe: the output so far comes back, and the
         // whole group is stopped.
-        let marker = root.join("still-running");
+        let marker = root.path.join("still-running");
         let cmd = format!("(sleep 0.3; touch {}) & echo started", marker.display());
-        let r = exec(&root, &json!({"cmd": cmd, "timeout_ms": 2000}), &mut blobs).await;
+        let r = exec_in(&root, json!({"cmd": cmd, "timeout_ms": 2000}), &mut blobs).await;
         assert_eq!(r["stdout"], "started\n", "{r}");
         assert_eq!(r["exit"], 0);
         // Had it survived, it would have created the marker after 0.3 s.

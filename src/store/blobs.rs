@@ -280,11 +280,13 @@ impl Store {
             None => None,
         };
         let mut drop: Vec<Vec<u8>> = Vec::new();
+        let mut bytes = 0usize;
         match &record {
             Some(r) => {
                 for id in &r.chunk_ids {
                     let k = pkey(peer, id.as_bytes());
-                    if tx.get(T::Outbox, &k)?.is_some() {
+                    if let Some(v) = tx.get(T::Outbox, &k)? {
+                        bytes += v.len();
                         drop.push(k);
                     }
                 }
@@ -298,6 +300,7 @@ impl Store {
                     }
                     if let Ok(Line::Chunk(c)) = crate::wire::parse_line(line) {
                         if c.blob_ref == blob_ref {
+                            bytes += v.len();
                             drop.push(k.to_vec());
                         }
                     }
@@ -309,6 +312,7 @@ impl Store {
         }
         if !drop.is_empty() {
             self.adjust_count(&mut tx, peer, -(drop.len() as i64))?;
+            self.adjust_bytes(&mut tx, peer, -(bytes as i64))?;
         }
         if let Some(mut r) = record {
             if !r.refused {

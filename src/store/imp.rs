@@ -26,6 +26,8 @@ const META_USER_PREFIX: &[u8] = b"x/";
 /// Meta keys `intro/` ‖ introducer (32 raw bytes) ‖ introduced key (32 raw bytes) → empty:
 /// which keys each peer introduced (its quota, see [`Store::introduce`]).
 const META_INTRO_PREFIX: &[u8] = b"intro/";
+/// Set once the `outbox_b` counters cover the whole outbox.
+const META_OUTBOX_B: &[u8] = b"outbox_b";
 
 /// Databases this process opened: `true` while a [`Store`] is open, `false` once dropped.
 /// sled releases its file lock only when its background I/O threads let go, shortly after
@@ -158,7 +160,7 @@ impl Store {
         }
         restrict(dir);
         let group = Group::new(db.clone(), data_file);
-        Ok(Store {
+        let store = Store {
             db,
             trees,
             writer: Mutex::new(Writer {
@@ -167,7 +169,9 @@ impl Store {
             }),
             group,
             _mark: guard,
-        })
+        };
+        store.count_outbox_bytes()?;
+        Ok(store)
     }
 
     /// A fresh id for a control line (hello, auth, resume, ack, ping, pong, bye, err) from
@@ -220,6 +224,7 @@ impl Store {
         let ts = wire::time::format_ms(now);
         let mut tx = Tx::new(&self.trees);
         let mut out = Vec::with_capacity(builders.len());
+        let mut queued_bytes = 0u64;
         let peer_hex = hex(peer.as_bytes());
         for b in builders {
             let id = ids.next_at(now).to_string();
@@ -245,7 +250,9 @@ impl Store {
                 kind: kind.clone(),
                 seq,
             };
-            tx.put(T::Outbox, pkey(peer, id.as_bytes()), pack(&orec, &bytes)?);
+            let packed = pack(&orec, &bytes)?;
+            queued_bytes += packed.len() as u64;
+            tx.put(T::Outbox, pkey(peer, id.as_bytes()), packed);
             let lrec = LogRec {
                 dir: Dir::Out,
                 peer: peer_hex.clone(),
@@ -282,6 +289,7 @@ impl Store {
             return Ok(out);
         }
         self.adjust_count(&mut tx, peer, out.len() as i64)?;
+        self.adjust_bytes(&mut tx, peer, queued_bytes as i64)?;
         let pk = peer.as_bytes().to_vec();
         if let Some(v) = tx.get(T::Peers, &pk)? {
             let mut p: PeerRec = dec("peers", &v)?;
@@ -347,6 +355,68 @@ impl Store {
         Ok(())
     }
 
+    /// Add `delta` to the bytes queued for `peer` (the `outbox_b` counter, floored at 0).
+    pub(super) fn adjust_bytes(
+        &self,
+        tx: &mut Tx<'_>,
+        peer: &PeerKey,
+        delta: i64,
+    ) -> Result<(), StoreError> {
+        if delta == 0 {
+            return Ok(());
+        }
+        let k = peer.as_bytes().to_vec();
+        let cur = match tx.get(T::OutboxB, &k)? {
+            Some(v) => read_u64("outbox_b", &v)?,
+            None => 0,
+        };
+        let new = (cur as i64).saturating_add(delta).max(0) as u64;
+        if new == 0 {
+            tx.del(T::OutboxB, k);
+        } else {
+            tx.put(T::OutboxB, k, u64_be(new).to_vec());
+        }
+        Ok(())
+    }
+
+    /// What is queued for `peer`: (lines, bytes of their stored records). O(1): both are
+    /// counters kept in the transactions that queue and retire lines.
+    pub fn outbox_usage(&self, peer: &PeerKey) -> Result<(u64, u64), StoreError> {
+        let bytes = match self
+            .trees
+            .t(T::OutboxB)
+            .get(peer.as_bytes())
+            .map_err(db_err)?
+        {
+            Some(v) => read_u64("outbox_b", &v)?,
+            None => 0,
+        };
+        Ok((self.outbox_len(peer)?, bytes))
+    }
+
+    /// Rebuild the `outbox_b` counters from the outbox once, for a database written before
+    /// they existed (marked done in meta).
+    fn count_outbox_bytes(&self) -> Result<(), StoreError> {
+        let meta = self.trees.t(T::Meta);
+        if meta.get(META_OUTBOX_B).map_err(db_err)?.is_some() {
+            return Ok(());
+        }
+        let _w = self.writer();
+        let mut per_peer: BTreeMap<PeerKey, i64> = BTreeMap::new();
+        for kv in self.trees.t(T::Outbox).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            let (peer, _) = split_pkey("outbox", &k)?;
+            *per_peer.entry(peer).or_default() += v.len() as i64;
+        }
+        let mut tx = Tx::new(&self.trees);
+        for (peer, n) in per_peer {
+            tx.del(T::OutboxB, peer.as_bytes().to_vec());
+            self.adjust_bytes(&mut tx, &peer, n)?;
+        }
+        tx.put(T::Meta, META_OUTBOX_B, b"1".to_vec());
+        tx.commit()
+    }
+
     /// Up to `limit` outbox lines for `peer` with id > `after` (all when None), in id order
     /// (which is enqueue order).
     pub fn outbox_after(
@@ -403,13 +473,16 @@ impl Store {
     }
 
     /// Remove outbox lines (known to be delivered) and mark their out log entries acked.
+    /// `lines`: (outbox key, out-log seq, stored record length).
     pub(super) fn retire(
         &self,
         tx: &mut Tx<'_>,
         peer: &PeerKey,
-        lines: &[(Vec<u8>, u64)],
+        lines: &[(Vec<u8>, u64, usize)],
     ) -> Result<(), StoreError> {
-        for (key, seq) in lines {
+        let bytes: usize = lines.iter().map(|l| l.2).sum();
+        self.adjust_bytes(tx, peer, -(bytes as i64))?;
+        for (key, seq, _) in lines {
             tx.del(T::Outbox, key.clone());
             if let Some(v) = tx.get(T::Log, &u64_be(*seq))? {
                 let (mut l, line): (LogRec, &[u8]) = unpack("log", &v)?;
@@ -444,7 +517,7 @@ impl Store {
             let Some(th) = &rec.th else { continue };
             if let Some(s) = seen.get(th) {
                 if id <= s.as_bytes() {
-                    drop.push((k.to_vec(), rec.seq));
+                    drop.push((k.to_vec(), rec.seq, v.len()));
                 }
             }
         }
@@ -470,7 +543,7 @@ impl Store {
             return Ok(false);
         };
         let (rec, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
-        let mut retire = vec![(key.clone(), rec.seq)];
+        let mut retire = vec![(key.clone(), rec.seq, v.len())];
         if acked_kind(&rec.kind) {
             let th = rec.th.as_deref().unwrap_or(th);
             let prefix = pkey(peer, b"");
@@ -478,7 +551,7 @@ impl Store {
                 let (k, v) = kv.map_err(db_err)?;
                 let (r, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
                 if r.th.as_deref() == Some(th) && !acked_kind(&r.kind) {
-                    retire.push((k.to_vec(), r.seq));
+                    retire.push((k.to_vec(), r.seq, v.len()));
                 }
             }
         }
@@ -981,9 +1054,9 @@ impl Store {
         let _w = self.writer();
         let mut tx = Tx::new(&self.trees);
         let mut removed = 0usize;
-        let mut per_peer: BTreeMap<PeerKey, i64> = BTreeMap::new();
+        let mut per_peer: BTreeMap<PeerKey, (i64, i64)> = BTreeMap::new();
         for kv in self.trees.t(T::Outbox).iter() {
-            let (k, _) = kv.map_err(db_err)?;
+            let (k, v) = kv.map_err(db_err)?;
             let (peer, id) = split_pkey("outbox", &k)?;
             let id = utf8("outbox", &id)?;
             let ts = ulid::Ulid::from_string(&id)
@@ -991,12 +1064,15 @@ impl Store {
                 .timestamp_ms();
             if ts < cutoff {
                 tx.del(T::Outbox, k.to_vec());
-                *per_peer.entry(peer).or_default() -= 1;
+                let e = per_peer.entry(peer).or_default();
+                e.0 -= 1;
+                e.1 -= v.len() as i64;
                 removed += 1;
             }
         }
-        for (peer, d) in per_peer {
-            self.adjust_count(&mut tx, &peer, d)?;
+        for (peer, (lines, bytes)) in per_peer {
+            self.adjust_count(&mut tx, &peer, lines)?;
+            self.adjust_bytes(&mut tx, &peer, bytes)?;
         }
         for kv in self.trees.t(T::Log).iter() {
             let (k, v) = kv.map_err(db_err)?;

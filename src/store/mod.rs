@@ -13,6 +13,8 @@
 //! - `seen`: peer ‖ th → largest content id received (byte-string order).
 //! - `threads`: th → summary. `peers`: peer → record. `addresses`: peer ‖ address → record.
 //! - `outbox_n`: peer → number of queued lines (u64 BE; absent when zero).
+//! - `outbox_b`: peer → bytes of its queued outbox records (u64 BE; absent when zero), the
+//!   per-peer quota's measure ([`Store::outbox_usage`]).
 //! - `meta`: `last_id`, `log_seq`, and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
 //! - `blobs_in`, `blobs_out`: peer ‖ ref → blob records (see `blobs.rs`).
 //!

@@ -939,3 +939,62 @@ fn each_introducer_has_a_quota_of_keys() {
         Added
     );
 }
+
+/// The sum of the stored outbox records of `p`, the slow way.
+fn outbox_bytes_scanned(s: &Store, p: &PeerKey) -> u64 {
+    s.trees
+        .t(super::tx::T::Outbox)
+        .scan_prefix(p.as_bytes())
+        .map(|kv| kv.unwrap().1.len() as u64)
+        .sum()
+}
+
+#[test]
+fn outbox_usage_counts_lines_and_bytes_through_every_removal() {
+    let (d, s) = open();
+    let p = key(1);
+    let q = key(2);
+    assert_eq!(s.outbox_usage(&p).unwrap(), (0, 0));
+    let c1 = send_chunk(&s, &p, Some("A"));
+    let _c2 = send_chunk(&s, &p, Some("A"));
+    let m = send(&s, &p, "A");
+    let b1 = send(&s, &p, "B");
+    let b2 = send(&s, &p, "B");
+    send(&s, &q, "Q");
+    let (lines, bytes) = s.outbox_usage(&p).unwrap();
+    assert_eq!(lines, 5);
+    assert!(bytes > 0);
+    assert_eq!(bytes, outbox_bytes_scanned(&s, &p));
+    // Cumulative ack (msg and the chunks before it).
+    assert!(s.ack(&p, "A", &m).unwrap());
+    assert_eq!(s.outbox_usage(&p).unwrap().0, 2);
+    assert_eq!(s.outbox_usage(&p).unwrap().1, outbox_bytes_scanned(&s, &p));
+    // Resume.
+    let seen = BTreeMap::from([("B".to_string(), b1.clone())]);
+    assert_eq!(s.drop_seen(&p, &seen).unwrap(), 1);
+    assert_eq!(s.outbox_usage(&p).unwrap().1, outbox_bytes_scanned(&s, &p));
+    // Refused blob chunks (no record: scanned by ref).
+    let c3 = send_chunk(&s, &p, Some("C"));
+    assert_eq!(s.drop_blob_chunks(&p, "r1").unwrap(), vec![c3]);
+    assert_eq!(s.outbox_usage(&p).unwrap().1, outbox_bytes_scanned(&s, &p));
+    assert!(s.ack(&p, "B", &b2).unwrap());
+    assert_eq!(s.outbox_usage(&p).unwrap(), (0, 0));
+    assert_eq!(s.outbox_usage(&q).unwrap().1, outbox_bytes_scanned(&s, &q));
+    // Retention.
+    assert!(
+        s.prune(crate::wire::time::now_ms() + RETENTION_MS + 60_000)
+            .unwrap()
+            > 0
+    );
+    assert_eq!(s.outbox_usage(&q).unwrap(), (0, 0));
+    let _ = c1;
+    // A database written before the counter existed gets it counted at open.
+    send(&s, &q, "Q");
+    let want = s.outbox_usage(&q).unwrap();
+    s.trees.t(super::tx::T::OutboxB).clear().unwrap();
+    s.trees.t(super::tx::T::Meta).remove(b"outbox_b").unwrap();
+    s.flush_blocking().unwrap();
+    drop(s);
+    let s = Store::open(d.path()).unwrap();
+    assert_eq!(s.outbox_usage(&q).unwrap(), want);
+}

@@ -19,9 +19,10 @@ pub(crate) enum T {
     OutboxN,
     BlobsIn,
     BlobsOut,
+    OutboxB,
 }
 
-pub(crate) const NAMES: [&str; 11] = [
+pub(crate) const NAMES: [&str; 12] = [
     "outbox",
     "log",
     "received",
@@ -33,6 +34,7 @@ pub(crate) const NAMES: [&str; 11] = [
     "outbox_n",
     "blobs_in",
     "blobs_out",
+    "outbox_b",
 ];
 
 pub(crate) struct Trees {

@@ -32,6 +32,9 @@ pub mod code {
     pub const FORBIDDEN: &str = "forbidden";
     pub const BLOB_REFUSED: &str = "blob_refused";
     pub const INTERNAL: &str = "internal";
+    /// Extension (not in §9.7; does not close): a served request refused for now because
+    /// the peer has too many requests running or too much output queued. Ask again later.
+    pub const BUSY: &str = "busy";
 
     /// Whether receiving (or sending) this code closes the connection (§9.7 table).
     /// Unknown codes never close.
