@@ -168,7 +168,13 @@ impl NodeHandle {
             e => StartError::Other(format!("lock: {e}")),
         })?;
         let identity = Arc::new(Identity::load_or_create(&home).map_err(other("identity"))?);
-        let store = Arc::new(Store::open(&home.join("db")).map_err(other("store"))?);
+        let store = Arc::new(
+            Store::open_in(
+                &home.join("db"),
+                &home.join(crate::store::files::QUARANTINE_DIR),
+            )
+            .map_err(other("store"))?,
+        );
         let tls = Arc::new(TlsConfig::new(&identity).map_err(other("tls"))?);
         let dial_opts = DialOptions {
             allow_plaintext: config.allow_plaintext,

@@ -53,9 +53,20 @@ fn closed_here(dir: &Path) -> bool {
     opened().iter().any(|(d, open)| d == dir && !open)
 }
 
-fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
+fn open_db(dir: &Path, quarantine: &Path) -> Result<sled::Db, StoreError> {
     let deadline = Instant::now() + REOPEN_WAIT;
     loop {
+        let repaired = super::files::repair(dir, quarantine).map_err(|e| {
+            StoreError::Db(format!(
+                "{}: cannot move damaged snapshot files aside: {e}",
+                dir.display()
+            ))
+        })?;
+        if repaired.is_none() && closed_here(&canonical(dir)) && Instant::now() < deadline {
+            // Our own closing handle still holds the lock: wait, so the files are checked.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
         let res = sled::Config::new()
             .path(dir)
             .cache_capacity(CACHE_BYTES)
@@ -124,11 +135,21 @@ fn content_th(line: &Line) -> Option<&str> {
 }
 
 impl Store {
-    /// Open (or create) the database in `dir`. Fails at once with [`StoreError::Locked`] if
-    /// another process (or another open `Store` in this process) holds it. Seeds the id
-    /// generator from the stored last id.
+    /// Open (or create) the database in `dir`, with the quarantine directory next to it
+    /// (`<parent of dir>/quarantine`; see [`Store::open_in`]).
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        let db = open_db(dir)?;
+        let parent = dir.parent().unwrap_or(dir);
+        Store::open_in(dir, &parent.join(super::files::QUARANTINE_DIR))
+    }
+
+    /// Open (or create) the database in `dir`. First, when no process holds it, the files a
+    /// crash can leave that sled 0.34.7 would misread (an unfinished `snap.*.generating`,
+    /// an empty or truncated snapshot, a truncated `conf`) are moved to `quarantine` with a
+    /// warning in the log (see `store/files.rs`). Fails at once with [`StoreError::Locked`]
+    /// if another process (or another open `Store` in this process) holds the database.
+    /// Seeds the id generator from the stored last id.
+    pub fn open_in(dir: &Path, quarantine: &Path) -> Result<Store, StoreError> {
+        let db = open_db(dir, quarantine)?;
         let path = canonical(dir);
         set_opened(path.clone(), true);
         let guard = OpenMark(Some(path));
