@@ -181,8 +181,16 @@ pub fn inspect(dir: &Path) -> std::io::Result<Vec<DbFileIssue>> {
     Ok(issues)
 }
 
-/// Move `issues` into `quarantine` (created with mode 0700) as `<unix ms>-<file name>`,
-/// then fsync both directories. Logs one warning per file.
+/// Mode 0600 on a file moved aside (it may have been created by hand with a looser one).
+pub(crate) fn private(p: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Err(e) = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)) {
+        tracing::warn!("chmod 600 {}: {e}", p.display());
+    }
+}
+
+/// Move `issues` into `quarantine` (created with mode 0700) as `<unix ms>-<file name>`
+/// with mode 0600, then fsync both directories. Logs one warning per file.
 pub fn quarantine(issues: &[DbFileIssue], quarantine: &Path) -> std::io::Result<Vec<Quarantined>> {
     if issues.is_empty() {
         return Ok(Vec::new());
@@ -207,6 +215,7 @@ pub fn quarantine(issues: &[DbFileIssue], quarantine: &Path) -> std::io::Result<
             n += 1;
         }
         std::fs::rename(&issue.path, &to)?;
+        private(&to);
         tracing::warn!(
             "store: moved {} ({} bytes) to {}: {} [sled {SLED_VERSION}]",
             issue.path.display(),
