@@ -35,6 +35,26 @@ pub const SLED_VERSION: &str = "0.34.7";
 /// Directory, in the home, that receives files moved out of the way.
 pub const QUARANTINE_DIR: &str = "quarantine";
 
+/// Bytes the files under `dir` occupy on disk (allocated blocks, so sparse regions count
+/// nothing; symlinks are not followed). 0 when missing. For measurements and `awp doctor`.
+pub fn disk_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        total += m.blocks() * 512;
+        if m.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    total
+}
+
 /// Suffix of a snapshot sled has not finished writing.
 const GENERATING: &str = ".generating";
 /// Suffix sled's snapshot listing skips.
