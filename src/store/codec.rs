@@ -2,8 +2,8 @@
 //! where the payload is an encoded line kept byte-exact (no JSON escaping of the line).
 //! Every decoding failure is [`StoreError::Corrupt`]; nothing here panics on disk data.
 //!
-//! Payloads of [`COMPRESS_MIN`] bytes or more are stored raw-DEFLATE compressed (RFC 1951,
-//! level 1) when that saves at least a sixteenth; the top bit of the length word marks
+//! Payloads of [`COMPRESS_MIN`] to [`COMPRESS_MAX`] bytes are stored raw-DEFLATE compressed
+//! (RFC 1951, level 1) when that saves at least a sixteenth; the top bit of the length word marks
 //! them ([`DEFLATED`]). Records written before compression existed have the bit clear and
 //! read as they are. This keeps the database within 1.5 × the lines it holds: sled 0.34
 //! rewrites a log segment only once half of it is dead, so its files are up to about twice
@@ -80,6 +80,10 @@ pub(crate) fn corrupt(tree: &'static str, detail: impl std::fmt::Display) -> Sto
 pub(crate) const DEFLATED: u32 = 1 << 31;
 /// Shorter payloads are stored as they are.
 pub(crate) const COMPRESS_MIN: usize = 256;
+/// Longer payloads too: blob chunk lines (up to 1 MiB of base64 of file data, which DEFLATE
+/// shrinks by a quarter at most) are stored as they are, so sending and receiving files
+/// costs no compression time.
+pub(crate) const COMPRESS_MAX: usize = 16 * 1024;
 /// DEFLATE level (1: fastest; a 1.5 KB line takes some tens of microseconds).
 const LEVEL: u8 = 1;
 
@@ -128,7 +132,7 @@ fn assemble(h: &[u8], len: u32, payload: &[u8]) -> Vec<u8> {
 /// Header plus payload (compressed when that pays, see the module doc).
 pub(crate) fn pack<T: Serialize>(header: &T, payload: &[u8]) -> Result<Vec<u8>, StoreError> {
     let (h, len) = header_bytes(header)?;
-    if payload.len() >= COMPRESS_MIN {
+    if (COMPRESS_MIN..=COMPRESS_MAX).contains(&payload.len()) {
         let z = miniz_oxide::deflate::compress_to_vec(payload, LEVEL);
         if z.len() + payload.len() / 16 <= payload.len() {
             return Ok(assemble(&h, len | DEFLATED, &z));

@@ -937,6 +937,12 @@ fn long_lines_are_stored_compressed_and_old_records_still_read() {
         u32::from_be_bytes(short[..4].try_into().unwrap()) & DEFLATED,
         0
     );
+    // Blob chunk sized payloads too (no compression time on file transfers).
+    let chunk = pack(&hdr, &vec![b'A'; super::codec::COMPRESS_MAX + 1]).unwrap();
+    assert_eq!(
+        u32::from_be_bytes(chunk[..4].try_into().unwrap()) & DEFLATED,
+        0
+    );
     let mut bad = pack(&hdr, text.as_bytes()).unwrap();
     let n = bad.len();
     bad.truncate(n - 10);
