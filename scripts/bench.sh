@@ -7,7 +7,8 @@
 #
 # Optional environment: AWP_BENCH_DIR (where the temporary homes go; default $TMPDIR or
 # /tmp), BENCH_FSYNC_N, BENCH_HANDSHAKE_N, BENCH_RTT_N, BENCH_PIPE_N, BENCH_REPLAY_N,
-# BENCH_PHASE_LIMIT_S (see benches/node.rs), BENCH_BLOB_MIB (blob size, default 50).
+# BENCH_PHASE_LIMIT_S (see benches/node.rs), BENCH_BLOB_MIB (blob size, default 50),
+# BENCH_DISK_N (lines of the disk-growth run, default 119000).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,3 +47,6 @@ AWP_BIN="$ROOT/target/release/awp" AWP_BENCH_DIR="$WORK" bash "$ROOT/scripts/ben
 echo
 echo "7. relay: 2,000 connected nodes (scripts/bench-relay.sh)"
 bash "$ROOT/scripts/bench-relay.sh" "${BENCH_RELAY_CLIENTS:-2000}"
+
+echo
+bash "$ROOT/scripts/bench-disk.sh" "${BENCH_DISK_N:-119000}"

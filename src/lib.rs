@@ -28,6 +28,8 @@
 //! - [`cli`]: the `awp` command line.
 //! - [`conform`]: `awp conform`, a conformance runner that checks any AWP peer.
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
+//! - [`doctor`]: `awp doctor`, checks of a home (store files, identity, config, modes) and
+//!   their safe fixes.
 #![forbid(unsafe_code)]
 
 pub mod artifact;
@@ -38,6 +40,7 @@ pub mod config;
 pub mod conform;
 pub mod control;
 pub mod daemon;
+pub mod doctor;
 pub mod grant;
 pub mod identity;
 pub mod net;

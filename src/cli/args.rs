@@ -252,6 +252,17 @@ pub enum Command {
     Conform(crate::conform::ConformArgs),
     /// Print the version.
     Version,
+    /// Check the home without opening the database (works while the node is stopped or
+    /// running): store files, identity, config, file modes. Says what is wrong and the
+    /// command that fixes it.
+    #[command(after_help = crate::cli::doctor::AFTER_HELP)]
+    Doctor {
+        /// Apply the safe fixes: move store files the database would misread to
+        /// $AWP_HOME/quarantine/ (only while no node runs), chmod to 0700/0600, remove
+        /// leftover temporary files. Never touches identity.json or config.toml.
+        #[arg(long)]
+        fix: bool,
+    },
 }
 
 /// `awp relay`.

@@ -68,6 +68,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Whoami => whoami(ctx).await,
         Command::Schema => out(&format!("{:#}", crate::wire::schema::schema())),
         Command::Version => version(ctx),
+        Command::Doctor { fix } => super::doctor::run(ctx, fix),
         Command::Conform(args) => crate::conform::cli::run(ctx, args).await,
     }
 }
@@ -83,7 +84,10 @@ impl Ctx {
             Failure::new(
                 Exit::Failed,
                 e.to_string(),
-                format!("see {}", self.home.join(daemon::LOG_FILE).display()),
+                format!(
+                    "run `awp doctor` to check the home; the log is {}",
+                    self.home.join(daemon::LOG_FILE).display()
+                ),
             )
         })
     }

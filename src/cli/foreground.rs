@@ -74,7 +74,10 @@ fn start_failure(ctx: &Ctx, e: StartError) -> Failure {
         StartError::Other(msg) => Failure::new(
             Exit::Failed,
             format!("the node could not start: {msg}"),
-            format!("check --listen and the home {}", ctx.home.display()),
+            format!(
+                "run `awp doctor` to check the home {} (and check --listen)",
+                ctx.home.display()
+            ),
         ),
     }
 }

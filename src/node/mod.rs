@@ -192,11 +192,17 @@ impl NodeHandle {
             },
             e => StartError::Other(format!("lock: {e}")),
         })?;
-        let identity = Arc::new(Identity::load_or_create(&home).map_err(other("identity"))?);
+        let identity = Arc::new(load_identity(&home)?);
         // The database directory is made 0700 before sled creates its files in it (their
         // own modes follow the umask; the directory keeps them private).
         private_dir(&home.join("db")).map_err(other("store"))?;
-        let store = Arc::new(Store::open(&home.join("db")).map_err(other("store"))?);
+        let store = Arc::new(
+            Store::open_in(
+                &home.join("db"),
+                &home.join(crate::store::files::QUARANTINE_DIR),
+            )
+            .map_err(other("store"))?,
+        );
         let tls = Arc::new(TlsConfig::new(&identity).map_err(other("tls"))?);
         let dial_opts = DialOptions {
             allow_plaintext: config.allow_plaintext,
@@ -451,6 +457,38 @@ fn remembered(store: &Store, key: &str, given: Option<&str>) -> Result<Option<St
             .map_err(other("store"))?
             .and_then(|b| String::from_utf8(b).ok())),
     }
+}
+
+/// The node's identity: `identity.json`, created on the first start. Refuses (never makes
+/// a new key silently) when the file is damaged, or missing from a home that already has a
+/// database (the identity is written, fsynced and renamed into place before the database
+/// is created, so no crash leaves that state). The message names the fix.
+fn load_identity(home: &std::path::Path) -> Result<Identity, StartError> {
+    use crate::identity::{IdentityError, IDENTITY_FILE};
+    let path = home.join(IDENTITY_FILE);
+    let db = home.join("db");
+    if !path.exists() && db.exists() {
+        return Err(StartError::Other(format!(
+            "identity: {} is missing but the home has a database made with it; restore \
+             identity.json from a backup, or start afresh with a new key (peers will not \
+             know it) by moving the database away: mv {} {}.old",
+            path.display(),
+            db.display(),
+            db.display()
+        )));
+    }
+    Identity::load_or_create(home).map_err(|e| match e {
+        IdentityError::Malformed { .. } | IdentityError::Mismatch { .. } => {
+            StartError::Other(format!(
+                "identity: {e}; the key cannot be rebuilt from a damaged file: restore \
+                 identity.json from a backup, or move it away to start with a new key (peers \
+                 will not know it): mv {} {}.damaged",
+                path.display(),
+                path.display()
+            ))
+        }
+        e => StartError::Other(format!("identity: {e}")),
+    })
 }
 
 /// Log a warning when the home or the identity file can be read by other users.

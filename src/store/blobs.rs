@@ -5,7 +5,7 @@
 //! - `blobs_in`: peer (32 raw bytes) ‖ ref → [`InBlobState`] (JSON).
 //! - `blobs_out`: peer ‖ ref → [`OutBlobState`] (JSON).
 
-use super::codec::{dec, enc, pkey, split_pkey, unpack, utf8, OutRec};
+use super::codec::{dec, enc, pkey, split_pkey, unpack, utf8, OutRec, Payload};
 use super::tx::{db_err, Tx, T};
 use super::{Store, StoreError};
 use crate::wire::{Line, PeerKey};
@@ -294,11 +294,11 @@ impl Store {
             None => {
                 for kv in self.trees.t(T::Outbox).scan_prefix(peer.as_bytes()) {
                     let (k, v) = kv.map_err(db_err)?;
-                    let (rec, line): (OutRec, &[u8]) = unpack("outbox", &v)?;
+                    let (rec, line): (OutRec, Payload) = unpack("outbox", &v)?;
                     if rec.kind != "chunk" {
                         continue;
                     }
-                    if let Ok(Line::Chunk(c)) = crate::wire::parse_line(line) {
+                    if let Ok(Line::Chunk(c)) = crate::wire::parse_line(&line.get("outbox")?) {
                         if c.blob_ref == blob_ref {
                             bytes += v.len();
                             drop.push(k.to_vec());

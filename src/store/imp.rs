@@ -1,8 +1,8 @@
 //! The [`Store`] itself.
 
 use super::codec::{
-    corrupt, dec, enc, hex, pack, peer_from_hex, pkey, read_u64, split_pkey, u64_be, unpack, utf8,
-    AddrRec, LogRec, OutRec, PeerRec, ThreadRec,
+    corrupt, dec, enc, hex, pack, peer_from_hex, pkey, read_u64, repack, split_pkey, u64_be,
+    unpack, utf8, AddrRec, LogRec, OutRec, Payload, PeerRec, ThreadRec,
 };
 use super::group::Group;
 use super::tx::{db_err, Trees, Tx, T};
@@ -58,9 +58,20 @@ fn closed_here(dir: &Path) -> bool {
     opened().iter().any(|(d, open)| d == dir && !open)
 }
 
-fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
+fn open_db(dir: &Path, quarantine: &Path) -> Result<sled::Db, StoreError> {
     let deadline = Instant::now() + REOPEN_WAIT;
     loop {
+        let repaired = super::files::repair(dir, quarantine).map_err(|e| {
+            StoreError::Db(format!(
+                "{}: cannot move damaged snapshot files aside: {e}",
+                dir.display()
+            ))
+        })?;
+        if repaired.is_none() && closed_here(&canonical(dir)) && Instant::now() < deadline {
+            // Our own closing handle still holds the lock: wait, so the files are checked.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
         let res = sled::Config::new()
             .path(dir)
             .cache_capacity(CACHE_BYTES)
@@ -129,11 +140,21 @@ fn content_th(line: &Line) -> Option<&str> {
 }
 
 impl Store {
-    /// Open (or create) the database in `dir`. Fails at once with [`StoreError::Locked`] if
-    /// another process (or another open `Store` in this process) holds it. Seeds the id
-    /// generator from the stored last id.
+    /// Open (or create) the database in `dir`, with the quarantine directory next to it
+    /// (`<parent of dir>/quarantine`; see [`Store::open_in`]).
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        let db = open_db(dir)?;
+        let parent = dir.parent().unwrap_or(dir);
+        Store::open_in(dir, &parent.join(super::files::QUARANTINE_DIR))
+    }
+
+    /// Open (or create) the database in `dir`. First, when no process holds it, the files a
+    /// crash can leave that sled 0.34.7 would misread (an unfinished `snap.*.generating`,
+    /// an empty or truncated snapshot, a truncated `conf`) are moved to `quarantine` with a
+    /// warning in the log (see `store/files.rs`). Fails at once with [`StoreError::Locked`]
+    /// if another process (or another open `Store` in this process) holds the database.
+    /// Seeds the id generator from the stored last id.
+    pub fn open_in(dir: &Path, quarantine: &Path) -> Result<Store, StoreError> {
+        let db = open_db(dir, quarantine)?;
         let path = canonical(dir);
         set_opened(path.clone(), true);
         let guard = OpenMark(Some(path));
@@ -485,10 +506,10 @@ impl Store {
         for (key, seq, _) in lines {
             tx.del(T::Outbox, key.clone());
             if let Some(v) = tx.get(T::Log, &u64_be(*seq))? {
-                let (mut l, line): (LogRec, &[u8]) = unpack("log", &v)?;
+                let (mut l, line): (LogRec, Payload) = unpack("log", &v)?;
                 if !l.acked {
                     l.acked = true;
-                    tx.put(T::Log, u64_be(*seq).to_vec(), pack(&l, line)?);
+                    tx.put(T::Log, u64_be(*seq).to_vec(), repack(&l, line)?);
                 }
             }
         }
@@ -513,7 +534,7 @@ impl Store {
         for kv in self.trees.t(T::Outbox).range(prefix.clone()..=end) {
             let (k, v) = kv.map_err(db_err)?;
             let id = &k[32..];
-            let (rec, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
+            let (rec, _): (OutRec, Payload) = unpack("outbox", &v)?;
             let Some(th) = &rec.th else { continue };
             if let Some(s) = seen.get(th) {
                 if id <= s.as_bytes() {
@@ -542,14 +563,14 @@ impl Store {
         let Some(v) = self.trees.t(T::Outbox).get(&key).map_err(db_err)? else {
             return Ok(false);
         };
-        let (rec, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
+        let (rec, _): (OutRec, Payload) = unpack("outbox", &v)?;
         let mut retire = vec![(key.clone(), rec.seq, v.len())];
         if acked_kind(&rec.kind) {
             let th = rec.th.as_deref().unwrap_or(th);
             let prefix = pkey(peer, b"");
             for kv in self.trees.t(T::Outbox).range(prefix..key) {
                 let (k, v) = kv.map_err(db_err)?;
-                let (r, _): (OutRec, &[u8]) = unpack("outbox", &v)?;
+                let (r, _): (OutRec, Payload) = unpack("outbox", &v)?;
                 if r.th.as_deref() == Some(th) && !acked_kind(&r.kind) {
                     retire.push((k.to_vec(), r.seq, v.len()));
                 }
@@ -754,12 +775,12 @@ impl Store {
             let Some(v) = tx.get(T::Log, &u64_be(seq))? else {
                 continue;
             };
-            let (mut l, line): (LogRec, &[u8]) = unpack("log", &v)?;
+            let (mut l, line): (LogRec, Payload) = unpack("log", &v)?;
             if l.dir != Dir::In || l.read {
                 continue;
             }
             l.read = true;
-            tx.put(T::Log, u64_be(seq).to_vec(), pack(&l, line)?);
+            tx.put(T::Log, u64_be(seq).to_vec(), repack(&l, line)?);
             if let Some(th) = &l.th {
                 if let Some(tv) = tx.get(T::Threads, th.as_bytes())? {
                     let mut t: ThreadRec = dec("threads", &tv)?;
@@ -1076,7 +1097,7 @@ impl Store {
         }
         for kv in self.trees.t(T::Log).iter() {
             let (k, v) = kv.map_err(db_err)?;
-            let (l, _): (LogRec, &[u8]) = unpack("log", &v)?;
+            let (l, _): (LogRec, Payload) = unpack("log", &v)?;
             if l.at < cutoff {
                 tx.del(T::Log, k.to_vec());
                 removed += 1;
@@ -1084,6 +1105,34 @@ impl Store {
         }
         tx.commit()?;
         Ok(removed)
+    }
+
+    /// What the store holds, in bytes (a full scan, for measurements): `.0` as stored (key
+    /// and value bytes of every tree), `.1` with every compressed line counted at its
+    /// full length (what the database would hold without compression).
+    pub fn data_bytes(&self) -> Result<(u64, u64), StoreError> {
+        let (mut stored, mut logical) = (0u64, 0u64);
+        for name in self.db.tree_names() {
+            let tree = self.db.open_tree(&name).map_err(db_err)?;
+            let lines = match &*name {
+                b"outbox" => Some("outbox"),
+                b"log" => Some("log"),
+                _ => None,
+            };
+            for kv in tree.iter() {
+                let (k, v) = kv.map_err(db_err)?;
+                let n = (k.len() + v.len()) as u64;
+                stored += n;
+                logical += match lines {
+                    Some(t) => {
+                        let (_, p): (serde_json::Value, Payload) = unpack(t, &v)?;
+                        n + p.get(t)?.len() as u64 - p.stored_len() as u64
+                    }
+                    None => n,
+                };
+            }
+        }
+        Ok((stored, logical))
     }
 
     /// Largest id ever allocated by [`Store::enqueue`] (the id generator's seed).
@@ -1150,7 +1199,8 @@ fn restrict(dir: &Path) {
 
 fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
     let (_, id) = split_pkey("outbox", k)?;
-    let (rec, line): (OutRec, &[u8]) = unpack("outbox", v)?;
+    let (rec, line): (OutRec, Payload) = unpack("outbox", v)?;
+    let line = line.get("outbox")?;
     Ok(OutboxEntry {
         id: utf8("outbox", &id)?,
         th: rec.th,
@@ -1162,7 +1212,8 @@ fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
 
 fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
     let seq = read_u64("log", k)?;
-    let (l, line): (LogRec, &[u8]) = unpack("log", v)?;
+    let (l, line): (LogRec, Payload) = unpack("log", v)?;
+    let line = line.get("log")?;
     Ok(LogEntry {
         seq,
         dir: l.dir,

@@ -25,6 +25,7 @@ use crate::wire::{Line, PeerKey};
 
 mod blobs;
 mod codec;
+pub mod files;
 mod grants;
 mod group;
 mod imp;
