@@ -326,9 +326,10 @@ class Worker(threading.Thread):
                 time.sleep(0.05)  # the node is down: do not spin
 
 
-def check_direction(sender, receiver, workers, texts):
-    """Compare what `sender`'s workers recorded with what `receiver` stored."""
-    sent = {}  # text -> (k, n, outcome)
+def check_direction(sender, workers, texts):
+    """Compare what `sender`'s workers recorded with `texts`, the msgs the other node
+    stored from `sender`, in the order it stored them."""
+    sent = {}  # text -> "queued" | "killed" | "failed" | "hung"
     for w in workers:
         for n in w.queued:
             sent[f"s{sender.name}-t{w.k}-n{n}"] = "queued"
@@ -377,11 +378,11 @@ def self_check():
     w0 = NS(k=0, queued=[1, 2, 3, 5], uncertain={4: "killed"})
     w1 = NS(k=1, queued=[1, 2], uncertain={3: "failed"})
     good = ["sa-t0-n1", "sa-t1-n1", "sa-t0-n2", "sa-t0-n3", "sa-t0-n5", "sa-t1-n2", "sa-t1-n3"]
-    r = check_direction(sender, None, [w0, w1], good)
+    r = check_direction(sender, [w0, w1], good)
     assert (r["lost"], r["dups"], r["reorders"], r["unknown"]) == ([], [], [], []), r
     assert (r["queued"], r["uncertain"], r["uncertain_arrived"]) == (6, 2, 1), r
     bad = ["sa-t0-n2", "sa-t0-n1", "sa-t0-n3", "sa-t0-n3", "sa-t1-n1", "sa-t9-n1", "sa-t0-n4", "sa-t0-n4"]
-    r = check_direction(sender, None, [w0, w1], bad)
+    r = check_direction(sender, [w0, w1], bad)
     assert r["lost"] == ["sa-t0-n5", "sa-t1-n2"], r
     assert r["dups"] == [("sa-t0-n3", 2), ("sa-t0-n4", 2)], r
     assert r["reorders"] == ["sa-t0: n1 after n2"], r
@@ -501,8 +502,8 @@ def message_soak(args, work, rng, state):
         n.sample_rss()
 
     results = {
-        "a": check_direction(a, b, workers["a"], b.inbound_texts(a.key)),
-        "b": check_direction(b, a, workers["b"], a.inbound_texts(b.key)),
+        "a": check_direction(a, workers["a"], b.inbound_texts(a.key)),
+        "b": check_direction(b, workers["b"], a.inbound_texts(b.key)),
     }
     cli_kills = sum(r["uncertain_kinds"].get("killed", 0) for r in results.values())
 

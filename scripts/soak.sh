@@ -34,7 +34,7 @@ command -v python3 >/dev/null 2>&1 || { echo "soak.sh needs python3" >&2; exit 2
 built() {
     local kind=$1 name=$2
     cargo build --quiet --locked --manifest-path "$ROOT/Cargo.toml" "${PROFILE[@]}" \
-        "--$kind" "$name" --message-format=json |
+        "--$kind" "$name" --message-format=json-render-diagnostics |
         python3 -c '
 import json, sys
 name = sys.argv[1]
