@@ -1,7 +1,7 @@
 //! Store crash check (used by `scripts/soak.sh --store`).
 //!
 //! `store_crash write DIR TASKS`: open the store in DIR and write hard from TASKS concurrent
-//! tasks until killed (or for at most 120 s): each task queues batches of msgs for one peer
+//! tasks until killed (or for at most 120 s), after printing `open` on stderr: each task queues batches of msgs for one peer
 //! in its own thread, receives batches of msgs from another peer, and acks some of its
 //! queued msgs. After each `flush` returns it prints one line per record it made durable
 //! (`E id` queued, `A id` acked, `R id` received) and, before an ack starts, `a id` (the ack
@@ -53,6 +53,7 @@ fn emit(out: &Mutex<std::io::Stdout>, lines: &str) {
 
 async fn write(dir: &Path, tasks: usize) -> Result<(), String> {
     let store = Arc::new(Store::open(dir).map_err(|e| format!("open: {e}"))?);
+    eprintln!("open");
     let (to, from) = peers();
     let out = Arc::new(Mutex::new(std::io::stdout()));
     // Inbound ids: unique across runs (a fresh millisecond each run) and tasks.

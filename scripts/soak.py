@@ -29,6 +29,7 @@ import json
 import os
 import random
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -550,35 +551,50 @@ def store_soak(args, work, rng, state):
     cycles = 0
     failures = []
     last = {}
+    check_s = []
     open_s = []
+    during_open = 0
     while True:
         if args.cycles is not None and cycles >= args.cycles:
             break
         if deadline is not None and time.monotonic() >= deadline:
             break
         with open(records, "ab") as out:
+            t_spawn = time.monotonic()
             proc = subprocess.Popen(
                 [args.store_writer, "write", db, str(args.threads)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE,
             )
             state["writer"] = proc
-            # Kill at a random moment; the writer first needs its open (a few ms).
-            time.sleep(rng.uniform(args.min_gap / 4, args.max_gap / 4))
+            if rng.random() < 0.25:
+                # Anywhere, also while the store opens (recovering from the last kill).
+                time.sleep(rng.uniform(0, args.max_gap / 4))
+                during_open += not select.select([proc.stderr], [], [], 0)[0]
+            else:
+                # During the writes: after the writer says `open`.
+                ready, _, _ = select.select([proc.stderr], [], [], UP_TIMEOUT_S)
+                if not ready:
+                    failures.append(f"cycle {cycles + 1}: the store did not open within {UP_TIMEOUT_S} s")
+                    proc.kill()
+                    proc.communicate(timeout=DEATH_TIMEOUT_S)
+                    break
+                open_s.append(time.monotonic() - t_spawn)
+                time.sleep(rng.uniform(args.min_gap / 4, args.max_gap / 4))
             proc.kill()
             _, err = proc.communicate(timeout=DEATH_TIMEOUT_S)
         cycles += 1
         if proc.returncode not in (-signal.SIGKILL, None):
-            failures.append(f"cycle {cycles}: the writer exited {proc.returncode} before the kill: "
-                            f"{err.decode(errors='replace').strip()[:300]}")
+            err = err.decode(errors="replace").replace("open\n", "", 1).strip()
+            failures.append(f"cycle {cycles}: the writer exited {proc.returncode} before the kill: {err[:300]}")
             break
-        t_open = time.monotonic()
+        t_check = time.monotonic()
         try:
             r = subprocess.run([args.store_writer, "check", db, records], capture_output=True,
                                text=True, timeout=120)
         except subprocess.TimeoutExpired:
             failures.append(f"cycle {cycles}: the check did not finish within 120 s")
             break
-        open_s.append(time.monotonic() - t_open)
+        check_s.append(time.monotonic() - t_check)
         if r.returncode != 0:
             failures.append(f"cycle {cycles}: {(r.stdout + r.stderr).strip()[:600]}")
             break
@@ -587,11 +603,13 @@ def store_soak(args, work, rng, state):
             log(f"  cycle {cycles}: {last.get('records')} records held, {time.monotonic() - t0:.0f} s")
     run_s = time.monotonic() - t0
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(db) for f in fs) if os.path.isdir(db) else 0
-    print(f"store cycles    {cycles} SIGKILLs of the writer in {run_s:.1f} s ({args.threads} writer threads)")
+    print(f"store cycles    {cycles} SIGKILLs of the writer in {run_s:.1f} s ({args.threads} writer tasks; "
+          f"{during_open} of them before the store had opened)")
     print(f"records         {last.get('records', 0)} flushed and held "
           f"({last.get('enqueued', 0)} queued, {last.get('acked', 0)} acked, {last.get('received', 0)} received)")
-    if open_s:
-        print(f"reopen+check    median {sorted(open_s)[len(open_s) // 2]:.2f} s, max {max(open_s):.2f} s")
+    for what, xs in (("open after kill", open_s), ("reopen+check", check_s)):
+        if xs:
+            print(f"{what:<15} median {sorted(xs)[len(xs) // 2]:.2f} s, max {max(xs):.2f} s")
     print(f"store size      {size / 1048576:.1f} MiB on disk")
     print(f"failures        {len(failures)}")
     for f in failures:
