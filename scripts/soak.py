@@ -538,6 +538,9 @@ def message_soak(args, work, rng, state):
         print(f"  {f}")
     print(f"drain           {drain_s:.1f} s" + ("" if drained else f" (NOT drained: a {a.outbox()}, b {b.outbox()})"))
     print(f"peak RSS        a {a.hwm_kib / 1024:.1f} MiB, b {b.hwm_kib / 1024:.1f} MiB (VmHWM before each kill)")
+    if not ok:
+        print(f"  reproduce: scripts/soak.sh --cycles {cycles} --threads {args.threads} --seed {args.seed} --keep"
+              " (the same random choices, not the same timing; --keep keeps both homes and their node.log)")
     return ok
 
 
@@ -615,8 +618,8 @@ def store_soak(args, work, rng, state):
     for f in failures:
         print(f"  {f}")
     if failures:
-        print(f"  reproduce: scripts/soak.sh --store --cycles {args.cycles or cycles} --seed {args.seed}"
-              f" --keep (the store is kept for inspection)")
+        print(f"  reproduce: scripts/soak.sh --store --cycles {cycles} --threads {args.threads} --seed {args.seed}"
+              " --keep (the same random choices, not the same timing; --keep keeps the store and records)")
     return not failures
 
 
