@@ -320,4 +320,63 @@ mod tests {
         assert!(s.grant_remove(&rec.hash).unwrap());
         assert!(s.grants().unwrap().is_empty());
     }
+
+    #[test]
+    fn index_by_sub_iss_and_role() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let (a, b, c) = (
+            crate::identity::Identity::from_seed(&[1; 32]),
+            crate::identity::Identity::from_seed(&[2; 32]),
+            crate::identity::Identity::from_seed(&[3; 32]),
+        );
+        let rec = |iss: &crate::identity::Identity, sub: PeerKey, role, ms| {
+            let g = crate::grant::mint(iss, &sub, &["exec".into()], 60, None, 1_790_000_000_000);
+            let object = crate::grant::object_of(&g);
+            GrantRecord {
+                hash: crate::grant::grant_hash(&object),
+                role,
+                from: None,
+                object,
+                stored_ms: ms,
+            }
+        };
+        let r1 = rec(&a, b.key(), GrantRole::Held, 20);
+        let r2 = rec(&a, c.key(), GrantRole::Held, 10);
+        let r3 = rec(&c, b.key(), GrantRole::Presented, 5);
+        for r in [&r1, &r2, &r3] {
+            s.grant_put(r).unwrap();
+        }
+        let hashes = |v: Vec<GrantRecord>| v.into_iter().map(|r| r.hash).collect::<Vec<_>>();
+        let mut by_b = hashes(s.grants_by_sub(&b.key()).unwrap());
+        by_b.sort();
+        let mut want = vec![r1.hash.clone(), r3.hash.clone()];
+        want.sort();
+        assert_eq!(by_b, want);
+        assert_eq!(s.grants_by_iss(&c.key()).unwrap(), vec![r3.clone()]);
+        assert_eq!(
+            hashes(s.grants_by_role(GrantRole::Held).unwrap()),
+            vec![r2.hash.clone(), r1.hash.clone()],
+            "oldest first"
+        );
+        assert_eq!(
+            s.grant_ages(GrantRole::Held).unwrap(),
+            vec![(10, r2.hash.clone()), (20, r1.hash.clone())]
+        );
+        // Replacing a record moves its index entries; removing drops them.
+        let mut r2b = r2.clone();
+        r2b.stored_ms = 30;
+        s.grant_put(&r2b).unwrap();
+        assert_eq!(
+            s.grant_ages(GrantRole::Held).unwrap()[1],
+            (30, r2.hash.clone())
+        );
+        assert!(s.grant_remove(&r1.hash).unwrap());
+        assert_eq!(s.grants_by_sub(&b.key()).unwrap(), vec![r3.clone()]);
+        assert_eq!(s.grant_ages(GrantRole::Held).unwrap().len(), 1);
+        // A store without the index (written before it existed) is indexed on first use.
+        let idx = s.db.open_tree(INDEX).unwrap();
+        idx.clear().unwrap();
+        assert_eq!(s.grants_by_iss(&c.key()).unwrap(), vec![r3]);
+    }
 }

@@ -19,9 +19,11 @@ pub(crate) enum T {
     OutboxN,
     BlobsIn,
     BlobsOut,
+    BlobsInPending,
+    BlobsInRefused,
 }
 
-pub(crate) const NAMES: [&str; 11] = [
+pub(crate) const NAMES: [&str; 13] = [
     "outbox",
     "log",
     "received",
@@ -33,6 +35,8 @@ pub(crate) const NAMES: [&str; 11] = [
     "outbox_n",
     "blobs_in",
     "blobs_out",
+    "blobs_in_pending",
+    "blobs_in_refused",
 ];
 
 pub(crate) struct Trees {
