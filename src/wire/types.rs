@@ -282,7 +282,6 @@ pub struct Introduce {
 
 /// presence (extension): a signed document passed on with a hop count. `doc` is kept as
 /// received because its signature covers unknown fields; see [`Presence`] for its shape.
-/// Equality compares `id`, `ts`, `doc` and `hops`, not how `doc` was spelled.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct PresenceMsg {
     pub id: String,
@@ -298,6 +297,8 @@ pub struct PresenceMsg {
     pub doc_raw: Option<String>,
 }
 
+/// Equality compares `id`, `ts`, `doc` and `hops`, not how `doc` was spelled
+/// (`doc_raw`).
 impl PartialEq for PresenceMsg {
     fn eq(&self, o: &Self) -> bool {
         self.id == o.id && self.ts == o.ts && self.doc == o.doc && self.hops == o.hops
