@@ -219,6 +219,7 @@ async fn main() {
             ts: wire::time::format_ms(now),
             doc,
             hops: 0,
+            doc_raw: None,
         })
         .encode();
         let t0 = Instant::now();

@@ -208,6 +208,89 @@ pub fn verify(obj: &Map<String, Value>) -> Result<Verified, GrantError> {
     })
 }
 
+/// Grants already verified, by [`grant_hash`], so that each grant's signature is checked
+/// once rather than at every handshake and served request. A hit also requires the very
+/// same object (the hash is a 128-bit name, not a proof). Bounded: at most `cap` entries;
+/// beyond, an arbitrary entry makes room (it is verified again when next needed).
+#[derive(Debug)]
+pub struct VerifyCache {
+    entries: std::collections::HashMap<String, std::sync::Arc<Verified>>,
+    cap: usize,
+    verifications: u64,
+}
+
+impl VerifyCache {
+    /// Entries kept by [`VerifyCache::default`].
+    pub const DEFAULT_CAP: usize = 4096;
+
+    /// An empty cache of at most `cap` (≥ 1) grants.
+    pub fn new(cap: usize) -> VerifyCache {
+        VerifyCache {
+            entries: std::collections::HashMap::new(),
+            cap: cap.max(1),
+            verifications: 0,
+        }
+    }
+
+    /// [`verify`] `obj`, or the earlier result for the same object. Refusals are not kept
+    /// (a forged grant costs its sender a signature check each time, as before).
+    pub fn verify(
+        &mut self,
+        obj: &Map<String, Value>,
+    ) -> Result<std::sync::Arc<Verified>, GrantError> {
+        self.verify_named(&grant_hash(obj), obj)
+    }
+
+    /// Like [`VerifyCache::verify`] for a stored grant whose [`grant_hash`] is known
+    /// (`hash`, as stored), skipping the canonical encoding on a hit.
+    pub fn verify_named(
+        &mut self,
+        hash: &str,
+        obj: &Map<String, Value>,
+    ) -> Result<std::sync::Arc<Verified>, GrantError> {
+        if let Some(v) = self.entries.get(hash) {
+            if v.object == *obj {
+                return Ok(v.clone());
+            }
+        }
+        self.verifications += 1;
+        let v = std::sync::Arc::new(verify(obj)?);
+        if self.entries.len() >= self.cap {
+            if let Some(k) = self.entries.keys().next().cloned() {
+                self.entries.remove(&k);
+            }
+        }
+        self.entries.insert(v.hash.clone(), v.clone());
+        Ok(v)
+    }
+
+    /// Drop the entry of `hash` (its record was removed).
+    pub fn forget(&mut self, hash: &str) {
+        self.entries.remove(hash);
+    }
+
+    /// Signature checks done so far (cache misses), for tests and status.
+    pub fn verifications(&self) -> u64 {
+        self.verifications
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+impl Default for VerifyCache {
+    fn default() -> Self {
+        VerifyCache::new(VerifyCache::DEFAULT_CAP)
+    }
+}
+
 /// The honoring context of this node.
 pub struct Policy<'a> {
     /// Our key.

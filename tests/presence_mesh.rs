@@ -243,6 +243,7 @@ async fn hostile_presence_lines_are_counted_not_fatal() {
             ts: wire::time::format_ms(now),
             doc: d,
             hops,
+            doc_raw: None,
         })
         .encode()
     };

@@ -643,6 +643,7 @@ fn line() -> impl Strategy<Value = Line> {
                 ts,
                 doc: d,
                 hops,
+                doc_raw: None,
             })
         }),
         (

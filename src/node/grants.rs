@@ -1,12 +1,19 @@
 //! Grants at the node (protocol-notes §Grants): storing what peers present, the honoring
 //! rules applied with this node's trust list and revocations, admission under an
 //! allowlist, and sending our issued grants after every resume.
+//!
+//! Cost bounds (a peer, or many keys of one attacker, must not make every handshake
+//! slower): held grants are capped per issuer ([`MAX_HELD_PER_ISSUER`]) and in total
+//! ([`MAX_HELD`]), presented grants per subject ([`MAX_PRESENTED_PER_SUB`]) and in total
+//! ([`MAX_PRESENTED`]); lookups go through the store's index by `sub`, `iss` and role; and
+//! each grant's signature is checked once ([`crate::grant::VerifyCache`]).
 
 use super::Inner;
 use crate::config::Accept;
 use crate::grant::{self, GrantError, Policy, Verified};
 use crate::store::{AddrSource, GrantRecord, GrantRole, Introduced};
 use crate::wire::{self, Line, PeerKey};
+use std::sync::Arc;
 
 /// Most grants taken from one auth or grant line.
 pub const MAX_GRANTS_PER_LINE: usize = 32;
@@ -14,17 +21,53 @@ pub const MAX_GRANTS_PER_LINE: usize = 32;
 /// Most grants held (issued to us) per issuer; older ones are replaced.
 pub const MAX_HELD_PER_ISSUER: usize = 16;
 
+/// Most grants held (issued to us) in all, across issuers; the oldest held grant makes
+/// room for a new one.
+pub const MAX_HELD: usize = 256;
+
+/// Most grants presented by (issued to) one peer that we keep; older ones are replaced.
+pub const MAX_PRESENTED_PER_SUB: usize = 16;
+
+/// Most presented grants kept in all, across peers; the oldest makes room.
+pub const MAX_PRESENTED: usize = 1024;
+
+/// Verify `obj` through the node's cache (one signature check per grant).
+fn verify(
+    inner: &Inner,
+    obj: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Arc<Verified>, GrantError> {
+    inner
+        .grant_cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .verify(obj)
+}
+
+/// Stored records that verify (records that no longer verify are skipped), through the
+/// cache.
+fn verified(inner: &Inner, recs: Vec<GrantRecord>) -> Vec<(GrantRecord, Arc<Verified>)> {
+    let mut cache = inner.grant_cache.lock().unwrap_or_else(|p| p.into_inner());
+    recs.into_iter()
+        .filter_map(|r| {
+            let v = cache.verify_named(&r.hash, &r.object).ok()?;
+            Some((r, v))
+        })
+        .collect()
+}
+
 /// Verify and store grants that `from` presented (auth.grants or a grant line). Refused
 /// grants (forged, weak keys, expired, for a third party) are logged and dropped, never
 /// honored. Only what is useful is kept, so a stranger cannot fill the store: a presented
-/// grant only when it is honored now; a grant issued to us only when its issuer sent it
-/// (directly or in an introduction), at most [`MAX_HELD_PER_ISSUER`] per issuer.
+/// grant only when it is honored now (at most [`MAX_PRESENTED_PER_SUB`] per peer and
+/// [`MAX_PRESENTED`] in all); a grant issued to us only when its issuer sent it (directly
+/// or in an introduction), at most [`MAX_HELD_PER_ISSUER`] per issuer and [`MAX_HELD`] in
+/// all.
 pub(super) fn on_received(inner: &Inner, from: &PeerKey, grants: Vec<wire::Grant>) {
     let me = inner.identity.key();
     let now = wire::time::now_ms();
     for g in grants.into_iter().take(MAX_GRANTS_PER_LINE) {
         let obj = grant::object_of(&g);
-        let v = match grant::verify(&obj) {
+        let v = match verify(inner, &obj) {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(peer = %from, "refused a grant: {e}");
@@ -60,10 +103,26 @@ pub(super) fn on_received(inner: &Inner, from: &PeerKey, grants: Vec<wire::Grant
                     continue;
                 }
             }
-        } else {
-            make_room_for(inner, &v.iss, &v.hash);
-            tracing::info!(peer = %from, hash = %v.hash, caps = ?v.caps, "holding a grant issued to us");
         }
+        if inner.store.grant(&v.hash).ok().flatten().is_some() {
+            // Already kept (peers present their grants at every handshake).
+            continue;
+        }
+        if role == GrantRole::Held {
+            tracing::info!(peer = %from, hash = %v.hash, caps = ?v.caps, "holding a grant issued to us");
+            let mine = inner.store.grants_by_iss(&v.iss).unwrap_or_default();
+            make_room(inner, mine, role, MAX_HELD_PER_ISSUER);
+        } else {
+            let theirs = inner.store.grants_by_sub(&v.sub).unwrap_or_default();
+            make_room(inner, theirs, role, MAX_PRESENTED_PER_SUB);
+        }
+        let total = if role == GrantRole::Held {
+            MAX_HELD
+        } else {
+            MAX_PRESENTED
+        };
+        let ages = inner.store.grant_ages(role).unwrap_or_default();
+        evict_oldest(inner, ages, total);
         let rec = GrantRecord {
             hash: v.hash.clone(),
             role,
@@ -77,51 +136,41 @@ pub(super) fn on_received(inner: &Inner, from: &PeerKey, grants: Vec<wire::Grant
     }
 }
 
-/// Drop the oldest held grants of `iss` so that one more fits under
-/// [`MAX_HELD_PER_ISSUER`] (nothing when `incoming` is already held).
-fn make_room_for(inner: &Inner, iss: &PeerKey, incoming: &str) {
-    let mut held: Vec<(u64, String)> = verified_records(inner)
+/// Remove the oldest records of `role` among `recs` so that one more fits under `max`.
+fn make_room(inner: &Inner, recs: Vec<GrantRecord>, role: GrantRole, max: usize) {
+    let of_role: Vec<(u64, String)> = recs
         .into_iter()
-        .filter(|(r, v)| r.role == GrantRole::Held && v.iss == *iss)
-        .map(|(r, _)| (r.stored_ms, r.hash))
+        .filter(|r| r.role == role)
+        .map(|r| (r.stored_ms, r.hash))
         .collect();
-    if held.iter().any(|(_, h)| h == incoming) {
-        return;
-    }
-    held.sort();
-    while held.len() >= MAX_HELD_PER_ISSUER {
-        let (_, h) = held.remove(0);
-        let _ = inner.store.grant_remove(&h);
-    }
+    evict_oldest(inner, of_role, max);
 }
 
-/// Every stored grant that verifies (records that no longer verify are skipped).
-fn verified_records(inner: &Inner) -> Vec<(GrantRecord, Verified)> {
-    inner
-        .store
-        .grants()
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|r| grant::verify(&r.object).ok().map(|v| (r, v)))
-        .collect()
+/// Remove the oldest of `ages` (`(stored_ms, hash)`) so that one more fits under `max`.
+fn evict_oldest(inner: &Inner, mut ages: Vec<(u64, String)>, max: usize) {
+    if ages.len() < max {
+        return;
+    }
+    ages.sort();
+    let excess = ages.len() + 1 - max;
+    for (_, h) in ages.into_iter().take(excess) {
+        let _ = inner.store.grant_remove(&h);
+        inner
+            .grant_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .forget(&h);
+    }
 }
 
 /// The honoring rules with this node's trust list, revocations and stored introduce grants.
 pub(super) fn honor(inner: &Inner, g: &Verified, now_ms: u64) -> Result<Vec<String>, GrantError> {
-    honor_with(inner, &verified_records(inner), g, now_ms)
-}
-
-/// [`honor`] over records already verified (one pass over the store per operation).
-fn honor_with(
-    inner: &Inner,
-    all: &[(GrantRecord, Verified)],
-    g: &Verified,
-    now_ms: u64,
-) -> Result<Vec<String>, GrantError> {
+    // The introduce grants of an issuer: those whose subject is it (index lookup).
     let intros = |k: &PeerKey| -> Vec<Verified> {
-        all.iter()
-            .filter(|(_, v)| v.sub == *k)
-            .map(|(_, v)| v.clone())
+        let recs = inner.store.grants_by_sub(k).unwrap_or_default();
+        verified(inner, recs)
+            .into_iter()
+            .map(|(_, v)| (*v).clone())
             .collect()
     };
     let revoked = |h: &str| inner.store.grant_revoked(h).unwrap_or(true);
@@ -138,10 +187,10 @@ fn honor_with(
 /// `peer`.
 pub(crate) fn honored_caps(inner: &Inner, peer: &PeerKey) -> Vec<String> {
     let now = wire::time::now_ms();
-    let all = verified_records(inner);
+    let recs = inner.store.grants_by_sub(peer).unwrap_or_default();
     let mut caps: Vec<String> = Vec::new();
-    for (_, v) in all.iter().filter(|(_, v)| v.sub == *peer) {
-        if let Ok(cs) = honor_with(inner, &all, v, now) {
+    for (_, v) in verified(inner, recs) {
+        if let Ok(cs) = honor(inner, &v, now) {
             for c in cs {
                 if !caps.contains(&c) {
                     caps.push(c);
@@ -176,12 +225,11 @@ pub(super) fn admit(
         return Ok(());
     }
     let now = wire::time::now_ms();
-    let all = verified_records(inner);
     let honored_now = presented.iter().take(MAX_GRANTS_PER_LINE).any(|g| {
-        grant::verify(&grant::object_of(g))
+        verify(inner, &grant::object_of(g))
             .ok()
             .filter(|v| v.sub == *peer)
-            .is_some_and(|v| honor_with(inner, &all, &v, now).is_ok_and(|c| !c.is_empty()))
+            .is_some_and(|v| honor(inner, &v, now).is_ok_and(|c| !c.is_empty()))
     });
     if honored_now {
         return Ok(());
@@ -194,7 +242,8 @@ pub(super) fn admit(
 pub(super) fn issued_lines(inner: &Inner, peer: &PeerKey) -> Vec<Vec<u8>> {
     let now = wire::time::now_ms();
     let mut out = Vec::new();
-    for (rec, v) in verified_records(inner) {
+    let recs = inner.store.grants_by_sub(peer).unwrap_or_default();
+    for (rec, v) in verified(inner, recs) {
         if rec.role != GrantRole::Issued || v.sub != *peer || v.expired_at(now) {
             continue;
         }
@@ -212,11 +261,16 @@ pub(super) fn issued_lines(inner: &Inner, peer: &PeerKey) -> Vec<Vec<u8>> {
     out
 }
 
-/// Grants issued to us that we may present in `auth.grants`: valid now. The session keeps
-/// only those meant for the peer (its `aud`, or issued by it) once the peer is known.
+/// Grants issued to us that we may present in `auth.grants`: valid now (at most
+/// [`MAX_HELD`]). The session keeps only those meant for the peer (its `aud`, or issued by
+/// it) once the peer is known.
 pub(crate) fn held_for_auth(inner: &Inner) -> Vec<wire::Grant> {
     let now = wire::time::now_ms();
-    verified_records(inner)
+    let recs = inner
+        .store
+        .grants_by_role(GrantRole::Held)
+        .unwrap_or_default();
+    verified(inner, recs)
         .into_iter()
         .filter(|(r, v)| r.role == GrantRole::Held && !v.expired_at(now))
         .filter_map(|(_, v)| v.to_wire().ok())
@@ -282,4 +336,67 @@ pub(super) fn on_introduce(inner: &Inner, from: &PeerKey, i: wire::Introduce) {
         on_received(inner, from, vec![g]);
     }
     tracing::info!(introducer = %from, peer = %key, name = ?name, "introduced");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Identity;
+    use crate::node::{NodeConfig, NodeHandle};
+
+    async fn node(home: &std::path::Path) -> NodeHandle {
+        NodeHandle::start(NodeConfig {
+            home: home.to_path_buf(),
+            listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+            name: Some("grants@test".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("node starts")
+    }
+
+    fn held(inner: &Inner) -> usize {
+        inner
+            .store
+            .grants()
+            .unwrap()
+            .iter()
+            .filter(|r| r.role == GrantRole::Held)
+            .count()
+    }
+
+    /// Issue #10: 17 issuers × 16 grants each used to be held in full (no cap across
+    /// issuers), and storing each re-verified every stored grant (quadratic).
+    #[tokio::test]
+    async fn held_grants_are_capped_across_issuers_and_verified_once() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let h = node(dir.path()).await;
+        let inner = h.inner.clone();
+        let me = inner.identity.key();
+        let now = wire::time::now_ms();
+        let issuers = MAX_HELD / MAX_HELD_PER_ISSUER + 1;
+        let mut sent = 0u64;
+        for i in 0..issuers {
+            let iss = Identity::from_seed(&[100 + i as u8; 32]);
+            let grants: Vec<wire::Grant> = (0..MAX_HELD_PER_ISSUER)
+                .map(|_| grant::mint(&iss, &me, &["exec".into()], 3600, None, now))
+                .collect();
+            sent += grants.len() as u64;
+            on_received(&inner, &iss.key(), grants);
+        }
+        assert!(sent as usize > MAX_HELD);
+        assert_eq!(held(&inner), MAX_HELD, "the total cap holds across issuers");
+        let cache = || inner.grant_cache.lock().unwrap().verifications();
+        // One signature check per grant received, not one per stored grant per insert.
+        assert_eq!(cache(), sent, "each grant verified once");
+        // A handshake's worth of work re-verifies nothing.
+        let before = cache();
+        assert_eq!(held_for_auth(&inner).len(), MAX_HELD);
+        let stranger = Identity::from_seed(&[9; 32]).key();
+        assert!(honored_caps(&inner, &stranger).is_empty());
+        assert!(issued_lines(&inner, &stranger).is_empty());
+        assert_eq!(cache(), before, "cached verifications are reused");
+        h.shutdown();
+        h.stopped().await;
+    }
 }

@@ -170,6 +170,8 @@ pub(crate) struct Inner {
     pub serve: serve::ServeConfig,
     /// Largest blob sent or received, in bytes.
     pub blob_limit: u64,
+    /// Grants whose signature was checked, by hash (each is verified once).
+    pub grant_cache: Mutex<crate::grant::VerifyCache>,
 }
 
 /// A started node.
@@ -265,6 +267,7 @@ impl NodeHandle {
             blob_limit: settings.blob_limit,
             settings: settings.clone(),
             serve,
+            grant_cache: Mutex::new(crate::grant::VerifyCache::default()),
         });
         // Finish moving blobs that a crash left between "complete" and their final path.
         let recovery = crate::blob::BlobReceiver::new(

@@ -15,7 +15,7 @@
 use super::Inner;
 use crate::presence::doc::{self, DocInputs, PeerEntry, ThreadEntry};
 use crate::presence::{PresenceTable, MAX_HOPS};
-use crate::wire::{self, Line, PeerKey, PresenceMsg};
+use crate::wire::{self, PeerKey, PresenceMsg};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,6 +27,8 @@ use tokio::time::Instant;
 pub const CAP: &str = "presence";
 /// Store meta key of the largest seq ever used (u64 big-endian).
 const SEQ_KEY: &str = "presence/seq";
+/// Store meta key of the other origins' watermarks ([`crate::presence::encode_marks`]).
+const MARKS_KEY: &str = "presence/marks";
 /// Bytes of held documents sent to one new connection at most (anti-entropy); the rest
 /// arrive with their origins' next heartbeats.
 pub const ANTI_ENTROPY_BYTES: usize = 2 * 1024 * 1024;
@@ -99,14 +101,15 @@ impl PresenceState {
     }
 }
 
-fn presence_line(inner: &Inner, doc: Map<String, Value>, hops: u64) -> Vec<u8> {
-    Line::Presence(PresenceMsg {
-        id: inner.store.next_control_id(),
-        ts: wire::time::format_ms(wire::time::now_ms()),
-        doc,
+/// A presence line carrying `raw` (a document's exact JSON text) with `hops`; `None` when
+/// `raw` is not JSON (never for texts the table kept).
+fn presence_line(inner: &Inner, raw: &str, hops: u64) -> Option<Vec<u8>> {
+    crate::presence::encode_line(
+        &inner.store.next_control_id(),
+        &wire::time::format_ms(wire::time::now_ms()),
+        raw,
         hops,
-    })
-    .encode()
+    )
 }
 
 /// Write `line` to every up presence peer not in `except`. Returns lines queued.
@@ -133,21 +136,26 @@ fn broadcast(inner: &Inner, line: &[u8], except: &[PeerKey]) -> u64 {
     sent
 }
 
-/// A `presence` line arrived from `from`: apply the rules, forward when they say so.
+/// A `presence` line arrived from `from`: apply the rules, forward when they say so. The
+/// document is forwarded as the exact bytes received (`doc_raw`).
 pub(crate) fn received(inner: &Inner, from: PeerKey, msg: PresenceMsg) {
     let now = wire::time::now_ms();
-    let doc = msg.doc;
-    let outcome = inner
-        .presence
-        .table()
-        .accept(doc.clone(), msg.hops, from, now);
+    let raw = msg
+        .doc_raw
+        .unwrap_or_else(|| serde_json::to_string(&msg.doc).unwrap_or_default());
+    let outcome =
+        inner
+            .presence
+            .table()
+            .accept_raw(msg.doc, Some(raw.clone()), msg.hops, from, now);
     match outcome {
         Ok(a) => {
             tracing::debug!(origin = %a.origin, seq = a.seq, hops = msg.hops, via = %from, "presence accepted");
             if let Some(hops) = a.forward_to_hops {
-                let line = presence_line(inner, doc, hops);
-                let n = broadcast(inner, &line, &[from, a.origin]);
-                inner.presence.forward_lines.fetch_add(n, Ordering::Relaxed);
+                if let Some(line) = presence_line(inner, &raw, hops) {
+                    let n = broadcast(inner, &line, &[from, a.origin]);
+                    inner.presence.forward_lines.fetch_add(n, Ordering::Relaxed);
+                }
             }
         }
         Err(r) => tracing::debug!(via = %from, "presence refused: {r}"),
@@ -167,29 +175,31 @@ pub(crate) fn greeting(inner: &Inner, peer: &PeerKey) -> Vec<Vec<u8>> {
     if !is_presence_peer {
         return Vec::new();
     }
-    let mut docs: Vec<(Map<String, Value>, u64)> = Vec::new();
+    let mut docs: Vec<(std::sync::Arc<str>, u64)> = Vec::new();
     if let Some(own) = inner
         .presence
         .own
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .clone()
+        .as_ref()
     {
-        docs.push((own, 0));
+        docs.push((serde_json::to_string(own).unwrap_or_default().into(), 0));
     }
     {
         let table = inner.presence.table();
         for h in table.fresh(wire::time::now_ms()) {
             let hops = h.hops.saturating_add(1);
             if h.origin != *peer && hops < MAX_HOPS {
-                docs.push((h.doc.clone(), hops));
+                docs.push((h.raw.clone(), hops));
             }
         }
     }
     let mut lines = Vec::new();
     let mut bytes = 0;
-    for (doc, hops) in docs {
-        let line = presence_line(inner, doc, hops);
+    for (raw, hops) in docs {
+        let Some(line) = presence_line(inner, &raw, hops) else {
+            continue;
+        };
         bytes += line.len();
         if bytes > ANTI_ENTROPY_BYTES {
             break;
@@ -213,6 +223,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
     let mut changed_at: Option<Instant> = Some(start);
     let mut last_publish: Option<Instant> = None;
     let mut expire = tokio::time::interval(EXPIRE_EVERY);
+    load_marks(&inner);
     loop {
         let next = if !publish {
             None
@@ -224,9 +235,13 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             })
         };
         tokio::select! {
-            _ = inner.shutdown.cancelled() => return,
+            _ = inner.shutdown.cancelled() => {
+                save_marks(&inner);
+                return;
+            }
             _ = expire.tick() => {
                 inner.presence.table().expire(wire::time::now_ms());
+                save_marks(&inner);
             }
             ev = events.recv() => match ev {
                 Ok(ev) => {
@@ -254,6 +269,35 @@ pub(crate) async fn run(inner: Arc<Inner>) {
     }
 }
 
+/// Take back the watermarks saved by [`save_marks`] (those still fresh).
+fn load_marks(inner: &Inner) {
+    match inner.store.meta_get(MARKS_KEY) {
+        Ok(Some(bytes)) => {
+            let marks = crate::presence::decode_marks(&bytes);
+            inner
+                .presence
+                .table()
+                .restore_marks(marks, wire::time::now_ms());
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!("presence watermarks not loaded: {e}"),
+    }
+}
+
+/// Save the watermarks when one changed (durable with the store's next flush).
+fn save_marks(inner: &Inner) {
+    let bytes = {
+        let mut t = inner.presence.table();
+        if !t.take_marks_changed() {
+            return;
+        }
+        crate::presence::encode_marks(&t.marks())
+    };
+    if let Err(e) = inner.store.meta_put(MARKS_KEY, &bytes) {
+        tracing::warn!("presence watermarks not saved: {e}");
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
@@ -276,8 +320,11 @@ async fn publish_now(inner: &Inner) -> Result<(), crate::store::StoreError> {
     let d = doc::build_signed(&inner.identity, &inputs, seq, now);
     *inner.presence.own.lock().unwrap_or_else(|p| p.into_inner()) = Some(d.clone());
     inner.presence.published.fetch_add(1, Ordering::Relaxed);
-    let line = presence_line(inner, d, 0);
-    let n = broadcast(inner, &line, &[]);
+    let raw = serde_json::to_string(&d).unwrap_or_default();
+    let n = match presence_line(inner, &raw, 0) {
+        Some(line) => broadcast(inner, &line, &[]),
+        None => 0,
+    };
     tracing::debug!(seq, peers = n, "presence published");
     Ok(())
 }

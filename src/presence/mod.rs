@@ -4,7 +4,12 @@
 //! (forward, drop), in the manner of the session state machine.
 //!
 //! - [`PresenceTable::accept`]: the receive rules (size, shape, origin key, signature,
-//!   time window, newest seq per origin, per-origin rate limit, hop bound).
+//!   time window, newest seq per origin, per-origin rate limit, per-connection byte and
+//!   new-origin budgets, hop bound).
+//! - Watermarks: the highest `seq` seen per origin outlives the origin's document (evicted
+//!   or expired from the table), so an older document cannot come back (a rollback). The
+//!   node persists them ([`PresenceTable::marks`], [`PresenceTable::restore_marks`]).
+//! - Documents are kept and forwarded as the exact bytes received ([`Held::raw`]).
 //! - [`doc`]: building and signing our own document, and the `seq` rule.
 //!
 //! Time is always passed in as Unix milliseconds, so the rules are tested with a fake clock.
@@ -17,6 +22,7 @@ use crate::canonical::verify_object;
 use crate::wire::{self, PeerKey};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Largest accepted document: its compact JSON encoding, in bytes (64 KiB).
 pub const MAX_DOC_BYTES: usize = 64 * 1024;
@@ -39,6 +45,20 @@ pub const MAX_ORIGINS: usize = 1000;
 /// [`MAX_FUTURE_MS`] of our clock, an origin still cannot sustain more than one accepted
 /// document per second; the most it can do is spend its 15-minute window once.
 pub const RATE_INTERVAL_MS: u64 = 1000;
+
+/// Bytes of documents one peer (connection) may send at once: room for a full
+/// anti-entropy greeting (2 MiB) and one more document. Refilled at
+/// [`CONN_BYTES_PER_SEC`].
+pub const CONN_BURST_BYTES: u64 = 2 * 1024 * 1024 + MAX_DOC_BYTES as u64;
+/// Sustained bytes of documents per second from one peer (128 KiB/s: about a thousand
+/// origins' 2 KiB heartbeats per 16 s).
+pub const CONN_BYTES_PER_SEC: u64 = 128 * 1024;
+/// Documents of origins not held (new to the table) one peer may bring at once.
+pub const CONN_BURST_ORIGINS: u64 = 512;
+/// Sustained new origins per second from one peer.
+pub const CONN_ORIGINS_PER_SEC: u64 = 2;
+/// Watermarks kept at most (16 per held origin); beyond, the oldest by `ts` go.
+pub const MAX_MARKS: usize = 16 * MAX_ORIGINS;
 
 /// Why a received document was not accepted. Each variant is counted by the table.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -71,11 +91,20 @@ pub enum Refusal {
     /// The document's `ts` is less than [`RATE_INTERVAL_MS`] after the held one's.
     #[error("origin over its rate limit (one document per second)")]
     RateLimited,
+    /// The sending peer is over its byte budget ([`CONN_BURST_BYTES`],
+    /// [`CONN_BYTES_PER_SEC`]).
+    #[error("sender over its presence byte budget")]
+    ConnBytes,
+    /// The sending peer is over its budget of new origins ([`CONN_BURST_ORIGINS`],
+    /// [`CONN_ORIGINS_PER_SEC`]).
+    #[error("sender over its budget of new origins")]
+    ConnOrigins,
 }
 
 impl Refusal {
     /// A short stable name for counters and logs: `too_large`, `malformed`, `bad_origin`,
-    /// `bad_signature`, `stale`, `future`, `own`, `not_newer`, `rate_limited`.
+    /// `bad_signature`, `stale`, `future`, `own`, `not_newer`, `rate_limited`,
+    /// `conn_bytes`, `conn_origins`.
     pub fn name(&self) -> &'static str {
         match self {
             Refusal::TooLarge(_) => "too_large",
@@ -87,6 +116,8 @@ impl Refusal {
             Refusal::Own => "own",
             Refusal::NotNewer { .. } => "not_newer",
             Refusal::RateLimited => "rate_limited",
+            Refusal::ConnBytes => "conn_bytes",
+            Refusal::ConnOrigins => "conn_origins",
         }
     }
 }
@@ -107,8 +138,10 @@ pub struct Accepted {
 /// One held document.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Held {
-    /// The document exactly as received (its signature covers unknown fields).
+    /// The document as received, parsed (its signature covers unknown fields).
     pub doc: Map<String, Value>,
+    /// The document's JSON text exactly as received: what is forwarded.
+    pub raw: Arc<str>,
     /// The origin's key.
     pub origin: PeerKey,
     /// The origin's seq.
@@ -145,6 +178,83 @@ impl Counters {
     }
 }
 
+/// The highest `seq` seen of one origin and that document's `ts` (Unix ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    pub seq: u64,
+    pub ts_ms: u64,
+}
+
+/// A token bucket: up to `cap` tokens, `per_sec` more each second.
+#[derive(Debug, Clone)]
+struct Bucket {
+    tokens: u64,
+    last_ms: u64,
+}
+
+impl Bucket {
+    fn full(cap: u64, now_ms: u64) -> Bucket {
+        Bucket {
+            tokens: cap,
+            last_ms: now_ms,
+        }
+    }
+
+    fn refill(&mut self, cap: u64, per_sec: u64, now_ms: u64) {
+        let add = now_ms.saturating_sub(self.last_ms).saturating_mul(per_sec) / 1000;
+        if add > 0 {
+            self.tokens = self.tokens.saturating_add(add).min(cap);
+            self.last_ms = if self.tokens == cap {
+                now_ms
+            } else {
+                self.last_ms + add * 1000 / per_sec
+            };
+        } else if now_ms < self.last_ms {
+            self.last_ms = now_ms;
+        }
+    }
+
+    fn take(&mut self, n: u64) -> bool {
+        if self.tokens >= n {
+            self.tokens -= n;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Per-peer budgets of a table (defaults: the `CONN_*` constants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of documents at once ([`CONN_BURST_BYTES`]).
+    pub burst_bytes: u64,
+    /// Bytes per second after the burst ([`CONN_BYTES_PER_SEC`]).
+    pub bytes_per_sec: u64,
+    /// New origins at once ([`CONN_BURST_ORIGINS`]).
+    pub burst_origins: u64,
+    /// New origins per second after the burst ([`CONN_ORIGINS_PER_SEC`]).
+    pub origins_per_sec: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            burst_bytes: CONN_BURST_BYTES,
+            bytes_per_sec: CONN_BYTES_PER_SEC,
+            burst_origins: CONN_BURST_ORIGINS,
+            origins_per_sec: CONN_ORIGINS_PER_SEC,
+        }
+    }
+}
+
+/// What one sending peer may still bring.
+#[derive(Debug, Clone)]
+struct Budget {
+    bytes: Bucket,
+    origins: Bucket,
+}
+
 /// The receive side of presence: the newest document per origin, with the rules of
 /// protocol-notes §Presence. Our own key is refused as an origin (our document is kept
 /// by the publisher, not here).
@@ -153,6 +263,13 @@ pub struct PresenceTable {
     me: PeerKey,
     max_origins: usize,
     held: HashMap<PeerKey, Held>,
+    /// Highest seq per origin, also for origins no longer held (see [`Mark`]).
+    marks: HashMap<PeerKey, Mark>,
+    /// A mark changed since [`PresenceTable::take_marks_changed`].
+    marks_changed: bool,
+    /// Budgets of the peers documents came from.
+    budgets: HashMap<PeerKey, Budget>,
+    limits: Limits,
     counters: Counters,
 }
 
@@ -171,10 +288,25 @@ impl PresenceTable {
 
     /// An empty table holding documents of at most `max_origins` (≥ 1) origins.
     pub fn with_max_origins(me: PeerKey, max_origins: usize) -> PresenceTable {
+        PresenceTable::with_limits(me, max_origins, Limits::default())
+    }
+
+    /// An empty table holding documents of at most `max_origins` (≥ 1) origins, with
+    /// per-peer budgets `limits` (rates ≥ 1).
+    pub fn with_limits(me: PeerKey, max_origins: usize, limits: Limits) -> PresenceTable {
+        let limits = Limits {
+            bytes_per_sec: limits.bytes_per_sec.max(1),
+            origins_per_sec: limits.origins_per_sec.max(1),
+            ..limits
+        };
         PresenceTable {
+            limits,
             me,
             max_origins: max_origins.max(1),
             held: HashMap::new(),
+            marks: HashMap::new(),
+            marks_changed: false,
+            budgets: HashMap::new(),
             counters: Counters::default(),
         }
     }
@@ -196,7 +328,28 @@ impl PresenceTable {
         from: PeerKey,
         now_ms: u64,
     ) -> Result<Accepted, Refusal> {
-        let r = self.check_and_insert(doc, hops, from, now_ms);
+        self.accept_raw(doc, None, hops, from, now_ms)
+    }
+
+    /// [`PresenceTable::accept`] for a document whose exact JSON text is `raw` (the text
+    /// `doc` was parsed from; `None`: its compact encoding). That text is what
+    /// [`Held::raw`] keeps and what is forwarded; both it and the compact encoding must be
+    /// within [`MAX_DOC_BYTES`].
+    ///
+    /// Besides the rules of [`PresenceTable::accept`]: the document's seq must be above the
+    /// origin's watermark even when its document is no longer held; each sending peer
+    /// pays the document's size from its byte budget, and one token of its new-origin
+    /// budget when the origin is not held (both before the signature check, so forgeries
+    /// count).
+    pub fn accept_raw(
+        &mut self,
+        doc: Map<String, Value>,
+        raw: Option<String>,
+        hops: u64,
+        from: PeerKey,
+        now_ms: u64,
+    ) -> Result<Accepted, Refusal> {
+        let r = self.check_and_insert(doc, raw, hops, from, now_ms);
         match &r {
             Ok(a) => {
                 self.counters.accepted += 1;
@@ -212,11 +365,13 @@ impl PresenceTable {
     fn check_and_insert(
         &mut self,
         doc: Map<String, Value>,
+        raw: Option<String>,
         hops: u64,
         from: PeerKey,
         now_ms: u64,
     ) -> Result<Accepted, Refusal> {
-        let size = encoded_len(&doc);
+        let compact = encoded_len(&doc);
+        let size = raw.as_ref().map_or(compact, |r| r.len().max(compact));
         if size > MAX_DOC_BYTES {
             return Err(Refusal::TooLarge(size));
         }
@@ -230,30 +385,38 @@ impl PresenceTable {
         if head.ts_ms > now_ms.saturating_add(MAX_FUTURE_MS) {
             return Err(Refusal::Future);
         }
-        if let Some(h) = self.held.get(&head.origin) {
-            if head.seq <= h.seq {
+        if let Some(m) = self.marks.get(&head.origin) {
+            if head.seq <= m.seq {
                 return Err(Refusal::NotNewer {
                     got: head.seq,
-                    held: h.seq,
+                    held: m.seq,
                 });
             }
-            if head.ts_ms < h.ts_ms.saturating_add(RATE_INTERVAL_MS) {
+            if head.ts_ms < m.ts_ms.saturating_add(RATE_INTERVAL_MS) {
                 return Err(Refusal::RateLimited);
             }
         }
+        let new_origin = !self.held.contains_key(&head.origin);
+        self.spend(&from, size as u64, new_origin, now_ms)?;
         if !verify_object(&head.origin, &doc) {
             return Err(Refusal::BadSignature);
         }
+        let raw: Arc<str> = match raw {
+            Some(r) => r.into(),
+            None => serde_json::to_string(&doc).unwrap_or_default().into(),
+        };
         if !self.held.contains_key(&head.origin) && self.held.len() >= self.max_origins {
             self.expire(now_ms);
             if self.held.len() >= self.max_origins {
                 self.evict_oldest();
             }
         }
+        self.set_mark(head.origin, head.seq, head.ts_ms, now_ms);
         self.held.insert(
             head.origin,
             Held {
                 doc,
+                raw,
                 origin: head.origin,
                 seq: head.seq,
                 ts_ms: head.ts_ms,
@@ -268,6 +431,88 @@ impl PresenceTable {
             seq: head.seq,
             forward_to_hops: (next < MAX_HOPS).then_some(next),
         })
+    }
+
+    /// Charge `from` `bytes` (and one new origin when `new_origin`), or refuse.
+    fn spend(
+        &mut self,
+        from: &PeerKey,
+        bytes: u64,
+        new_origin: bool,
+        now_ms: u64,
+    ) -> Result<(), Refusal> {
+        let l = self.limits;
+        let b = self.budgets.entry(*from).or_insert_with(|| Budget {
+            bytes: Bucket::full(l.burst_bytes, now_ms),
+            origins: Bucket::full(l.burst_origins, now_ms),
+        });
+        b.bytes.refill(l.burst_bytes, l.bytes_per_sec, now_ms);
+        b.origins.refill(l.burst_origins, l.origins_per_sec, now_ms);
+        if b.bytes.tokens < bytes {
+            return Err(Refusal::ConnBytes);
+        }
+        if new_origin && !b.origins.take(1) {
+            return Err(Refusal::ConnOrigins);
+        }
+        b.bytes.take(bytes);
+        Ok(())
+    }
+
+    fn set_mark(&mut self, origin: PeerKey, seq: u64, ts_ms: u64, now_ms: u64) {
+        if !self.marks.contains_key(&origin) && self.marks.len() >= MAX_MARKS {
+            self.expire_marks(now_ms);
+            if self.marks.len() >= MAX_MARKS {
+                // The mark least likely to matter: the oldest document's.
+                if let Some(k) = self
+                    .marks
+                    .iter()
+                    .min_by_key(|(_, m)| m.ts_ms)
+                    .map(|(k, _)| *k)
+                {
+                    self.marks.remove(&k);
+                }
+            }
+        }
+        self.marks.insert(origin, Mark { seq, ts_ms });
+        self.marks_changed = true;
+    }
+
+    /// Forget marks whose document is past [`MAX_AGE_MS`]: every document at or below
+    /// such a seq is refused as stale anyway.
+    fn expire_marks(&mut self, now_ms: u64) {
+        let before = self.marks.len();
+        self.marks
+            .retain(|_, m| m.ts_ms.saturating_add(MAX_AGE_MS) >= now_ms);
+        if self.marks.len() != before {
+            self.marks_changed = true;
+        }
+    }
+
+    /// Every watermark: origin, highest seq seen and its document's `ts`.
+    pub fn marks(&self) -> Vec<(PeerKey, Mark)> {
+        self.marks.iter().map(|(k, m)| (*k, *m)).collect()
+    }
+
+    /// Whether a watermark changed since the last call (then: persist [`Self::marks`]).
+    pub fn take_marks_changed(&mut self) -> bool {
+        std::mem::take(&mut self.marks_changed)
+    }
+
+    /// Take back persisted watermarks (keeping the higher seq where one is held), those
+    /// still fresh at `now_ms`, up to [`MAX_MARKS`].
+    pub fn restore_marks(&mut self, marks: impl IntoIterator<Item = (PeerKey, Mark)>, now_ms: u64) {
+        for (k, m) in marks {
+            if m.ts_ms.saturating_add(MAX_AGE_MS) < now_ms || k == self.me {
+                continue;
+            }
+            if !self.marks.contains_key(&k) && self.marks.len() >= MAX_MARKS {
+                break;
+            }
+            let e = self.marks.entry(k).or_insert(m);
+            if m.seq > e.seq {
+                *e = m;
+            }
+        }
     }
 
     fn evict_oldest(&mut self) {
@@ -291,6 +536,14 @@ impl PresenceTable {
             .retain(|_, h| h.ts_ms.saturating_add(MAX_AGE_MS) >= now_ms);
         let n = before - self.held.len();
         self.counters.expired += n as u64;
+        self.expire_marks(now_ms);
+        // A peer whose budgets are full again needs no entry.
+        let l = self.limits;
+        self.budgets.retain(|_, b| {
+            b.bytes.refill(l.burst_bytes, l.bytes_per_sec, now_ms);
+            b.origins.refill(l.burst_origins, l.origins_per_sec, now_ms);
+            b.bytes.tokens < l.burst_bytes || b.origins.tokens < l.burst_origins
+        });
         n
     }
 
@@ -326,6 +579,57 @@ impl PresenceTable {
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
+}
+
+/// Bytes of one watermark in [`encode_marks`]: key (32) ‖ seq (u64 BE) ‖ ts ms (u64 BE).
+pub const MARK_BYTES: usize = 48;
+
+/// Watermarks as bytes, for the store ([`MARK_BYTES`] each).
+pub fn encode_marks(marks: &[(PeerKey, Mark)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(marks.len() * MARK_BYTES);
+    for (k, m) in marks {
+        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(&m.seq.to_be_bytes());
+        out.extend_from_slice(&m.ts_ms.to_be_bytes());
+    }
+    out
+}
+
+/// Watermarks back from [`encode_marks`] bytes; entries whose key is not a usable key are
+/// skipped, as is a short tail.
+pub fn decode_marks(bytes: &[u8]) -> Vec<(PeerKey, Mark)> {
+    bytes
+        .chunks_exact(MARK_BYTES)
+        .filter_map(|c| {
+            let key: [u8; 32] = c[..32].try_into().ok()?;
+            let seq = u64::from_be_bytes(c[32..40].try_into().ok()?);
+            let ts_ms = u64::from_be_bytes(c[40..48].try_into().ok()?);
+            Some((PeerKey::from_bytes(&key).ok()?, Mark { seq, ts_ms }))
+        })
+        .collect()
+}
+
+/// A `presence` line `{t, id, ts, doc, hops}` whose `doc` is `raw_doc` byte for byte (a
+/// document's text as received, or our own document's encoding). `None` when `raw_doc` is
+/// not one JSON value.
+pub fn encode_line(id: &str, ts: &str, raw_doc: &str, hops: u64) -> Option<Vec<u8>> {
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        t: &'a str,
+        id: &'a str,
+        ts: &'a str,
+        doc: &'a serde_json::value::RawValue,
+        hops: u64,
+    }
+    let doc: &serde_json::value::RawValue = serde_json::from_str(raw_doc).ok()?;
+    serde_json::to_vec(&Line {
+        t: "presence",
+        id,
+        ts,
+        doc,
+        hops,
+    })
+    .ok()
 }
 
 /// Length of the compact JSON encoding of `doc`, in bytes.

@@ -370,3 +370,166 @@ fn own_document_stays_under_the_size_limit() {
         json!(wire::time::format_ms(NOW + 999))
     );
 }
+
+/// A document of about `bytes` bytes (padding in an unknown field the signature covers).
+fn padded(who: &Identity, seq: u64, ts_ms: u64, bytes: usize) -> Map<String, Value> {
+    signed(who, seq, ts_ms, json!({ "x-pad": "p".repeat(bytes) }))
+}
+
+/// Issue #11: one connection sent 1,000 fresh-origin documents of 60 KB, and every one was
+/// accepted and forwarded. Now its byte budget runs out after the burst.
+#[test]
+fn one_connection_cannot_flood_fresh_origins_of_60_kb() {
+    let mut t = table();
+    let n = 80u8;
+    let mut accepted = 0u64;
+    let mut by_budget = 0;
+    for i in 0..n {
+        let d = padded(&id(10 + i), 5, NOW, 60_000);
+        match t.accept(d, 0, from(), NOW) {
+            Ok(_) => accepted += 1,
+            Err(Refusal::ConnBytes) => by_budget += 1,
+            Err(e) => panic!("unexpected refusal {e}"),
+        }
+    }
+    assert!(by_budget > 0, "the flood was not limited");
+    assert!(accepted * 60_000 <= CONN_BURST_BYTES, "{accepted} accepted");
+    assert_eq!(t.counters().refused.get("conn_bytes"), Some(&by_budget));
+    // Another peer is not held back by the first one's budget.
+    assert!(t
+        .accept(padded(&id(200), 5, NOW, 60_000), 0, id(5).key(), NOW)
+        .is_ok());
+    // The budget refills with time: a few seconds later, a few more fit.
+    let later = NOW + 2_000;
+    assert!(t
+        .accept(padded(&id(201), 5, later, 60_000), 0, from(), later)
+        .is_ok());
+}
+
+/// Small documents of ever new origins from one connection run out of its new-origin
+/// budget (they would evict other origins' documents); the budget refills with time.
+#[test]
+fn one_connection_cannot_bring_unbounded_new_origins() {
+    let limits = Limits {
+        burst_origins: 6,
+        origins_per_sec: 1,
+        ..Limits::default()
+    };
+    let mut t = PresenceTable::with_limits(id(1).key(), MAX_ORIGINS, limits);
+    let mut refused = 0;
+    for i in 0..10u8 {
+        match t.accept(signed(&id(10 + i), 5, NOW, json!({})), 0, from(), NOW) {
+            Ok(_) => {}
+            Err(Refusal::ConnOrigins) => refused += 1,
+            Err(e) => panic!("unexpected refusal {e}"),
+        }
+    }
+    assert_eq!((t.len(), refused), (6, 4));
+    // Newer documents of origins already held cost no origin token.
+    let next = NOW + 1_000;
+    assert!(t
+        .accept(signed(&id(10), 6, next, json!({})), 0, from(), NOW)
+        .is_ok());
+    // One second later, one more new origin.
+    assert!(t
+        .accept(signed(&id(30), 5, next, json!({})), 0, from(), next)
+        .is_ok());
+    assert_eq!(
+        t.accept(signed(&id(31), 5, next, json!({})), 0, from(), next),
+        Err(Refusal::ConnOrigins)
+    );
+}
+
+/// Issue #11: a flood evicted the victim's current document, after which its older
+/// document was accepted again. The seq watermark outlives the document.
+#[test]
+fn an_evicted_origin_does_not_roll_back() {
+    let mut t = PresenceTable::with_max_origins(id(1).key(), 4);
+    let victim = id(3);
+    let old = signed(&victim, 100, NOW, json!({"name": "old"}));
+    let new = signed(&victim, 200, NOW + 2_000, json!({"name": "new"}));
+    assert!(t.accept(new, 0, from(), NOW + 2_000).is_ok());
+    // Fresher documents of other origins, from other peers, push the victim out.
+    for i in 0..4u8 {
+        let d = signed(&id(20 + i), 5, NOW + 3_000, json!({}));
+        assert!(t.accept(d, 0, id(40 + i).key(), NOW + 3_000).is_ok());
+    }
+    assert!(
+        t.get(&victim.key(), NOW + 3_000).is_none(),
+        "victim evicted"
+    );
+    assert_eq!(
+        t.accept(old.clone(), 0, id(50).key(), NOW + 3_000),
+        Err(Refusal::NotNewer {
+            got: 100,
+            held: 200
+        })
+    );
+    // The marks survive a restart through encode/decode and restore.
+    let saved = encode_marks(&t.marks());
+    assert!(t.take_marks_changed());
+    let mut fresh = PresenceTable::with_max_origins(id(1).key(), 4);
+    fresh.restore_marks(decode_marks(&saved), NOW + 3_000);
+    assert_eq!(
+        fresh.accept(old, 0, id(50).key(), NOW + 3_000),
+        Err(Refusal::NotNewer {
+            got: 100,
+            held: 200
+        })
+    );
+    // Marks are forgotten once every document at or below them is stale anyway.
+    let much_later = NOW + 3_000 + MAX_AGE_MS + 1;
+    fresh.expire(much_later);
+    assert!(fresh.marks().is_empty());
+}
+
+#[test]
+fn marks_decode_skips_bad_keys_and_short_tails() {
+    let good = (id(3).key(), Mark { seq: 9, ts_ms: 7 });
+    let mut bytes = encode_marks(&[good]);
+    let mut weak = vec![0u8; MARK_BYTES];
+    weak[0] = 1; // the identity point: a weak key
+    bytes.extend_from_slice(&weak);
+    bytes.extend_from_slice(&[1, 2, 3]);
+    assert_eq!(decode_marks(&bytes), vec![good]);
+}
+
+/// Issue 16.5: the document is kept and forwarded as the bytes received, numbers included.
+#[test]
+fn documents_are_kept_as_the_bytes_received() {
+    let who = id(3);
+    let text = format!(
+        r#"{{"origin":"{}","seq":5,"ts":"{}","x":[1e21, 0.000001,100.50,9007199254740993.0]}}"#,
+        who.key(),
+        wire::time::format_ms(NOW)
+    );
+    let unsigned: Map<String, Value> = serde_json::from_str(&text).unwrap();
+    let sig = sign_object(&who, &unsigned);
+    let raw = format!(r#"{},"sig":"{sig}"}}"#, &text[..text.len() - 1]);
+    let parsed: Map<String, Value> = serde_json::from_str(&raw).unwrap();
+    let mut t = table();
+    assert!(t
+        .accept_raw(parsed, Some(raw.clone()), 0, from(), NOW)
+        .is_ok());
+    assert_eq!(&*t.get(&who.key(), NOW).unwrap().raw, raw.as_str());
+    let line = encode_line(
+        "01K00000000000000000000009",
+        "2026-01-01T00:00:00.000Z",
+        &raw,
+        1,
+    )
+    .unwrap();
+    let line = String::from_utf8(line).unwrap();
+    assert!(
+        line.contains(&format!(r#""doc":{raw},"hops":1}}"#)),
+        "{line}"
+    );
+    assert!(line.contains("1e21, 0.000001,100.50,9007199254740993.0"));
+    // A padded text counts at its received size.
+    let padded = format!("{raw}{}", " ".repeat(MAX_DOC_BYTES));
+    let parsed: Map<String, Value> = serde_json::from_str(&padded).unwrap();
+    assert!(matches!(
+        table().accept_raw(parsed, Some(padded), 0, from(), NOW),
+        Err(Refusal::TooLarge(_))
+    ));
+}

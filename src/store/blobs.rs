@@ -3,9 +3,16 @@
 //! (see [`crate::blob`]); these trees hold the offsets, states and outcomes.
 //!
 //! - `blobs_in`: peer (32 raw bytes) ‖ ref → [`InBlobState`] (JSON).
+//! - `blobs_in_pending`: peer ‖ ref → offset (u64 BE), for the pending records only, so
+//!   that checking a peer's pending budget never reads its finished records.
+//! - `blobs_in_refused`: peer ‖ updated_ms (u64 BE) ‖ ref → (), oldest first: refused
+//!   records are kept at most [`MAX_REFUSED_IN_PER_PEER`] per peer.
 //! - `blobs_out`: peer ‖ ref → [`OutBlobState`] (JSON).
+//!
+//! Both indexes change in the transaction that changes the record. A store written before
+//! they existed is indexed once, on first use.
 
-use super::codec::{dec, enc, pkey, split_pkey, unpack, utf8, OutRec, Payload};
+use super::codec::{dec, enc, pkey, read_u64, split_pkey, u64_be, unpack, utf8, OutRec, Payload};
 use super::tx::{db_err, Tx, T};
 use super::{Store, StoreError};
 use crate::wire::{Line, PeerKey};
@@ -116,6 +123,49 @@ fn rkey(peer: &PeerKey, blob_ref: &str) -> Vec<u8> {
     pkey(peer, blob_ref.as_bytes())
 }
 
+/// Refused inbound records kept per peer; the oldest go first. A refused record only makes
+/// chunks still in flight for that ref be ignored quietly; once it is gone, such a chunk is
+/// refused again (one more `err blob_refused`), nothing worse.
+pub const MAX_REFUSED_IN_PER_PEER: usize = 256;
+
+/// Meta key that says the inbound indexes cover every record.
+const IN_INDEX_BUILT: &[u8] = b"blobs_in_index/v1";
+
+fn refused_key(peer: &PeerKey, updated_ms: u64, blob_ref: &str) -> Vec<u8> {
+    let mut k = pkey(peer, &u64_be(updated_ms));
+    k.extend_from_slice(blob_ref.as_bytes());
+    k
+}
+
+/// Index writes for `state` of `peer`/`blob_ref` replacing `old`.
+fn index_in(
+    tx: &mut Tx<'_>,
+    peer: &PeerKey,
+    blob_ref: &str,
+    old: Option<&InBlobState>,
+    state: &InBlobState,
+) {
+    let key = rkey(peer, blob_ref);
+    if let Some(o) = old {
+        match o.status {
+            InStatus::Pending => tx.del(T::BlobsInPending, key.clone()),
+            InStatus::Refused => {
+                tx.del(T::BlobsInRefused, refused_key(peer, o.updated_ms, blob_ref))
+            }
+            InStatus::Complete => {}
+        }
+    }
+    match state.status {
+        InStatus::Pending => tx.put(T::BlobsInPending, key, u64_be(state.offset).to_vec()),
+        InStatus::Refused => tx.put(
+            T::BlobsInRefused,
+            refused_key(peer, state.updated_ms, blob_ref),
+            Vec::new(),
+        ),
+        InStatus::Complete => {}
+    }
+}
+
 impl Store {
     /// The record of inbound blob `blob_ref` from `peer`, if any.
     pub fn blob_in(
@@ -147,8 +197,31 @@ impl Store {
         seen: Option<(&str, &str)>,
     ) -> Result<(), StoreError> {
         let _w = self.writer();
+        self.blobs_in_index_ready()?;
         let mut tx = Tx::new(&self.trees);
-        tx.put(T::BlobsIn, rkey(peer, blob_ref), enc(state)?);
+        let key = rkey(peer, blob_ref);
+        let old = match tx.get(T::BlobsIn, &key)? {
+            Some(v) => Some(dec::<InBlobState>("blobs_in", &v)?),
+            None => None,
+        };
+        tx.put(T::BlobsIn, key, enc(state)?);
+        index_in(&mut tx, peer, blob_ref, old.as_ref(), state);
+        if state.status == InStatus::Refused
+            && old.as_ref().map(|o| o.status) != Some(InStatus::Refused)
+        {
+            // Make room: the oldest refused records of this peer beyond the cap go.
+            let mine = self.trees.t(T::BlobsInRefused).scan_prefix(peer.as_bytes());
+            let keys: Vec<sled::IVec> = mine.keys().collect::<Result<_, _>>().map_err(db_err)?;
+            let excess = (keys.len() + 1).saturating_sub(MAX_REFUSED_IN_PER_PEER);
+            for k in keys.into_iter().take(excess) {
+                let r = k.get(40..).unwrap_or_default();
+                if r == blob_ref.as_bytes() {
+                    continue;
+                }
+                tx.del(T::BlobsInRefused, k.to_vec());
+                tx.del(T::BlobsIn, pkey(peer, r));
+            }
+        }
         if let Some((th, id)) = seen {
             let skey = pkey(peer, th.as_bytes());
             let raise = match tx.get(T::Seen, &skey)? {
@@ -179,17 +252,44 @@ impl Store {
 
     /// Inbound blobs from `peer` that are still pending: how many, and the bytes their
     /// partial files hold.
+    ///
+    /// Reads the pending index only: the cost does not grow with the peer's finished or
+    /// refused records.
     pub fn pending_blobs_in(&self, peer: &PeerKey) -> Result<(usize, u64), StoreError> {
+        if !self.blobs_in_indexed()? {
+            let _w = self.writer();
+            self.blobs_in_index_ready()?;
+        }
         let (mut n, mut bytes) = (0, 0u64);
-        for kv in self.trees.t(T::BlobsIn).scan_prefix(peer.as_bytes()) {
+        for kv in self.trees.t(T::BlobsInPending).scan_prefix(peer.as_bytes()) {
             let (_, v) = kv.map_err(db_err)?;
-            let s: InBlobState = dec("blobs_in", &v)?;
-            if s.status == InStatus::Pending {
-                n += 1;
-                bytes = bytes.saturating_add(s.offset);
-            }
+            n += 1;
+            bytes = bytes.saturating_add(read_u64("blobs_in_pending", &v)?);
         }
         Ok((n, bytes))
+    }
+
+    fn blobs_in_indexed(&self) -> Result<bool, StoreError> {
+        self.trees
+            .t(T::Meta)
+            .contains_key(IN_INDEX_BUILT)
+            .map_err(db_err)
+    }
+
+    /// Build the inbound indexes from every record, once (caller holds the writer lock).
+    fn blobs_in_index_ready(&self) -> Result<(), StoreError> {
+        if self.blobs_in_indexed()? {
+            return Ok(());
+        }
+        let mut tx = Tx::new(&self.trees);
+        for kv in self.trees.t(T::BlobsIn).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            let (peer, r) = split_pkey("blobs_in", &k)?;
+            let state: InBlobState = dec("blobs_in", &v)?;
+            index_in(&mut tx, &peer, &utf8("blobs_in", &r)?, None, &state);
+        }
+        tx.put(T::Meta, IN_INDEX_BUILT.to_vec(), Vec::new());
+        tx.commit()
     }
 
     /// Record an outbound blob (after its lines were queued with [`Store::enqueue`]).
@@ -403,5 +503,101 @@ mod tests {
         seen.insert("th".to_string(), ids[1].clone());
         s.drop_seen(&p, &seen).unwrap();
         assert_eq!(s.chunks_retired(&p, &ids).unwrap(), 2);
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+
+    fn record(status: InStatus, offset: u64, at_ms: u64) -> InBlobState {
+        let mut st = InBlobState::new(None, at_ms);
+        st.status = status;
+        st.offset = offset;
+        st
+    }
+
+    fn kept(s: &Store, peer: &PeerKey) -> Vec<InBlob> {
+        s.blobs_in()
+            .unwrap()
+            .into_iter()
+            .filter(|b| b.peer == *peer)
+            .collect()
+    }
+
+    /// Issue #12: refused records grew without bound per peer, and every new ref read all
+    /// of them to count the pending ones. Now the oldest refused records go beyond the cap,
+    /// and the pending count reads the pending index only.
+    #[test]
+    fn refused_records_are_bounded_per_peer_and_pending_is_indexed() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let peer = crate::identity::Identity::from_seed(&[4; 32]).key();
+        let other = crate::identity::Identity::from_seed(&[5; 32]).key();
+        s.put_blob_in(&peer, "p1", &record(InStatus::Pending, 10, 1), None)
+            .unwrap();
+        s.put_blob_in(&other, "r", &record(InStatus::Refused, 0, 1), None)
+            .unwrap();
+        let n = MAX_REFUSED_IN_PER_PEER + 40;
+        for i in 0..n {
+            let r = format!("r{i:05}");
+            s.put_blob_in(
+                &peer,
+                &r,
+                &record(InStatus::Refused, 0, 100 + i as u64),
+                None,
+            )
+            .unwrap();
+        }
+        s.put_blob_in(&peer, "p2", &record(InStatus::Pending, 5, 2), None)
+            .unwrap();
+        let mine = kept(&s, &peer);
+        let refused: Vec<_> = mine
+            .iter()
+            .filter(|b| b.state.status == InStatus::Refused)
+            .collect();
+        assert_eq!(
+            refused.len(),
+            MAX_REFUSED_IN_PER_PEER,
+            "refused records are capped"
+        );
+        // The oldest went: the newest are kept.
+        assert!(refused.iter().all(|b| b.blob_ref.as_str() >= "r00040"));
+        assert_eq!(kept(&s, &other).len(), 1, "another peer's records stay");
+        assert_eq!(s.pending_blobs_in(&peer).unwrap(), (2, 15));
+        // The pending index holds the pending records only.
+        let idx = s
+            .trees
+            .t(T::BlobsInPending)
+            .scan_prefix(peer.as_bytes())
+            .count();
+        assert_eq!(idx, 2);
+        // A pending record that completes or is refused leaves the pending index.
+        s.put_blob_in(&peer, "p1", &record(InStatus::Complete, 10, 3), None)
+            .unwrap();
+        assert_eq!(s.pending_blobs_in(&peer).unwrap(), (1, 5));
+    }
+
+    /// A store written before the indexes existed is indexed on first use.
+    #[test]
+    fn old_stores_are_indexed_once() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let peer = crate::identity::Identity::from_seed(&[4; 32]).key();
+        assert_eq!(s.pending_blobs_in(&peer).unwrap(), (0, 0));
+        s.trees
+            .t(T::BlobsIn)
+            .insert(
+                rkey(&peer, "old"),
+                enc(&record(InStatus::Pending, 7, 1)).unwrap(),
+            )
+            .unwrap();
+        assert_eq!(
+            s.pending_blobs_in(&peer).unwrap(),
+            (0, 0),
+            "flag set: no rebuild"
+        );
+        s.trees.t(T::Meta).remove(IN_INDEX_BUILT).unwrap();
+        assert_eq!(s.pending_blobs_in(&peer).unwrap(), (1, 7));
     }
 }

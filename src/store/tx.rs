@@ -20,9 +20,11 @@ pub(crate) enum T {
     BlobsIn,
     BlobsOut,
     OutboxB,
+    BlobsInPending,
+    BlobsInRefused,
 }
 
-pub(crate) const NAMES: [&str; 12] = [
+pub(crate) const NAMES: [&str; 14] = [
     "outbox",
     "log",
     "received",
@@ -35,6 +37,8 @@ pub(crate) const NAMES: [&str; 12] = [
     "blobs_in",
     "blobs_out",
     "outbox_b",
+    "blobs_in_pending",
+    "blobs_in_refused",
 ];
 
 pub(crate) struct Trees {

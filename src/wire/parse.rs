@@ -95,10 +95,27 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
     }
     check_envelope(&obj, id)?;
     let id_owned = id.map(str::to_owned);
-    decode_known(&t, Value::Object(obj)).map_err(|e| FrameError::BadFrame {
+    let mut line = decode_known(&t, Value::Object(obj)).map_err(|e| FrameError::BadFrame {
         detail: format!("malformed {t}: {e}"),
         id: id_owned,
-    })
+    })?;
+    if let Line::Presence(p) = &mut line {
+        p.doc_raw = raw_doc(text);
+    }
+    Ok(line)
+}
+
+/// The exact text of the top-level field `doc` of a presence line (already parsed
+/// strictly, so the object is valid and has one `doc`).
+fn raw_doc(text: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct DocOnly<'a> {
+        #[serde(borrow)]
+        doc: &'a serde_json::value::RawValue,
+    }
+    serde_json::from_str::<DocOnly>(text)
+        .ok()
+        .map(|d| d.doc.get().to_string())
 }
 
 /// Deepest nesting accepted in a line, counting the line's own object as 1. Anything a

@@ -282,13 +282,27 @@ pub struct Introduce {
 
 /// presence (extension): a signed document passed on with a hop count. `doc` is kept as
 /// received because its signature covers unknown fields; see [`Presence`] for its shape.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct PresenceMsg {
     pub id: String,
     pub ts: String,
     #[schemars(with = "Presence")]
     pub doc: Map<String, Value>,
     pub hops: u64,
+    /// The exact JSON text of `doc` as received (set by [`super::parse_line`]; `None` for
+    /// lines built here). Forwarders send these bytes unchanged: re-serializing `doc`
+    /// would change how its numbers are written (`1e21` → `1e+21`).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub doc_raw: Option<String>,
+}
+
+/// Equality compares `id`, `ts`, `doc` and `hops`, not how `doc` was spelled
+/// (`doc_raw`).
+impl PartialEq for PresenceMsg {
+    fn eq(&self, o: &Self) -> bool {
+        self.id == o.id && self.ts == o.ts && self.doc == o.doc && self.hops == o.hops
+    }
 }
 
 /// Signed presence document (extension).
