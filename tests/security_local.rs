@@ -259,6 +259,8 @@ fn msg_builder(th: String, subject: String) -> impl Fn(&str, &str) -> awp_node::
 
 /// A store with 50,000 threads with one peer and 10 more whose subjects are 1 MB each.
 fn fill_threads(home: &Path) -> awp_node::wire::PeerKey {
+    // The node refuses a database without the identity it was made with.
+    awp_node::identity::Identity::load_or_create(home).unwrap();
     let store = awp_node::store::Store::open(&home.join("db")).unwrap();
     let bob = awp_node::identity::Identity::from_seed(&[1; 32]).key();
     for batch in 0..MANY_THREADS / 1000 {
@@ -282,6 +284,7 @@ fn fill_threads(home: &Path) -> awp_node::wire::PeerKey {
 /// A store with ten peers whose names and abouts are 1 MB each, and one peer with 1,000
 /// introduced addresses of 10 kB.
 fn fill_peers(home: &Path) -> awp_node::wire::PeerKey {
+    awp_node::identity::Identity::load_or_create(home).unwrap();
     let store = awp_node::store::Store::open(&home.join("db")).unwrap();
     let now = awp_node::wire::time::now_ms();
     for i in 0..10u8 {
@@ -409,6 +412,7 @@ async fn read_no_mark_pages_through_every_unread_line() {
     use awp_node::wire::{Line, Msg, Part, TextPart};
     let home = tempfile::tempdir().unwrap();
     {
+        awp_node::identity::Identity::load_or_create(home.path()).unwrap();
         let store = awp_node::store::Store::open(&home.path().join("db")).unwrap();
         let dave = awp_node::identity::Identity::from_seed(&[3; 32]).key();
         for i in 0..3 {
