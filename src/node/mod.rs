@@ -10,6 +10,7 @@
 //!   [`crate::presence`]).
 //! - `blobs`: files for `send`, and the `blobs` listing (the rules are in [`crate::blob`]).
 
+mod artifacts;
 mod blobs;
 mod conn;
 mod dialer;
@@ -145,6 +146,8 @@ pub(crate) struct Inner {
     pub serve: serve::ServeConfig,
     /// Largest blob sent or received, in bytes.
     pub blob_limit: u64,
+    /// Artifact threads (hosted workspaces and replicas).
+    pub artifacts: Arc<artifacts::Artifacts>,
 }
 
 /// A started node.
@@ -224,7 +227,9 @@ impl NodeHandle {
             blob_limit: settings.blob_limit,
             settings: settings.clone(),
             serve,
+            artifacts: artifacts::Artifacts::new(),
         });
+        inner.artifacts.install(&inner);
         // Finish moving blobs that a crash left between "complete" and their final path.
         let recovery = crate::blob::BlobReceiver::new(
             inner.store.clone(),

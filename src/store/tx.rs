@@ -19,9 +19,15 @@ pub(crate) enum T {
     OutboxN,
     BlobsIn,
     BlobsOut,
+    /// Artifact threads (see `artifacts.rs`).
+    ArtWs,
+    ArtEvents,
+    ArtDedup,
+    ArtHold,
+    ArtSnap,
 }
 
-pub(crate) const NAMES: [&str; 11] = [
+pub(crate) const NAMES: [&str; 16] = [
     "outbox",
     "log",
     "received",
@@ -33,6 +39,11 @@ pub(crate) const NAMES: [&str; 11] = [
     "outbox_n",
     "blobs_in",
     "blobs_out",
+    "art_ws",
+    "art_events",
+    "art_dedup",
+    "art_hold",
+    "art_snap",
 ];
 
 pub(crate) struct Trees {
