@@ -12,6 +12,8 @@
 //! - [`blob`]: files as blob parts with chunk lines: reading and chunking for sending, and
 //!   crash-safe assembly of received blobs.
 //! - [`grant`]: signed capability grants: mint, verify, hash, the honoring rules.
+//! - [`artifact`]: artifact threads (artifactr.v1 over AWP): a pure engine for commands,
+//!   events, proposals, replicas with gap detection, grant caps and run events.
 //! - [`identity`]: the node's key file and the auth transcript.
 //! - [`net`]: addresses, TLS binding (mTLS, self-signed Ed25519 certificates), listeners,
 //!   dialers and line framing with the 1 MiB cap.
@@ -28,6 +30,7 @@
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
 #![forbid(unsafe_code)]
 
+pub mod artifact;
 pub mod blob;
 pub mod canonical;
 pub mod cli;

@@ -1,0 +1,307 @@
+//! Patches (notes §5): anchored `text_edits`, RFC 6902 `json_patch` through the
+//! `json-patch` crate, generated summaries, and the recorded-patch diff.
+//!
+//! These functions only transform data; validation and normalization by the kind, and the
+//! "unchanged" rule, are the engine's. Replay uses [`apply`] on the recorded patch, which
+//! by the recorded-patch rule gives exactly the stored result.
+
+use serde_json::{Map, Value};
+
+use super::frames::{Patch, Rejection, TextEdit};
+
+/// Apply `patch` to `data` (no validation). Errors: patch_failed with artifactr's texts:
+/// `'<field>' is not a text field`, `the anchor <preview> is not found`, `the anchor
+/// <preview> is ambiguous: it occurs N times`, `an empty anchor is only allowed when the
+/// text is empty`, `the JSON patch does not apply: <library text>`; a result that is not
+/// an object is validation_failed `invalid <kind> data` by the caller, here a patch_failed
+/// `the JSON patch does not apply: the result is not an object`.
+pub fn apply(data: &Map<String, Value>, patch: &Patch) -> Result<Map<String, Value>, Rejection> {
+    match patch {
+        Patch::TextEdits { field, edits } => apply_text_edits(data, field, edits),
+        Patch::JsonPatch { ops } => apply_json_patch(data, ops),
+    }
+}
+
+fn apply_text_edits(
+    data: &Map<String, Value>,
+    field: &str,
+    edits: &[TextEdit],
+) -> Result<Map<String, Value>, Rejection> {
+    let mut text = match data.get(field) {
+        Some(Value::String(s)) => s.clone(),
+        _ => {
+            return Err(Rejection::patch_failed(format!(
+                "{} is not a text field",
+                py_repr(field)
+            )))
+        }
+    };
+    for e in edits {
+        if e.old.is_empty() {
+            if !text.is_empty() {
+                return Err(Rejection::patch_failed(
+                    "an empty anchor is only allowed when the text is empty",
+                ));
+            }
+            text = e.new.clone();
+            continue;
+        }
+        match text.matches(e.old.as_str()).count() {
+            1 => text = text.replacen(e.old.as_str(), &e.new, 1),
+            0 => {
+                return Err(Rejection::patch_failed(format!(
+                    "the anchor {} is not found",
+                    preview(&e.old)
+                )))
+            }
+            n => {
+                return Err(Rejection::patch_failed(format!(
+                    "the anchor {} is ambiguous: it occurs {n} times",
+                    preview(&e.old)
+                )))
+            }
+        }
+    }
+    let mut out = data.clone();
+    out.insert(field.to_owned(), Value::String(text));
+    Ok(out)
+}
+
+fn apply_json_patch(
+    data: &Map<String, Value>,
+    ops: &[Map<String, Value>],
+) -> Result<Map<String, Value>, Rejection> {
+    let fail = |why: String| Rejection::patch_failed(format!("the JSON patch does not apply: {why}"));
+    let mut parsed = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let op: json_patch::PatchOperation = serde_json::from_value(Value::Object(op.clone()))
+            .map_err(|e| fail(format!("operation {i}: {e}")))?;
+        parsed.push(op);
+    }
+    let mut doc = Value::Object(data.clone());
+    json_patch::patch(&mut doc, &parsed).map_err(|e| fail(e.to_string()))?;
+    match doc {
+        Value::Object(m) => Ok(m),
+        _ => Err(fail("the result is not an object".into())),
+    }
+}
+
+/// The generated summary of a patch (notes §5): `edited <field> (N replacement[s])`, or
+/// `<op> <path>` of up to 3 ops joined by `; `, then ` and N more`.
+pub fn summarize(patch: &Patch) -> String {
+    match patch {
+        Patch::TextEdits { field, edits } => {
+            let n = edits.len();
+            format!(
+                "edited {field} ({n} replacement{})",
+                if n == 1 { "" } else { "s" }
+            )
+        }
+        Patch::JsonPatch { ops } => {
+            let parts: Vec<String> = ops
+                .iter()
+                .take(3)
+                .map(|op| {
+                    let s = |k: &str| op.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                    format!("{} {}", s("op"), s("path"))
+                })
+                .collect();
+            let mut out = parts.join("; ");
+            if ops.len() > 3 {
+                out.push_str(&format!(" and {} more", ops.len() - 3));
+            }
+            out
+        }
+    }
+}
+
+/// An RFC 6902 patch that turns `before` into `after` (used as the recorded patch when
+/// normalization changed the result or reviewer changes were layered on).
+pub fn diff(before: &Map<String, Value>, after: &Map<String, Value>) -> Patch {
+    let p = json_patch::diff(&Value::Object(before.clone()), &Value::Object(after.clone()));
+    let ops = p
+        .0
+        .iter()
+        .filter_map(|op| match serde_json::to_value(op) {
+            Ok(Value::Object(m)) => Some(m),
+            _ => None,
+        })
+        .collect();
+    Patch::JsonPatch { ops }
+}
+
+/// The anchor preview of error messages: Python `repr` of the anchor, cut to 59 chars
+/// plus `…` when longer than 60.
+pub fn preview(anchor: &str) -> String {
+    if anchor.chars().count() > 60 {
+        let cut: String = anchor.chars().take(59).chain(std::iter::once('…')).collect();
+        py_repr(&cut)
+    } else {
+        py_repr(anchor)
+    }
+}
+
+/// Python's `repr` of a string: single quotes unless it holds `'` and no `"`; escapes
+/// `\\`, the quote, `\n`, `\r`, `\t` and other control characters.
+pub fn py_repr(s: &str) -> String {
+    let q = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(q);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == q => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if (0x80..0xa0).contains(&(c as u32)) => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(q);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+    fn edits(pairs: &[(&str, &str)]) -> Patch {
+        Patch::TextEdits {
+            field: "text".into(),
+            edits: pairs
+                .iter()
+                .map(|(o, n)| TextEdit {
+                    old: (*o).into(),
+                    new: (*n).into(),
+                })
+                .collect(),
+        }
+    }
+    fn msg(r: Rejection) -> String {
+        match r {
+            Rejection::PatchFailed { message } => message,
+            other => panic!("not patch_failed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn text_edits_apply_in_order_to_previous_result() {
+        let d = obj(json!({"text": "a b c"}));
+        let out = apply(&d, &edits(&[("a", "x"), ("x b", "y")])).unwrap();
+        assert_eq!(out["text"], "y c");
+    }
+
+    #[test]
+    fn non_overlapping_count_aa_in_aaa_is_one() {
+        let d = obj(json!({"text": "aaa"}));
+        assert_eq!(apply(&d, &edits(&[("aa", "b")])).unwrap()["text"], "ba");
+    }
+
+    #[test]
+    fn anchor_rejections() {
+        let d = obj(json!({"text": "one two two", "n": 1}));
+        assert_eq!(
+            msg(apply(&d, &edits(&[("three", "")])).unwrap_err()),
+            "the anchor 'three' is not found"
+        );
+        assert_eq!(
+            msg(apply(&d, &edits(&[("two", "")])).unwrap_err()),
+            "the anchor 'two' is ambiguous: it occurs 2 times"
+        );
+        assert_eq!(
+            msg(apply(&d, &edits(&[("", "x")])).unwrap_err()),
+            "an empty anchor is only allowed when the text is empty"
+        );
+        let p = Patch::TextEdits {
+            field: "n".into(),
+            edits: vec![TextEdit {
+                old: "1".into(),
+                new: "2".into(),
+            }],
+        };
+        assert_eq!(msg(apply(&d, &p).unwrap_err()), "'n' is not a text field");
+        // One failing edit fails the whole command: nothing is returned.
+        assert!(apply(&d, &edits(&[("one", "1"), ("zzz", "")])).is_err());
+    }
+
+    #[test]
+    fn empty_anchor_writes_an_empty_field() {
+        let d = obj(json!({"text": ""}));
+        assert_eq!(apply(&d, &edits(&[("", "hi")])).unwrap()["text"], "hi");
+    }
+
+    #[test]
+    fn long_anchor_preview_is_cut_at_59_plus_ellipsis() {
+        let a = "x".repeat(61);
+        assert_eq!(preview(&a), format!("'{}…'", "x".repeat(59)));
+        assert_eq!(preview(&"y".repeat(60)), format!("'{}'", "y".repeat(60)));
+        assert_eq!(py_repr("it's"), "\"it's\"");
+        assert_eq!(py_repr("a\nb"), "'a\\nb'");
+    }
+
+    #[test]
+    fn json_patch_is_all_or_nothing_and_names_the_failure() {
+        let d = obj(json!({"value": {"a": 1}}));
+        let p = Patch::JsonPatch {
+            ops: vec![
+                obj(json!({"op": "add", "path": "/value/b", "value": 2})),
+                obj(json!({"op": "test", "path": "/value/a", "value": 5})),
+            ],
+        };
+        let m = msg(apply(&d, &p).unwrap_err());
+        assert!(m.starts_with("the JSON patch does not apply: "), "{m}");
+        let missing_value = Patch::JsonPatch {
+            ops: vec![obj(json!({"op": "add", "path": "/value/b"}))],
+        };
+        assert!(msg(apply(&d, &missing_value).unwrap_err())
+            .starts_with("the JSON patch does not apply: "));
+        let bad_op = Patch::JsonPatch {
+            ops: vec![obj(json!({"op": "frob", "path": "/value"}))],
+        };
+        assert!(apply(&d, &bad_op).is_err());
+        let ok = Patch::JsonPatch {
+            ops: vec![obj(json!({"op": "replace", "path": "/value/a", "value": 3}))],
+        };
+        assert_eq!(apply(&d, &ok).unwrap()["value"], json!({"a": 3}));
+    }
+
+    #[test]
+    fn summaries() {
+        assert_eq!(summarize(&edits(&[("a", "b")])), "edited text (1 replacement)");
+        assert_eq!(
+            summarize(&edits(&[("a", "b"), ("c", "d")])),
+            "edited text (2 replacements)"
+        );
+        let ops: Vec<_> = (0..5)
+            .map(|i| obj(json!({"op": "add", "path": format!("/v/{i}"), "value": i})))
+            .collect();
+        assert_eq!(
+            summarize(&Patch::JsonPatch { ops }),
+            "add /v/0; add /v/1; add /v/2 and 2 more"
+        );
+    }
+
+    #[test]
+    fn diff_turns_before_into_after() {
+        let a = obj(json!({"text": "x", "k": [1, 2]}));
+        let b = obj(json!({"text": "y", "k": [1]}));
+        assert_eq!(apply(&a, &diff(&a, &b)).unwrap(), b);
+    }
+}
