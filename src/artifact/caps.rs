@@ -102,6 +102,9 @@ mod tests {
             "artifact:admin@thr_ab",
         ];
         assert_eq!(CapSet::from_grant_caps(caps, "thr_a"), CapSet::none());
-        assert_eq!(CapSet::from_grant_caps(["artifact:write@"], ""), CapSet::none());
+        assert_eq!(
+            CapSet::from_grant_caps(["artifact:write@"], ""),
+            CapSet::none()
+        );
     }
 }

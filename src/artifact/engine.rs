@@ -208,9 +208,18 @@ fn nul_rejection() -> Rejection {
 
 /// What a successful command yields before seqs are assigned.
 enum Done {
-    Applied { artifact_id: String, version: u64 },
-    Proposed { proposal_id: String },
-    Resolved { proposal_id: String, decision: Decision, version: Option<u64> },
+    Applied {
+        artifact_id: String,
+        version: u64,
+    },
+    Proposed {
+        proposal_id: String,
+    },
+    Resolved {
+        proposal_id: String,
+        decision: Decision,
+        version: Option<u64>,
+    },
     Recorded,
 }
 
@@ -244,7 +253,9 @@ pub fn apply(
                 Err(e) => (
                     CommandResult::rejected(
                         cid,
-                        Rejection::invalid_state(format!("command {cid} failed on the server: {e}")),
+                        Rejection::invalid_state(format!(
+                            "command {cid} failed on the server: {e}"
+                        )),
                     ),
                     Vec::new(),
                 ),
@@ -403,7 +414,9 @@ fn run(st: &WorkspaceState, ctx: &mut Context<'_>, frame: &CommandFrame) -> Step
     // §1 step 5: the authorize hook = AWP capabilities.
     let action = cmd.type_name();
     match &cmd {
-        Command::RespondToProposal(_) if !ctx.caps.resolve => return Err(forbidden(action, RESOLVE)),
+        Command::RespondToProposal(_) if !ctx.caps.resolve => {
+            return Err(forbidden(action, RESOLVE))
+        }
         Command::CreateThread(_) | Command::SetThreadMode(_) | Command::SetFocus(_)
             if !ctx.caps.admin =>
         {
@@ -434,7 +447,9 @@ fn run(st: &WorkspaceState, ctx: &mut Context<'_>, frame: &CommandFrame) -> Step
         Command::CreateThread(c) => {
             let id = c.thread_id.unwrap_or_default();
             if st.threads.contains_key(&id) {
-                return Err(Rejection::invalid_state(format!("thread {id} already exists")));
+                return Err(Rejection::invalid_state(format!(
+                    "thread {id} already exists"
+                )));
             }
             Ok((
                 Done::Recorded,
@@ -477,7 +492,9 @@ fn run(st: &WorkspaceState, ctx: &mut Context<'_>, frame: &CommandFrame) -> Step
                 .values()
                 .any(|t| t.messages.iter().any(|x| x.message_id == id));
             if used {
-                return Err(Rejection::invalid_state(format!("message {id} already exists")));
+                return Err(Rejection::invalid_state(format!(
+                    "message {id} already exists"
+                )));
             }
             Ok((
                 Done::Recorded,
@@ -625,7 +642,9 @@ impl Rules<'_> {
     fn live(&self, id: &str) -> Result<&Artifact, Rejection> {
         let a = self.artifact(id)?;
         if a.archived {
-            return Err(Rejection::invalid_state(format!("artifact {id} is archived")));
+            return Err(Rejection::invalid_state(format!(
+                "artifact {id} is archived"
+            )));
         }
         Ok(a)
     }
@@ -648,7 +667,9 @@ impl Rules<'_> {
             Kind::by_name(&c.kind).ok_or_else(|| Rejection::not_found("artifact type", &c.kind))?;
         let id = c.artifact_id.as_deref().unwrap_or_default();
         if self.st.artifacts.contains_key(id) {
-            return Err(Rejection::invalid_state(format!("artifact {id} already exists")));
+            return Err(Rejection::invalid_state(format!(
+                "artifact {id} already exists"
+            )));
         }
         Ok((kind, kind.normalize(&c.data)?))
     }

@@ -79,23 +79,26 @@ impl Kind {
         };
         for key in data.keys() {
             if !fields.contains(&key.as_str()) {
-                errors.push(err("extra_forbidden", key, "Extra inputs are not permitted"));
+                errors.push(err(
+                    "extra_forbidden",
+                    key,
+                    "Extra inputs are not permitted",
+                ));
             }
         }
-        let string_field = |name: &str, required: bool, errors: &mut Vec<Value>| match data
-            .get(name)
-        {
-            Some(Value::String(s)) => Some(Value::String(s.clone())),
-            Some(_) => {
-                errors.push(err("string_type", name, "Input should be a valid string"));
-                None
-            }
-            None if required => {
-                errors.push(err("missing", name, "Field required"));
-                None
-            }
-            None => Some(Value::String(String::new())),
-        };
+        let string_field =
+            |name: &str, required: bool, errors: &mut Vec<Value>| match data.get(name) {
+                Some(Value::String(s)) => Some(Value::String(s.clone())),
+                Some(_) => {
+                    errors.push(err("string_type", name, "Input should be a valid string"));
+                    None
+                }
+                None if required => {
+                    errors.push(err("missing", name, "Field required"));
+                    None
+                }
+                None => Some(Value::String(String::new())),
+            };
         match self {
             Kind::Markdown => {
                 if let Some(v) = string_field("text", false, &mut errors) {

@@ -71,7 +71,8 @@ fn apply_json_patch(
     data: &Map<String, Value>,
     ops: &[Map<String, Value>],
 ) -> Result<Map<String, Value>, Rejection> {
-    let fail = |why: String| Rejection::patch_failed(format!("the JSON patch does not apply: {why}"));
+    let fail =
+        |why: String| Rejection::patch_failed(format!("the JSON patch does not apply: {why}"));
     let mut parsed = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let op: json_patch::PatchOperation = serde_json::from_value(Value::Object(op.clone()))
@@ -118,15 +119,17 @@ pub fn summarize(patch: &Patch) -> String {
 /// An RFC 6902 patch that turns `before` into `after` (used as the recorded patch when
 /// normalization changed the result or reviewer changes were layered on).
 pub fn diff(before: &Map<String, Value>, after: &Map<String, Value>) -> Patch {
-    let p = json_patch::diff(&Value::Object(before.clone()), &Value::Object(after.clone()));
-    let ops = p
-        .0
-        .iter()
-        .filter_map(|op| match serde_json::to_value(op) {
-            Ok(Value::Object(m)) => Some(m),
-            _ => None,
-        })
-        .collect();
+    let p = json_patch::diff(
+        &Value::Object(before.clone()),
+        &Value::Object(after.clone()),
+    );
+    let ops =
+        p.0.iter()
+            .filter_map(|op| match serde_json::to_value(op) {
+                Ok(Value::Object(m)) => Some(m),
+                _ => None,
+            })
+            .collect();
     Patch::JsonPatch { ops }
 }
 
@@ -134,7 +137,11 @@ pub fn diff(before: &Map<String, Value>, after: &Map<String, Value>) -> Patch {
 /// plus `…` when longer than 60.
 pub fn preview(anchor: &str) -> String {
     if anchor.chars().count() > 60 {
-        let cut: String = anchor.chars().take(59).chain(std::iter::once('…')).collect();
+        let cut: String = anchor
+            .chars()
+            .take(59)
+            .chain(std::iter::once('…'))
+            .collect();
         py_repr(&cut)
     } else {
         py_repr(anchor)
@@ -277,14 +284,19 @@ mod tests {
         };
         assert!(apply(&d, &bad_op).is_err());
         let ok = Patch::JsonPatch {
-            ops: vec![obj(json!({"op": "replace", "path": "/value/a", "value": 3}))],
+            ops: vec![obj(
+                json!({"op": "replace", "path": "/value/a", "value": 3}),
+            )],
         };
         assert_eq!(apply(&d, &ok).unwrap()["value"], json!({"a": 3}));
     }
 
     #[test]
     fn summaries() {
-        assert_eq!(summarize(&edits(&[("a", "b")])), "edited text (1 replacement)");
+        assert_eq!(
+            summarize(&edits(&[("a", "b")])),
+            "edited text (1 replacement)"
+        );
         assert_eq!(
             summarize(&edits(&[("a", "b"), ("c", "d")])),
             "edited text (2 replacements)"

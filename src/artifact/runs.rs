@@ -55,9 +55,9 @@ pub fn on_peer_state(
             let run_id = match open {
                 Some(r) => {
                     let same_question = r.state == RunState::Paused
-                        && r.requests.iter().any(|q| {
-                            q.args.get("question").and_then(Value::as_str) == Some(note)
-                        });
+                        && r.requests
+                            .iter()
+                            .any(|q| q.args.get("question").and_then(Value::as_str) == Some(note));
                     if same_question {
                         return out;
                     }
@@ -97,7 +97,11 @@ pub fn on_peer_state(
                     } else {
                         RunStatus::Completed
                     },
-                    error: if failed { note.map(str::to_owned) } else { None },
+                    error: if failed {
+                        note.map(str::to_owned)
+                    } else {
+                        None
+                    },
                     usage: None,
                 });
             }

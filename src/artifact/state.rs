@@ -85,7 +85,11 @@ impl Artifact {
     }
     /// The current data.
     pub fn data(&self) -> &Map<String, Value> {
-        &self.versions.last().expect("an artifact has version 1").data
+        &self
+            .versions
+            .last()
+            .expect("an artifact has version 1")
+            .data
     }
 }
 
@@ -477,7 +481,9 @@ impl WorkspaceState {
                     .requests
                     .iter_mut()
                     .find(|q| &q.tool_call_id == tool_call_id)
-                    .ok_or_else(|| bad(format!("deferred request {tool_call_id} does not exist")))?;
+                    .ok_or_else(|| {
+                        bad(format!("deferred request {tool_call_id} does not exist"))
+                    })?;
                 q.answered = true;
             }
             KnownEvent::RunEnded {

@@ -132,10 +132,7 @@ pub enum ArtifactCmd {
         mode: String,
     },
     /// Set the artifacts the thread is focused on.
-    Focus {
-        th: String,
-        artifacts: Vec<String>,
-    },
+    Focus { th: String, artifacts: Vec<String> },
     /// The thread's event log (`--follow`: then live events).
     Log {
         th: String,
@@ -226,7 +223,8 @@ async fn call(ctx: &Ctx, action: &str, args: Value) -> Result<Map<String, Value>
 /// Print a command's answer: the result (exit 1 on a rejection), or `queued`.
 fn print_result(ctx: &Ctx, body: &Map<String, Value>) -> Result<(), Failure> {
     let result = body.get("result").cloned().unwrap_or(Value::Null);
-    let rejected = result.get("ok") == Some(&json!(false)) || result.get("type") == Some(&json!("error"));
+    let rejected =
+        result.get("ok") == Some(&json!(false)) || result.get("type") == Some(&json!("error"));
     if ctx.json {
         out_json(&Value::Object(body.clone()))?;
     } else if body.get("queued") == Some(&json!(true)) {
@@ -235,7 +233,11 @@ fn print_result(ctx: &Ctx, body: &Map<String, Value>) -> Result<(), Failure> {
             str_field(body, &["th"]).unwrap_or("?")
         ))?;
     } else if rejected {
-        let r = result.get("rejection").or(Some(&result)).cloned().unwrap_or(Value::Null);
+        let r = result
+            .get("rejection")
+            .or(Some(&result))
+            .cloned()
+            .unwrap_or(Value::Null);
         return Err(Failure::new(
             Exit::Failed,
             format!(
@@ -262,7 +264,11 @@ fn print_result(ctx: &Ctx, body: &Map<String, Value>) -> Result<(), Failure> {
             ),
             Some("resolved") => format!(
                 "{} {} (version {}, seq {})",
-                if o["decision"] == "accept" { "accepted" } else { "rejected" },
+                if o["decision"] == "accept" {
+                    "accepted"
+                } else {
+                    "rejected"
+                },
                 o["proposal_id"].as_str().unwrap_or("?"),
                 o["version"],
                 o["seq"]
@@ -336,7 +342,11 @@ pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
         }
         ArtifactCmd::List { thread } => {
             let body = call(ctx, "list", json!({"th": thread})).await?;
-            let threads = body.get("threads").and_then(Value::as_array).cloned().unwrap_or_default();
+            let threads = body
+                .get("threads")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             if ctx.json {
                 for t in &threads {
                     out_json(t)?;
@@ -348,7 +358,10 @@ pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
                     "{}  {}  with {}  seq {}  mode {}  {} pending proposal(s)  {}",
                     t["th"].as_str().unwrap_or("?"),
                     t["role"].as_str().unwrap_or("?"),
-                    t["peer_name"].as_str().or(t["peer"].as_str()).unwrap_or("?"),
+                    t["peer_name"]
+                        .as_str()
+                        .or(t["peer"].as_str())
+                        .unwrap_or("?"),
                     t["head_seq"],
                     t["mode"].as_str().unwrap_or("edit"),
                     t["pending_proposals"],
@@ -360,7 +373,11 @@ pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
                         a["artifact_id"].as_str().unwrap_or("?"),
                         a["kind"].as_str().unwrap_or("?"),
                         a["version"],
-                        if a["archived"] == json!(true) { "  archived" } else { "" }
+                        if a["archived"] == json!(true) {
+                            "  archived"
+                        } else {
+                            ""
+                        }
                     ))?;
                 }
             }
@@ -372,7 +389,9 @@ pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
                 let (a, b) = d
                     .split_once("..")
                     .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
-                    .ok_or_else(|| Failure::usage(format!("--diff {d}: use A..B"), "e.g. --diff 1..3"))?;
+                    .ok_or_else(|| {
+                        Failure::usage(format!("--diff {d}: use A..B"), "e.g. --diff 1..3")
+                    })?;
                 args["diff_from"] = json!(a);
                 args["diff_to"] = json!(b);
             }
@@ -388,7 +407,10 @@ pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
                 let id = str_field(&body, &["artifact_id"]).unwrap_or("?");
                 let udiff = similar::TextDiff::from_lines(&a, &b)
                     .unified_diff()
-                    .header(&format!("{id} v{}", fa["version"]), &format!("{id} v{}", fb["version"]))
+                    .header(
+                        &format!("{id} v{}", fa["version"]),
+                        &format!("{id} v{}", fb["version"]),
+                    )
                     .to_string();
                 print!("{udiff}");
                 return Ok(());
@@ -421,7 +443,11 @@ pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
         }
         ArtifactCmd::Proposals { th, all } => {
             let body = call(ctx, "proposals", json!({"th": th, "all": all})).await?;
-            let list = body.get("proposals").and_then(Value::as_array).cloned().unwrap_or_default();
+            let list = body
+                .get("proposals")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             for p in list {
                 if ctx.json {
                     out_json(&p)?;
@@ -433,7 +459,11 @@ pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
                     p["proposal_id"].as_str().unwrap_or("?"),
                     p["status"].as_str().unwrap_or("?"),
                     p["artifact_id"].as_str().unwrap_or("?"),
-                    by["name"].as_str().or(by["client_id"].as_str()).or(by["id"].as_str()).unwrap_or("?"),
+                    by["name"]
+                        .as_str()
+                        .or(by["client_id"].as_str())
+                        .or(by["id"].as_str())
+                        .unwrap_or("?"),
                     p["rationale"].as_str().unwrap_or(""),
                 ))?;
             }
@@ -452,7 +482,8 @@ pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
                 (None, false) => Some(text_edits(&field, &with_replace)),
                 _ => None,
             };
-            let args = json!({"th": th, "proposal": proposal, "changes": changes, "reason": reason});
+            let args =
+                json!({"th": th, "proposal": proposal, "changes": changes, "reason": reason});
             print_result(ctx, &call(ctx, "accept", args).await?)
         }
         ArtifactCmd::Reject {
@@ -463,10 +494,14 @@ pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
             let args = json!({"th": th, "proposal": proposal, "reason": reason});
             print_result(ctx, &call(ctx, "reject", args).await?)
         }
-        ArtifactCmd::Mode { th, mode } => print_result(ctx, &call(ctx, "mode", json!({"th": th, "mode": mode})).await?),
-        ArtifactCmd::Focus { th, artifacts } => {
-            print_result(ctx, &call(ctx, "focus", json!({"th": th, "artifacts": artifacts})).await?)
-        }
+        ArtifactCmd::Mode { th, mode } => print_result(
+            ctx,
+            &call(ctx, "mode", json!({"th": th, "mode": mode})).await?,
+        ),
+        ArtifactCmd::Focus { th, artifacts } => print_result(
+            ctx,
+            &call(ctx, "focus", json!({"th": th, "artifacts": artifacts})).await?,
+        ),
         ArtifactCmd::Log { th, after, follow } => log(ctx, th, after, follow).await,
     }
 }
@@ -480,11 +515,27 @@ pub fn event_text(frame: &Value) -> String {
         .or(actor["client_id"].as_str())
         .or(actor["id"].as_str())
         .unwrap_or("?");
-    let detail = ["artifact_id", "proposal_id", "version", "decision", "summary", "mode", "run_id", "status"]
-        .iter()
-        .filter_map(|k| ev.get(*k).filter(|v| !v.is_null()).map(|v| format!("{k}={}", v.as_str().map(str::to_string).unwrap_or(v.to_string()))))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let detail = [
+        "artifact_id",
+        "proposal_id",
+        "version",
+        "decision",
+        "summary",
+        "mode",
+        "run_id",
+        "status",
+    ]
+    .iter()
+    .filter_map(|k| {
+        ev.get(*k).filter(|v| !v.is_null()).map(|v| {
+            format!(
+                "{k}={}",
+                v.as_str().map(str::to_string).unwrap_or(v.to_string())
+            )
+        })
+    })
+    .collect::<Vec<_>>()
+    .join(" ");
     format!(
         "#{} {} by {who} {detail}",
         frame["seq"],
@@ -498,7 +549,11 @@ async fn log(ctx: &Ctx, th: String, after: u64, follow: bool) -> Result<(), Fail
     for _ in 0..10_000 {
         let body = call(ctx, "log", json!({"th": th, "after": last})).await?;
         full_th = str_field(&body, &["th"]).unwrap_or(&th).to_string();
-        let events = body.get("events").and_then(Value::as_array).cloned().unwrap_or_default();
+        let events = body
+            .get("events")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         if events.is_empty() {
             break;
         }
@@ -526,7 +581,9 @@ async fn log(ctx: &Ctx, th: String, after: u64, follow: bool) -> Result<(), Fail
             Ok(Some(ev)) => ev,
             _ => return Err(Failure::new(Exit::Failed, "the node stopped", "")),
         };
-        if str_field(&ev, &["event"]) != Some("artifact") || str_field(&ev, &["th"]) != Some(&full_th) {
+        if str_field(&ev, &["event"]) != Some("artifact")
+            || str_field(&ev, &["th"]) != Some(&full_th)
+        {
             continue;
         }
         let frame = ev.get("frame").cloned().unwrap_or(Value::Null);

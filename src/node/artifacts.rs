@@ -94,8 +94,13 @@ impl Artifacts {
             }
         }
         let mut state = match tx.snapshot(&rec.th)? {
-            Some(v) => serde_json::from_value::<WorkspaceState>(v.get("state").cloned().unwrap_or(Value::Null))
-                .map_err(|e| StoreError::Corrupt { tree: "art_snap", detail: e.to_string() })?,
+            Some(v) => serde_json::from_value::<WorkspaceState>(
+                v.get("state").cloned().unwrap_or(Value::Null),
+            )
+            .map_err(|e| StoreError::Corrupt {
+                tree: "art_snap",
+                detail: e.to_string(),
+            })?,
             None => WorkspaceState::new(&rec.th),
         };
         while state.head_seq < rec.head_seq {
@@ -104,10 +109,11 @@ impl Artifacts {
                 break;
             }
             for v in evs {
-                let env: EventEnvelope = serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
-                    tree: "art_events",
-                    detail: e.to_string(),
-                })?;
+                let env: EventEnvelope =
+                    serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
+                        tree: "art_events",
+                        detail: e.to_string(),
+                    })?;
                 state.apply_event(&env).map_err(|e| StoreError::Corrupt {
                     tree: "art_events",
                     detail: e.to_string(),
@@ -209,7 +215,11 @@ fn queue_parts(
         if parts.is_empty() {
             continue;
         }
-        let subject = if i == 0 { subject.map(str::to_string) } else { None };
+        let subject = if i == 0 {
+            subject.map(str::to_string)
+        } else {
+            None
+        };
         let build = move |id: &str, ts: &str| {
             Line::Msg(wire::Msg {
                 id: id.into(),
@@ -297,7 +307,13 @@ fn run_command(
 
 impl Artifacts {
     /// The actor and capabilities of a remote peer in `th`, from its honored grants now.
-    fn remote_actor(&self, inner: &Inner, peer: &PeerKey, th: &str, caps: &[String]) -> (Actor, CapSet) {
+    fn remote_actor(
+        &self,
+        inner: &Inner,
+        peer: &PeerKey,
+        th: &str,
+        caps: &[String],
+    ) -> (Actor, CapSet) {
         (
             Actor::ExternalAgent {
                 client_id: peer.to_string(),
@@ -323,7 +339,13 @@ impl Artifacts {
         let mut notes = Vec::new();
         let mut n = 0;
         for p in &m.parts {
-            let Part::Data(DataPart { data, mime: Some(mime) }) = p else { continue };
+            let Part::Data(DataPart {
+                data,
+                mime: Some(mime),
+            }) = p
+            else {
+                continue;
+            };
             match mime.as_str() {
                 MIME_COMMAND => {
                     n += 1;
@@ -373,7 +395,14 @@ impl Artifacts {
         let mut ws = self.load(tx, rec)?;
         let (party, _) = self.remote_actor(inner, peer, &rec.th, &[]);
         let mut ids = OsIds;
-        let evs = runs::on_peer_state(&ws.state, &party, &rec.th, &s.state, s.note.as_deref(), &mut ids);
+        let evs = runs::on_peer_state(
+            &ws.state,
+            &party,
+            &rec.th,
+            &s.state,
+            s.note.as_deref(),
+            &mut ids,
+        );
         if evs.is_empty() {
             self.keep(ws);
             return Ok(());
@@ -404,10 +433,17 @@ impl Artifacts {
         let mut ws = self.load(tx, rec)?;
         let mut notes = Vec::new();
         for p in &m.parts {
-            let Part::Data(DataPart { data, mime: Some(mime) }) = p else { continue };
+            let Part::Data(DataPart {
+                data,
+                mime: Some(mime),
+            }) = p
+            else {
+                continue;
+            };
             match mime.as_str() {
                 MIME_EVENT => {
-                    let Some(seq) = data.get("seq").and_then(Value::as_u64).filter(|s| *s > 0) else {
+                    let Some(seq) = data.get("seq").and_then(Value::as_u64).filter(|s| *s > 0)
+                    else {
                         continue;
                     };
                     if seq <= rec.head_seq {
@@ -463,8 +499,15 @@ fn is_artifact_msg(m: &wire::Msg) -> bool {
 }
 
 impl InboundHook for Artifacts {
-    fn on_lines(&self, tx: &mut ArtTx<'_, '_>, peer: &PeerKey, lines: &[&Line]) -> Result<(), StoreError> {
-        let Some(inner) = self.node() else { return Ok(()) };
+    fn on_lines(
+        &self,
+        tx: &mut ArtTx<'_, '_>,
+        peer: &PeerKey,
+        lines: &[&Line],
+    ) -> Result<(), StoreError> {
+        let Some(inner) = self.node() else {
+            return Ok(());
+        };
         // Grants are judged once per batch (a revoked or expired grant stops applying at
         // the next batch, i.e. at the next command).
         let mut caps: Option<Vec<String>> = None;
@@ -502,7 +545,9 @@ impl InboundHook for Artifacts {
                     let caps = caps.as_deref().unwrap_or(&[]);
                     self.host_msg(tx, &inner, &mut rec, caps, peer, m)?
                 }
-                (WsRole::Host, Line::State(s), _) => self.host_state(tx, &inner, &mut rec, peer, s)?,
+                (WsRole::Host, Line::State(s), _) => {
+                    self.host_state(tx, &inner, &mut rec, peer, s)?
+                }
                 (WsRole::Replica, Line::Msg(m), _) => self.replica_msg(tx, &mut rec, peer, m)?,
                 _ => {}
             }

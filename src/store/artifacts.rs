@@ -216,7 +216,12 @@ impl<'a, 't> ArtTx<'a, 't> {
     }
 
     /// Up to `limit` events of `th` with seq > `after` (this transaction's writes included).
-    pub fn events_after(&self, th: &str, after: u64, limit: usize) -> Result<Vec<Value>, StoreError> {
+    pub fn events_after(
+        &self,
+        th: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Value>, StoreError> {
         let mut out = self.store.art_events(th, after, limit)?;
         // Events written by this transaction are not in the tree yet.
         let mut next = after + out.len() as u64 + 1;

@@ -35,7 +35,11 @@ fn need<'a>(args: &'a Value, k: &str) -> Result<&'a str, Fail> {
 }
 
 /// The one item of `ids` equal to `want` or starting with it.
-fn unique<'a>(what: &str, want: &str, ids: impl Iterator<Item = &'a String>) -> Result<String, Fail> {
+fn unique<'a>(
+    what: &str,
+    want: &str,
+    ids: impl Iterator<Item = &'a String>,
+) -> Result<String, Fail> {
     let mut found: Vec<&String> = Vec::new();
     for id in ids {
         if id == want {
@@ -48,7 +52,10 @@ fn unique<'a>(what: &str, want: &str, ids: impl Iterator<Item = &'a String>) -> 
     match found.as_slice() {
         [one] => Ok((*one).clone()),
         [] => Err(Fail::new("not_found", format!("no {what} {want}"))),
-        _ => Err(bad(format!("{what} prefix {want} is ambiguous ({} match)", found.len()))),
+        _ => Err(bad(format!(
+            "{what} prefix {want} is ambiguous ({} match)",
+            found.len()
+        ))),
     }
 }
 
@@ -93,7 +100,12 @@ fn frame(command: Value) -> Value {
 }
 
 /// Run `frame` on `rec`: locally on the host, or sent to the host and awaited.
-async fn submit(inner: &Arc<Inner>, rec: &WsRecord, frame: Value, wait_ms: u64) -> Result<Value, Fail> {
+async fn submit(
+    inner: &Arc<Inner>,
+    rec: &WsRecord,
+    frame: Value,
+    wait_ms: u64,
+) -> Result<Value, Fail> {
     let cid = frame.get("command_id").cloned().unwrap_or(Value::Null);
     if rec.role == WsRole::Host {
         let (result, events) = super::run_local(inner, &rec.th, frame, None, None)
@@ -117,7 +129,10 @@ async fn submit(inner: &Arc<Inner>, rec: &WsRecord, frame: Value, wait_ms: u64) 
             parts: vec![part.clone()],
         })
     };
-    inner.store.enqueue(&rec.peer, &[&build]).map_err(internal)?;
+    inner
+        .store
+        .enqueue(&rec.peer, &[&build])
+        .map_err(internal)?;
     inner.store.flush().await.map_err(internal)?;
     inner.outbox_changed(&rec.peer);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
@@ -128,12 +143,16 @@ async fn submit(inner: &Arc<Inner>, rec: &WsRecord, frame: Value, wait_ms: u64) 
                     && ev.get("th").and_then(Value::as_str) == Some(rec.th.as_str())
                     && ev.get("command_id") == Some(&cid);
                 if is_ours {
-                    return Ok(json!({"th": rec.th, "role": "replica", "result": ev.get("result")}));
+                    return Ok(
+                        json!({"th": rec.th, "role": "replica", "result": ev.get("result")}),
+                    );
                 }
             }
             Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => continue,
             _ => {
-                return Ok(json!({"th": rec.th, "role": "replica", "queued": true, "command_id": cid}))
+                return Ok(
+                    json!({"th": rec.th, "role": "replica", "queued": true, "command_id": cid}),
+                )
             }
         }
     }
@@ -152,7 +171,10 @@ fn artifact_json(a: &crate::artifact::state::Artifact) -> Value {
 
 /// Handle one `artifact` control request.
 pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Result<Value, Fail> {
-    let wait_ms = args.get("wait_ms").and_then(Value::as_u64).unwrap_or(DEFAULT_WAIT_MS);
+    let wait_ms = args
+        .get("wait_ms")
+        .and_then(Value::as_u64)
+        .unwrap_or(DEFAULT_WAIT_MS);
     match action {
         "new" => {
             let kind = need(&args, "kind")?.to_string();
@@ -176,9 +198,10 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
                     let th = format!("thr_{}", ulid::Ulid::generate());
                     cmd["thread_id"] = json!(th);
                     let subject = title.or_else(|| Some("artifact thread".into()));
-                    let (result, events) = super::run_local(inner, &th, frame(cmd), Some(peer), subject)
-                        .await
-                        .map_err(internal)?;
+                    let (result, events) =
+                        super::run_local(inner, &th, frame(cmd), Some(peer), subject)
+                            .await
+                            .map_err(internal)?;
                     Ok(json!({"th": th, "role": "host", "result": result, "events": events.len()}))
                 }
                 (None, None) => Err(bad("give a peer (a new thread) or a thread")),
@@ -220,11 +243,15 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
             let id = artifact_id(&st, need(&args, "artifact")?)?;
             let a = &st.artifacts[&id];
             let pick = |n: u64| -> Result<&crate::artifact::state::Version, Fail> {
-                a.versions
-                    .get((n as usize).wrapping_sub(1))
-                    .ok_or_else(|| Fail::new("not_found", format!("{id} has versions 1..{}", a.head())))
+                a.versions.get((n as usize).wrapping_sub(1)).ok_or_else(|| {
+                    Fail::new("not_found", format!("{id} has versions 1..{}", a.head()))
+                })
             };
-            let v = pick(args.get("version").and_then(Value::as_u64).unwrap_or(a.head()))?;
+            let v = pick(
+                args.get("version")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(a.head()),
+            )?;
             let mut out = json!({
                 "th": rec.th,
                 "artifact_id": id,
@@ -265,7 +292,10 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
                 if action == "archive" || args.get("archive") == Some(&json!(true)) {
                     json!({"type": "archive_artifact", "artifact_id": id, "base_version": base, "thread_id": rec.th})
                 } else {
-                    let patch = args.get("patch").cloned().ok_or_else(|| bad("missing `patch`"))?;
+                    let patch = args
+                        .get("patch")
+                        .cloned()
+                        .ok_or_else(|| bad("missing `patch`"))?;
                     let mut c = json!({"type": "edit_artifact", "artifact_id": id, "base_version": base, "patch": patch, "thread_id": rec.th});
                     if let Some(sm) = s(&args, "summary") {
                         c["summary"] = json!(sm);
@@ -325,7 +355,12 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
             let rec = workspace(inner, need(&args, "th")?)?;
             let st = state(inner, &rec).await?;
             let mut ids = Vec::new();
-            for a in args.get("artifacts").and_then(Value::as_array).into_iter().flatten() {
+            for a in args
+                .get("artifacts")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let a = a.as_str().ok_or_else(|| bad("artifacts are strings"))?;
                 ids.push(artifact_id(&st, a)?);
             }
@@ -335,13 +370,23 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
         "log" => {
             let rec = workspace(inner, need(&args, "th")?)?;
             let after = args.get("after").and_then(Value::as_u64).unwrap_or(0);
-            let limit = args.get("limit").and_then(Value::as_u64).unwrap_or(1000).min(10_000) as usize;
-            let events = inner.store.art_events(&rec.th, after, limit).map_err(internal)?;
+            let limit = args
+                .get("limit")
+                .and_then(Value::as_u64)
+                .unwrap_or(1000)
+                .min(10_000) as usize;
+            let events = inner
+                .store
+                .art_events(&rec.th, after, limit)
+                .map_err(internal)?;
             Ok(json!({"th": rec.th, "role": rec.role, "head_seq": rec.head_seq, "events": events}))
         }
         "command" => {
             let rec = workspace(inner, need(&args, "th")?)?;
-            let cmd = args.get("command").cloned().ok_or_else(|| bad("missing `command`"))?;
+            let cmd = args
+                .get("command")
+                .cloned()
+                .ok_or_else(|| bad("missing `command`"))?;
             let mut f = frame(cmd);
             if let Some(Value::String(c)) = args.get("command_id") {
                 f["command_id"] = json!(c);
