@@ -46,3 +46,7 @@ AWP_BIN="$ROOT/target/release/awp" AWP_BENCH_DIR="$WORK" bash "$ROOT/scripts/ben
 echo
 echo "7. relay: 2,000 connected nodes (scripts/bench-relay.sh)"
 bash "$ROOT/scripts/bench-relay.sh" "${BENCH_RELAY_CLIENTS:-2000}"
+
+echo
+echo "8. artifact threads (scripts/bench-artifact.sh)"
+AWP_BIN="$ROOT/target/release/awp" AWP_BENCH_DIR="$WORK" bash "$ROOT/scripts/bench-artifact.sh" "${BENCH_ARTIFACT_N:-10000}"

@@ -384,3 +384,186 @@ async fn sigkilled_host_applies_each_command_once_and_the_replica_matches() {
     host.kill().unwrap();
     host.wait().unwrap();
 }
+
+/// A raw peer acting as a host: event msgs sent by hand to the node's replica.
+struct RawHost {
+    raw: Raw,
+    th: String,
+    n: u32,
+}
+
+impl RawHost {
+    async fn new(node: &TestNode, th: &str) -> RawHost {
+        let mut raw = Raw::dial(&node.address(), 41).await;
+        raw.handshake().await;
+        raw.write(br#"{"t":"resume","id":"01K000000000000000000000FF","ts":"2026-01-01T00:00:00.000Z","seen":{}}"#).await;
+        RawHost {
+            raw,
+            th: th.into(),
+            n: 0x100,
+        }
+    }
+
+    fn envelope(&self, seq: u64, event: Value) -> Value {
+        json!({"seq": seq, "id": format!("00000000-0000-4000-8000-{seq:012}"), "ts": "2026-01-01T00:00:00Z",
+               "workspace_id": self.th, "thread_id": self.th, "run_id": null,
+               "actor": {"kind": "user", "id": "raw", "name": null}, "traceparent": null,
+               "event": event, "type": "event"})
+    }
+
+    fn created(&self, seq: u64, text: &str) -> Value {
+        self.envelope(seq, json!({"type": "artifact_created", "artifact_id": "art_1", "kind": "markdown",
+            "version": 1, "data": {"text": text}, "thread_id": self.th, "proposal_id": null, "run_id": null}))
+    }
+
+    /// Send one msg with these data parts (mime, data); returns its id.
+    async fn send(&mut self, parts: &[(&str, Value)]) -> String {
+        self.n += 1;
+        let id = format!("01K000000000000000000{:05X}", self.n);
+        let parts: Vec<Value> = parts
+            .iter()
+            .map(|(m, d)| json!({"k": "data", "mime": m, "data": d}))
+            .collect();
+        let line = json!({"t": "msg", "id": id, "ts": "2026-01-01T00:00:00.000Z", "th": self.th, "parts": parts});
+        self.raw.write(line.to_string().as_bytes()).await;
+        id
+    }
+
+    /// Lines from the node until a msg in our thread with a part of `mime` (10 s at most).
+    async fn expect_part(&mut self, mime: &str) -> Value {
+        for _ in 0..50 {
+            let Some(l) = self.raw.read().await else {
+                break;
+            };
+            let v: Value = serde_json::from_slice(&l).unwrap();
+            if v["t"] == "msg" {
+                if let Some(p) = v["parts"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["mime"] == mime)
+                {
+                    return p["data"].clone();
+                }
+            }
+        }
+        panic!("no {mime} part from the node");
+    }
+}
+
+async fn replica_head(node: &TestNode, th: &str) -> Option<u64> {
+    let r = ctl(
+        &node.path(),
+        Request::Artifact {
+            action: "log".into(),
+            args: json!({"th": th}),
+        },
+    )
+    .await;
+    r.ok.then(|| r.body["head_seq"].as_u64().unwrap())
+}
+
+const EV: &str = "application/vnd.artifactr.v1.event+json";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_holds_back_events_after_a_gap_and_asks_the_host_to_resend() {
+    let node = TestNode::start("guest@test").await;
+    let mut host = RawHost::new(&node, "thr_rawhost").await;
+    let created = host.created(1, "v1");
+    let thread = host.envelope(
+        2,
+        json!({"type": "thread_created", "thread_id": "thr_other", "title": ""}),
+    );
+    let mode = host.envelope(
+        3,
+        json!({"type": "thread_mode_changed", "thread_id": "thr_other", "mode": "suggest"}),
+    );
+    // Seq 1 opens the replica.
+    host.send(&[(EV, created)]).await;
+    eventually(10, || async {
+        (replica_head(&node, "thr_rawhost").await == Some(1)).then_some(())
+    })
+    .await;
+    // Seq 3 before seq 2: held back, and the node asks to resend after 1.
+    host.send(&[(EV, mode.clone())]).await;
+    let ask = host
+        .expect_part("application/vnd.artifactr.v1.resend+json")
+        .await;
+    assert_eq!(ask, json!({"after_seq": 1}));
+    assert_eq!(
+        replica_head(&node, "thr_rawhost").await,
+        Some(1),
+        "seq 3 must wait for seq 2"
+    );
+    // Seq 2 fills the gap: 2 and the held 3 apply, in order.
+    host.send(&[(EV, thread)]).await;
+    eventually(10, || async {
+        (replica_head(&node, "thr_rawhost").await == Some(3)).then_some(())
+    })
+    .await;
+    let log = art(&node.path(), "log", json!({"th": "thr_rawhost"})).await;
+    let seqs: Vec<u64> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    // A duplicate of an applied seq changes nothing.
+    host.send(&[(EV, mode)]).await;
+    host.send(&[(
+        EV,
+        host.envelope(
+            4,
+            json!({"type": "thread_mode_changed", "thread_id": "thr_other", "mode": "edit"}),
+        ),
+    )])
+    .await;
+    eventually(10, || async {
+        (replica_head(&node, "thr_rawhost").await == Some(4)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_refuses_host_events_that_do_not_parse_or_fit() {
+    let node = TestNode::start("guest@test").await;
+    let mut host = RawHost::new(&node, "thr_rawbad").await;
+    host.send(&[(EV, host.created(1, "v1"))]).await;
+    eventually(10, || async {
+        (replica_head(&node, "thr_rawbad").await == Some(1)).then_some(())
+    })
+    .await;
+    let bad = [
+        json!({"seq": 2}),                // not an envelope
+        json!({"seq": "2", "event": {}}), // seq not a number: ignored
+        json!({"seq": 0}),                // seq 0
+        host.created(2, "again"),         // artifact_created of an existing artifact
+        {
+            let mut e = host.envelope(
+                2,
+                json!({"type": "thread_created", "thread_id": "t", "title": ""}),
+            );
+            e["workspace_id"] = json!("thr_elsewhere"); // another workspace
+            e
+        },
+    ];
+    for b in bad {
+        host.send(&[(EV, b)]).await;
+    }
+    // A good seq 2 after the bad ones still applies: nothing bad was taken as seq 2.
+    host.send(&[(
+        EV,
+        host.envelope(
+            2,
+            json!({"type": "thread_created", "thread_id": "t", "title": "ok"}),
+        ),
+    )])
+    .await;
+    eventually(10, || async {
+        (replica_head(&node, "thr_rawbad").await == Some(2)).then_some(())
+    })
+    .await;
+    let log = art(&node.path(), "log", json!({"th": "thr_rawbad"})).await;
+    assert_eq!(log["events"][1]["event"]["title"], "ok");
+}

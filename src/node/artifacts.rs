@@ -574,16 +574,18 @@ pub(super) fn on_received(inner: &Arc<Inner>, from: PeerKey, line: &Line) {
     }
 }
 
-/// Run a command of this node's own user on the hosted workspace `th` (one transaction:
-/// state, log, dedup, and the msg carrying the events to the guest), flush, emit.
-/// `subject` titles the AWP thread when this is its first msg.
+/// Run commands of this node's own user on the hosted workspace `th` (one transaction:
+/// state, log, dedup, and the msgs carrying the events to the guest), flush, emit.
+/// `create`: host a new workspace with that peer when `th` is none yet. `subject` titles
+/// the AWP thread when this is its first msg. Returns the results (in order) and the node
+/// events.
 pub(super) async fn run_local(
     inner: &Arc<Inner>,
     th: &str,
-    frame: Value,
+    frames: Vec<Value>,
     create: Option<PeerKey>,
     subject: Option<String>,
-) -> Result<(Value, Vec<Value>), StoreError> {
+) -> Result<(Vec<Value>, Vec<Value>), StoreError> {
     let me = inner.identity.key();
     let actor = Actor::User {
         id: me.to_string(),
@@ -592,7 +594,7 @@ pub(super) async fn run_local(
     let arts = inner.artifacts.clone();
     let th2 = th.to_string();
     let store = inner.store.clone();
-    let ((result, notes, peer), _) = tokio::task::spawn_blocking(move || {
+    let ((results, notes, peer), _) = tokio::task::spawn_blocking(move || {
         store.art_tx(|tx| {
             let mut rec = match (tx.ws(&th2)?, create) {
                 (Some(r), _) if r.role == WsRole::Host => r,
@@ -617,12 +619,16 @@ pub(super) async fn run_local(
                 let (_, _, envs) = run_command(tx, &mut rec, &mut ws, actor.clone(), CapSet::all(), &ct)?;
                 envs_all.extend(envs);
             }
-            let (result, _, envs) = run_command(tx, &mut rec, &mut ws, actor.clone(), CapSet::all(), &frame)?;
-            envs_all.extend(envs);
+            let mut results = Vec::with_capacity(frames.len());
+            for frame in &frames {
+                let (result, _, envs) = run_command(tx, &mut rec, &mut ws, actor.clone(), CapSet::all(), frame)?;
+                results.push(result);
+                envs_all.extend(envs);
+            }
             arts.keep(ws);
             tx.put_ws(&rec)?;
             queue_parts(tx, &rec.peer, &th2, None, subject.as_deref(), Vec::new(), &envs_all)?;
-            Ok((result, node_events(&rec, &envs_all), rec.peer))
+            Ok((results, node_events(&rec, &envs_all), rec.peer))
         })
     })
     .await
@@ -632,5 +638,5 @@ pub(super) async fn run_local(
     for e in &notes {
         inner.emit(e.clone());
     }
-    Ok((result, notes))
+    Ok((results, notes))
 }

@@ -108,33 +108,14 @@ async fn submit(
 ) -> Result<Value, Fail> {
     let cid = frame.get("command_id").cloned().unwrap_or(Value::Null);
     if rec.role == WsRole::Host {
-        let (result, events) = super::run_local(inner, &rec.th, frame, None, None)
+        let (mut results, events) = super::run_local(inner, &rec.th, vec![frame], None, None)
             .await
             .map_err(internal)?;
+        let result = results.pop().unwrap_or(Value::Null);
         return Ok(json!({"th": rec.th, "role": "host", "result": result, "events": events.len()}));
     }
     let mut rx = inner.events.subscribe();
-    let th = rec.th.clone();
-    let part = Part::Data(DataPart {
-        data: frame,
-        mime: Some(MIME_COMMAND.to_string()),
-    });
-    let build = move |id: &str, ts: &str| {
-        Line::Msg(wire::Msg {
-            id: id.into(),
-            ts: ts.into(),
-            th: th.clone(),
-            re: None,
-            subject: None,
-            parts: vec![part.clone()],
-        })
-    };
-    inner
-        .store
-        .enqueue(&rec.peer, &[&build])
-        .map_err(internal)?;
-    inner.store.flush().await.map_err(internal)?;
-    inner.outbox_changed(&rec.peer);
+    send_commands(inner, rec, vec![frame]).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -156,6 +137,38 @@ async fn submit(
             }
         }
     }
+}
+
+/// Queue one command msg per frame for the host of `rec`, in one transaction; flush.
+async fn send_commands(inner: &Arc<Inner>, rec: &WsRecord, frames: Vec<Value>) -> Result<(), Fail> {
+    let builders: Vec<Box<dyn Fn(&str, &str) -> Line + Send + Sync>> = frames
+        .into_iter()
+        .map(|frame| {
+            let th = rec.th.clone();
+            let part = Part::Data(DataPart {
+                data: frame,
+                mime: Some(MIME_COMMAND.to_string()),
+            });
+            Box::new(move |id: &str, ts: &str| {
+                Line::Msg(wire::Msg {
+                    id: id.into(),
+                    ts: ts.into(),
+                    th: th.clone(),
+                    re: None,
+                    subject: None,
+                    parts: vec![part.clone()],
+                })
+            }) as Box<dyn Fn(&str, &str) -> Line + Send + Sync>
+        })
+        .collect();
+    let refs: Vec<crate::store::LineBuilder<'_>> =
+        builders.iter().map(|b| b.as_ref() as _).collect();
+    inner.store.enqueue(&rec.peer, &refs).map_err(internal)?;
+    drop(refs);
+    drop(builders);
+    inner.store.flush().await.map_err(internal)?;
+    inner.outbox_changed(&rec.peer);
+    Ok(())
 }
 
 fn artifact_json(a: &crate::artifact::state::Artifact) -> Value {
@@ -188,20 +201,42 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
                 cmd["artifact_id"] = json!(id);
             }
             match (s(&args, "th"), s(&args, "peer")) {
-                (Some(th), _) => {
-                    let rec = workspace(inner, th)?;
-                    cmd["thread_id"] = json!(rec.th);
-                    submit(inner, &rec, frame(cmd), wait_ms).await
-                }
+                (Some(th), _) => match workspace(inner, th) {
+                    Ok(rec) => {
+                        cmd["thread_id"] = json!(rec.th);
+                        submit(inner, &rec, frame(cmd), wait_ms).await
+                    }
+                    Err(e) => {
+                        // A plain AWP thread with a peer becomes an artifact thread hosted here.
+                        let Some(t) = inner.store.thread(th).map_err(internal)? else {
+                            return Err(e);
+                        };
+                        cmd["thread_id"] = json!(t.th);
+                        let (mut results, events) = super::run_local(
+                            inner,
+                            &t.th,
+                            vec![frame(cmd)],
+                            Some(t.peer),
+                            title.or(t.subject),
+                        )
+                        .await
+                        .map_err(internal)?;
+                        let result = results.pop().unwrap_or(Value::Null);
+                        Ok(
+                            json!({"th": t.th, "role": "host", "result": result, "events": events.len()}),
+                        )
+                    }
+                },
                 (None, Some(peer)) => {
                     let peer: PeerKey = resolve_peer(inner, peer)?;
                     let th = format!("thr_{}", ulid::Ulid::generate());
                     cmd["thread_id"] = json!(th);
                     let subject = title.or_else(|| Some("artifact thread".into()));
-                    let (result, events) =
-                        super::run_local(inner, &th, frame(cmd), Some(peer), subject)
+                    let (mut results, events) =
+                        super::run_local(inner, &th, vec![frame(cmd)], Some(peer), subject)
                             .await
                             .map_err(internal)?;
+                    let result = results.pop().unwrap_or(Value::Null);
                     Ok(json!({"th": th, "role": "host", "result": result, "events": events.len()}))
                 }
                 (None, None) => Err(bad("give a peer (a new thread) or a thread")),
@@ -380,6 +415,32 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
                 .art_events(&rec.th, after, limit)
                 .map_err(internal)?;
             Ok(json!({"th": rec.th, "role": rec.role, "head_seq": rec.head_seq, "events": events}))
+        }
+        "commands" => {
+            // Many frames at once (`{"th", "commands": [CommandFrame…]}`): on the host one
+            // transaction; on a replica one msg per command, queued in one transaction and
+            // not awaited (results arrive as `artifact_result` events).
+            let rec = workspace(inner, need(&args, "th")?)?;
+            let frames: Vec<Value> = args
+                .get("commands")
+                .and_then(Value::as_array)
+                .cloned()
+                .ok_or_else(|| bad("missing `commands`"))?;
+            let n = frames.len();
+            if rec.role == WsRole::Host {
+                let (results, events) = super::run_local(inner, &rec.th, frames, None, None)
+                    .await
+                    .map_err(internal)?;
+                let ok = results
+                    .iter()
+                    .filter(|r| r.get("ok") == Some(&json!(true)))
+                    .count();
+                return Ok(
+                    json!({"th": rec.th, "role": "host", "commands": n, "ok": ok, "events": events.len()}),
+                );
+            }
+            send_commands(inner, &rec, frames).await?;
+            Ok(json!({"th": rec.th, "role": "replica", "commands": n, "queued": true}))
         }
         "command" => {
             let rec = workspace(inner, need(&args, "th")?)?;
