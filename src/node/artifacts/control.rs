@@ -139,9 +139,12 @@ async fn submit(
     }
 }
 
+/// A line builder that can be held across an await.
+type Builder = Box<dyn Fn(&str, &str) -> Line + Send + Sync>;
+
 /// Queue one command msg per frame for the host of `rec`, in one transaction; flush.
 async fn send_commands(inner: &Arc<Inner>, rec: &WsRecord, frames: Vec<Value>) -> Result<(), Fail> {
-    let builders: Vec<Box<dyn Fn(&str, &str) -> Line + Send + Sync>> = frames
+    let builders: Vec<Builder> = frames
         .into_iter()
         .map(|frame| {
             let th = rec.th.clone();
@@ -158,7 +161,7 @@ async fn send_commands(inner: &Arc<Inner>, rec: &WsRecord, frames: Vec<Value>) -
                     subject: None,
                     parts: vec![part.clone()],
                 })
-            }) as Box<dyn Fn(&str, &str) -> Line + Send + Sync>
+            }) as Builder
         })
         .collect();
     let refs: Vec<crate::store::LineBuilder<'_>> =
