@@ -502,6 +502,7 @@ async fn a_replica_holds_back_events_after_a_gap_and_asks_the_host_to_resend() {
     })
     .await;
     let log = art(&node.path(), "log", json!({"th": "thr_rawhost"})).await;
+    assert_eq!(log["held"], 0);
     let seqs: Vec<u64> = log["events"]
         .as_array()
         .unwrap()
@@ -566,4 +567,5 @@ async fn a_replica_refuses_host_events_that_do_not_parse_or_fit() {
     .await;
     let log = art(&node.path(), "log", json!({"th": "thr_rawbad"})).await;
     assert_eq!(log["events"][1]["event"]["title"], "ok");
+    assert_eq!(log["held"], 0, "nothing refused was held back");
 }

@@ -449,6 +449,16 @@ impl Artifacts {
                     if seq <= rec.head_seq {
                         continue;
                     }
+                    if seq
+                        > rec
+                            .head_seq
+                            .saturating_add(artifact::replica::MAX_HELD as u64)
+                    {
+                        // Far beyond the head: not held (bounded storage); resent later.
+                        tracing::warn!(th = %rec.th, seq, head = rec.head_seq, "host event too far ahead");
+                        rec.held_max = rec.held_max.max(seq);
+                        continue;
+                    }
                     if seq > rec.head_seq + 1 {
                         tx.hold(&rec.th, seq, data)?;
                         rec.held_max = rec.held_max.max(seq);

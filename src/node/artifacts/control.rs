@@ -417,7 +417,10 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
                 .store
                 .art_events(&rec.th, after, limit)
                 .map_err(internal)?;
-            Ok(json!({"th": rec.th, "role": rec.role, "head_seq": rec.head_seq, "events": events}))
+            let held = inner.store.art_held(&rec.th).map_err(internal)?;
+            Ok(
+                json!({"th": rec.th, "role": rec.role, "head_seq": rec.head_seq, "held": held, "events": events}),
+            )
         }
         "commands" => {
             // Many frames at once (`{"th", "commands": [CommandFrame…]}`): on the host one
