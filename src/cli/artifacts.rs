@@ -110,7 +110,7 @@ pub enum ArtifactCmd {
         #[arg(long, value_name = "FILE", conflicts_with = "with_replace")]
         with_changes: Option<PathBuf>,
         /// A text replacement applied on top of the proposed change.
-        #[arg(long, num_args = 2, value_names = ["OLD", "NEW"])]
+        #[arg(long, num_args = 2, value_names = ["OLD", "NEW"], allow_hyphen_values = true)]
         with_replace: Vec<String>,
         /// Text field of `--with-replace` (default text).
         #[arg(long, default_value = "text")]
@@ -160,7 +160,7 @@ pub struct PatchArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "replace")]
     pub json_patch: Option<PathBuf>,
     /// Replace OLD (which must occur exactly once) with NEW; repeatable, applied in order.
-    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"])]
+    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"], allow_hyphen_values = true)]
     pub replace: Vec<String>,
     /// Text field of `--replace` (default text).
     #[arg(long, default_value = "text")]
