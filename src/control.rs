@@ -130,6 +130,14 @@ pub enum Request {
     /// Grants issued by us, held by us, and presented to us, with validity, a [`Page`] at
     /// a time in hash order: `{"grants":[…], "next"?}`.
     Grants,
+    /// `awp artifact …`: an action on artifact threads (`new`, `list`, `show`, `edit`,
+    /// `archive`, `propose`, `proposals`, `accept`, `reject`, `mode`, `focus`, `log`,
+    /// `command`) with its arguments; see `node::artifacts::control` for each.
+    Artifact {
+        action: String,
+        #[serde(default)]
+        args: Value,
+    },
     /// Revoke a grant by hash: never honored here again (and dropped when it was ours).
     Revoke { hash: String },
     /// Introduce `peer` to `to`: send `to` an `introduce` line with `peer`'s key, name and

@@ -223,6 +223,10 @@ pub enum Command {
     },
     /// List grants: issued by us, held by us, presented to us, with validity.
     Grants,
+    /// Artifact threads: shared documents with versions, edits and proposals (artifactr.v1
+    /// over AWP threads; the node that opens the thread hosts it).
+    #[command(subcommand)]
+    Artifact(super::artifacts::ArtifactCmd),
     /// Revoke a grant by its hash (never honored here again).
     Revoke {
         /// The grant's hash (32 hex characters, from `awp grants`).

@@ -52,6 +52,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
             aud,
         } => super::grants::grant(ctx, peer, caps, ttl, aud).await,
         Command::Grants => super::grants::grants(ctx).await,
+        Command::Artifact(cmd) => super::artifacts::run(ctx, cmd).await,
         Command::Revoke { hash } => super::grants::revoke(ctx, hash).await,
         Command::Introduce {
             to,
@@ -145,7 +146,7 @@ impl Ctx {
         ))
     }
 
-    async fn subscribe(&self, req: &Request) -> Result<control::Subscription, Failure> {
+    pub(super) async fn subscribe(&self, req: &Request) -> Result<control::Subscription, Failure> {
         self.ensure_node(&StartArgs::default()).await?;
         control::subscribe(&self.socket(), req)
             .await
@@ -469,6 +470,12 @@ async fn tail(
         match str_field(&ev, &["event"]) {
             Some("caught_up") if once => return Ok(()),
             Some("line") => print_event(ctx, &ev)?,
+            Some("artifact") if ctx.json => super::out_json(&Value::Object(ev))?,
+            Some("artifact") => out(&format!(
+                "artifact {} {}",
+                str_field(&ev, &["th"]).unwrap_or("?"),
+                super::artifacts::event_text(ev.get("frame").unwrap_or(&Value::Null))
+            ))?,
             _ => {}
         }
     }

@@ -5,6 +5,7 @@
 //! line on stderr: `awp: <what went wrong>; <what to do>`.
 
 pub mod args;
+pub mod artifacts;
 pub mod blobs;
 pub mod commands;
 pub mod doctor;

@@ -289,6 +289,8 @@ pub async fn run_with(
                     if let Some(key) = registered {
                         // A served request (durable and acked by now), if it is one.
                         super::serve::on_msg(&inner, key, &line);
+                        // An artifact command's reply was queued with it: send it now.
+                        super::artifacts::on_received(&inner, key, &line);
                         // Events are built only when someone listens (tail, wait, listen).
                         if inner.events.receiver_count() > 0 {
                             inner.emit(line_event(seq, "in", &key, peer_name.as_deref(), &line));

@@ -13,6 +13,7 @@
 //!   `served_fs` (paths confined beneath the root's handle) and `workers` (the bounded
 //!   threads served work runs on, and the `--sandbox` Landlock domain).
 
+mod artifacts;
 mod blobs;
 mod conn;
 mod dialer;
@@ -172,6 +173,8 @@ pub(crate) struct Inner {
     pub blob_limit: u64,
     /// Grants whose signature was checked, by hash (each is verified once).
     pub grant_cache: Mutex<crate::grant::VerifyCache>,
+    /// Artifact threads (hosted workspaces and replicas).
+    pub artifacts: Arc<artifacts::Artifacts>,
 }
 
 /// A started node.
@@ -268,7 +271,9 @@ impl NodeHandle {
             settings: settings.clone(),
             serve,
             grant_cache: Mutex::new(crate::grant::VerifyCache::default()),
+            artifacts: artifacts::Artifacts::new(),
         });
+        inner.artifacts.install(&inner);
         // Finish moving blobs that a crash left between "complete" and their final path.
         let recovery = crate::blob::BlobReceiver::new(
             inner.store.clone(),

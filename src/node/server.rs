@@ -179,6 +179,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 "version": env!("CARGO_PKG_VERSION"),
             }))
         }
+        Request::Artifact { action, args } => super::artifacts::control(inner, &action, args).await,
         Request::Whoami => {
             let key = inner.identity.key();
             Ok(

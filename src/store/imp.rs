@@ -99,6 +99,20 @@ pub(super) struct Writer {
     log_seq: u64,
 }
 
+impl Writer {
+    pub(super) fn ids_clone(&self) -> IdGen {
+        self.ids.clone()
+    }
+    pub(super) fn log_seq_value(&self) -> u64 {
+        self.log_seq
+    }
+    /// After a transaction that used copies of both committed.
+    pub(super) fn set_after_commit(&mut self, ids: IdGen, log_seq: u64) {
+        self.ids = ids;
+        self.log_seq = log_seq;
+    }
+}
+
 /// The node's database: outbox, message log, dedup index, seen, threads, peers, addresses
 /// and meta, in one sled database. Cheap to share behind an `Arc`; all methods take `&self`.
 ///
@@ -108,6 +122,8 @@ pub struct Store {
     pub(super) trees: Trees,
     writer: Mutex<Writer>,
     group: Arc<Group>,
+    /// Work run inside [`Store::receive_batch`]'s transaction (see [`super::InboundHook`]).
+    pub(super) hook: std::sync::OnceLock<Arc<dyn super::InboundHook>>,
     /// Declared last: marks the directory closed after the sled handles are dropped.
     _mark: OpenMark,
 }
@@ -189,6 +205,7 @@ impl Store {
                 log_seq,
             }),
             group,
+            hook: std::sync::OnceLock::new(),
             _mark: guard,
         };
         store.count_outbox_bytes()?;
@@ -242,8 +259,30 @@ impl Store {
         let mut ids = w.ids.clone();
         let mut seq = w.log_seq;
         let now = wire::time::now_ms();
-        let ts = wire::time::format_ms(now);
         let mut tx = Tx::new(&self.trees);
+        let out = self.enqueue_in(&mut tx, &mut ids, &mut seq, now, peer, builders)?;
+        if out.is_empty() {
+            return Ok(out);
+        }
+        tx.commit()?;
+        w.ids = ids;
+        w.log_seq = seq;
+        Ok(out)
+    }
+
+    /// The body of [`Store::enqueue`] on a caller's write set: allocates ids from `ids`
+    /// and log seqs from `seq` (the caller stores both back into the writer after its
+    /// commit) and records `last_id` / `log_seq` in meta.
+    pub(super) fn enqueue_in(
+        &self,
+        tx: &mut Tx<'_>,
+        ids: &mut IdGen,
+        seq: &mut u64,
+        now: u64,
+        peer: &PeerKey,
+        builders: &[LineBuilder<'_>],
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let ts = wire::time::format_ms(now);
         let mut out = Vec::with_capacity(builders.len());
         let mut queued_bytes = 0u64;
         let peer_hex = hex(peer.as_bytes());
@@ -265,11 +304,11 @@ impl Store {
             }
             let th = line.th().map(str::to_owned);
             let kind = line.kind().to_owned();
-            seq += 1;
+            *seq += 1;
             let orec = OutRec {
                 th: th.clone(),
                 kind: kind.clone(),
-                seq,
+                seq: *seq,
             };
             let packed = pack(&orec, &bytes)?;
             queued_bytes += packed.len() as u64;
@@ -284,9 +323,9 @@ impl Store {
                 read: true,
                 acked: false,
             };
-            tx.put(T::Log, u64_be(seq), pack(&lrec, &bytes)?);
+            tx.put(T::Log, u64_be(*seq), pack(&lrec, &bytes)?);
             if let Some(th) = &th {
-                let mut t = self.thread_for_update(&tx, th, peer, now, true)?;
+                let mut t = self.thread_for_update(tx, th, peer, now, true)?;
                 t.updated = t.updated.max(now);
                 match &line {
                     Line::Msg(m) if t.subject.is_none() => t.subject = m.subject.clone(),
@@ -303,14 +342,14 @@ impl Store {
                 th,
                 kind,
                 line: bytes,
-                seq,
+                seq: *seq,
             });
         }
         if out.is_empty() {
             return Ok(out);
         }
-        self.adjust_count(&mut tx, peer, out.len() as i64)?;
-        self.adjust_bytes(&mut tx, peer, queued_bytes as i64)?;
+        self.adjust_count(tx, peer, out.len() as i64)?;
+        self.adjust_bytes(tx, peer, queued_bytes as i64)?;
         let pk = peer.as_bytes().to_vec();
         if let Some(v) = tx.get(T::Peers, &pk)? {
             let mut p: PeerRec = dec("peers", &v)?;
@@ -322,10 +361,7 @@ impl Store {
         if let Some(last) = ids.last() {
             tx.put(T::Meta, META_LAST_ID, last.to_string().into_bytes());
         }
-        tx.put(T::Meta, META_LOG_SEQ, u64_be(seq).to_vec());
-        tx.commit()?;
-        w.ids = ids;
-        w.log_seq = seq;
+        tx.put(T::Meta, META_LOG_SEQ, u64_be(*seq).to_vec());
         Ok(out)
     }
 
@@ -615,6 +651,7 @@ impl Store {
         let peer_hex = hex(peer.as_bytes());
         let mut tx = Tx::new(&self.trees);
         let mut batch_ids: HashSet<&str> = HashSet::new();
+        let mut new_lines: Vec<&Line> = Vec::new();
         let mut out = Vec::with_capacity(lines.len());
         for (line, raw) in lines {
             let (Some(th), Some(id)) = (content_th(line), line.id()) else {
@@ -670,12 +707,22 @@ impl Store {
                 _ => {}
             }
             tx.put(T::Threads, th.as_bytes(), enc(&t)?);
+            if matches!(line, Line::Msg(_) | Line::State(_)) {
+                new_lines.push(line);
+            }
             out.push(Received::New(seq));
+        }
+        let mut ids = w.ids.clone();
+        if let (Some(hook), false) = (self.hook.get(), new_lines.is_empty()) {
+            // Work that must commit with the lines (artifact commands): same transaction.
+            let mut atx = super::artifacts::ArtTx::new(self, &mut tx, &mut ids, &mut seq, now);
+            hook.on_lines(&mut atx, peer, &new_lines)?;
         }
         if seq != w.log_seq {
             tx.put(T::Meta, META_LOG_SEQ, u64_be(seq).to_vec());
             tx.commit()?;
             w.log_seq = seq;
+            w.ids = ids;
         }
         Ok(out)
     }

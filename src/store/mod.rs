@@ -17,12 +17,15 @@
 //!   per-peer quota's measure ([`Store::outbox_usage`]).
 //! - `meta`: `last_id`, `log_seq`, and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
 //! - `blobs_in`, `blobs_out`: peer ‖ ref → blob records (see `blobs.rs`).
+//! - `art_ws`, `art_events`, `art_dedup`, `art_hold`, `art_snap`: artifact threads
+//!   (see `artifacts.rs`).
 //!
 //! Every mutation runs under one writer lock and commits as one multi-tree transaction, so a
 //! crash leaves either all or none of an operation.
 
 use crate::wire::{Line, PeerKey};
 
+mod artifacts;
 mod blobs;
 mod codec;
 pub mod files;
@@ -33,6 +36,7 @@ mod imp;
 mod tests;
 mod tx;
 
+pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};
 pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
 pub use grants::{GrantRecord, GrantRole};
 pub use imp::Store;

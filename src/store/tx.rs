@@ -22,9 +22,15 @@ pub(crate) enum T {
     OutboxB,
     BlobsInPending,
     BlobsInRefused,
+    /// Artifact threads (see `artifacts.rs`).
+    ArtWs,
+    ArtEvents,
+    ArtDedup,
+    ArtHold,
+    ArtSnap,
 }
 
-pub(crate) const NAMES: [&str; 14] = [
+pub(crate) const NAMES: [&str; 19] = [
     "outbox",
     "log",
     "received",
@@ -39,6 +45,11 @@ pub(crate) const NAMES: [&str; 14] = [
     "outbox_b",
     "blobs_in_pending",
     "blobs_in_refused",
+    "art_ws",
+    "art_events",
+    "art_dedup",
+    "art_hold",
+    "art_snap",
 ];
 
 pub(crate) struct Trees {

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Artifact threads through two `awp daemon` nodes in temporary homes on 127.0.0.1 (TLS):
+#  1. edits/s: the guest, holding artifact:write, queues N edit commands (one AWP msg
+#     each) on one artifact thread; the host applies each and answers each with a durable
+#     result msg (state, event log, dedup result and reply in one fsynced transaction).
+#     Time from the request until the guest's replica holds every resulting event.
+#     Goal: >= 5,000 edits/s.
+#  2. catch-up: the guest is stopped, the host makes 10,000 edits of its own; the guest
+#     restarts and dials the host; time until its replica has applied all 10,000 events.
+#     Goal: <= 1 s.
+# Both nodes are killed when the run ends.
+#
+# Usage: scripts/bench-artifact.sh [N]   (N edits for part 1, default 10000; AWP_BIN: the
+# binary, default target/release/awp; AWP_BENCH_DIR: where the temporary homes go)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+N=${1:-10000}
+CATCHUP=${BENCH_ARTIFACT_CATCHUP:-10000}
+AWP=${AWP_BIN:-$ROOT/target/release/awp}
+if [ -z "${AWP_BIN:-}" ] && [ ! -x "$AWP" ]; then
+    (cd "$ROOT" && cargo build --release --quiet --bin awp)
+fi
+(cd "$ROOT" && cargo build --release --quiet --example artifact_bench)
+DRIVER=$ROOT/target/release/examples/artifact_bench
+
+WORK=$(mktemp -d "${AWP_BENCH_DIR:-${TMPDIR:-/tmp}}/awp-artifact.XXXXXX")
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ADDR=""
+start() { # home name; sets ADDR
+    local home=$1 name=$2
+    "$AWP" --home "$home" daemon --listen tls:127.0.0.1:0 --name "$name" >/dev/null 2>>"$home.log" &
+    PIDS+=($!)
+    disown "$!"
+    for _ in $(seq 1 200); do
+        if out=$("$AWP" --home "$home" --json address 2>/dev/null); then
+            ADDR=$(echo "$out" | sed -E 's/.*"address":"([^"]+)".*/\1/')
+            return 0
+        fi
+        sleep 0.05
+    done
+    echo "node $name did not start; see $home.log" >&2
+    return 1
+}
+
+mkdir -p "$WORK/host" "$WORK/guest"
+start "$WORK/host" host@bench
+HOST_ADDR=$ADDR
+start "$WORK/guest" guest@bench
+GUEST_PID=${PIDS[-1]}
+"$AWP" --home "$WORK/guest" connect "$HOST_ADDR" >/dev/null
+GUEST_KEY=$("$AWP" --home "$WORK/guest" --json whoami | sed -E 's/.*"key":"([^"]+)".*/\1/')
+"$AWP" --home "$WORK/host" grant "$GUEST_KEY" artifact:write --ttl 1h >/dev/null
+printf '[0]\n' >"$WORK/plan.md"
+NEW=$("$AWP" --home "$WORK/host" --json artifact new "$GUEST_KEY" --kind markdown --title bench --text-file "$WORK/plan.md")
+TH=$(echo "$NEW" | sed -E 's/.*"th":"([^"]+)".*/\1/')
+ART=$(echo "$NEW" | sed -E 's/.*"artifact_id":"([^"]+)".*/\1/')
+for _ in $(seq 1 200); do
+    "$AWP" --home "$WORK/guest" --json artifact list | grep -q "$TH" && break
+    sleep 0.05
+done
+
+"$DRIVER" edits "$WORK/guest" "$TH" "$ART" "$N" | awk -F'[:,}]' '{
+    for (i = 1; i < NF; i++) { if ($i ~ /"edits_per_s"/) r = $(i+1); if ($i ~ /"seconds"/) s = $(i+1) }
+    printf "artifact %d edits guest→host on one thread, durable results: %.2f s, %.0f edits/s (goal >= 5000: %s)\n", '"$N"', s, r, (r >= 5000 ? "met" : "NOT met")
+}'
+
+# Catch-up: the guest goes away, the host edits, the guest comes back.
+kill -9 "$GUEST_PID"
+sleep 0.2
+"$DRIVER" host-edits "$WORK/host" "$TH" "$ART" "$CATCHUP" >/dev/null
+HEAD=$("$AWP" --home "$WORK/host" --json artifact list | sed -E 's/.*"head_seq":([0-9]+).*/\1/' | head -1)
+start "$WORK/guest" guest@bench
+"$DRIVER" catchup "$WORK/guest" "$TH" "$HEAD" "$HOST_ADDR" | awk -F'[:,}]' '{
+    for (i = 1; i < NF; i++) if ($i ~ /"seconds"/) s = $(i+1)
+    printf "artifact replica catch-up of '"$CATCHUP"' events after a reconnect: %.3f s (goal <= 1 s: %s)\n", s, (s <= 1 ? "met" : "NOT met")
+}'

@@ -1,0 +1,600 @@
+//! `awp artifact …`: artifact threads (artifactr.v1 workspaces on AWP threads). Threads,
+//! artifacts and proposals are named by id or unique prefix. The node does the work (see
+//! `node::artifacts::control`); this file builds the arguments and prints the answers.
+
+use super::format::str_field;
+use super::{out, out_json, Ctx, Exit, Failure};
+use crate::control::Request;
+use clap::{Args, Subcommand};
+use serde_json::{json, Map, Value};
+use std::io::Read;
+use std::path::PathBuf;
+
+/// `awp artifact` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ArtifactCmd {
+    /// Create an artifact. With PEER: a new artifact thread with that peer, hosted here.
+    /// With -t TH: in an existing artifact thread (sent to the host when it is the peer).
+    New {
+        /// The peer of a new artifact thread (key, key prefix or name).
+        #[arg(allow_hyphen_values = true, required_unless_present = "thread")]
+        peer: Option<String>,
+        /// An existing artifact thread (id or unique prefix).
+        #[arg(short = 't', long = "thread", value_name = "TH")]
+        thread: Option<String>,
+        /// markdown {text}, code {language, text} or json {value, schema}.
+        #[arg(long, default_value = "markdown")]
+        kind: String,
+        /// Title of a new thread (the AWP subject and the artifactr thread title).
+        #[arg(long, value_name = "T")]
+        title: Option<String>,
+        /// The text (markdown, code); `-` reads stdin.
+        #[arg(long, value_name = "FILE", conflicts_with = "json_file")]
+        text_file: Option<PathBuf>,
+        /// The value of a json artifact; `-` reads stdin.
+        #[arg(long, value_name = "FILE")]
+        json_file: Option<PathBuf>,
+        /// A JSON Schema the json artifact's value must satisfy (on every change).
+        #[arg(long, value_name = "FILE")]
+        schema: Option<PathBuf>,
+        /// Language of a code artifact.
+        #[arg(long)]
+        language: Option<String>,
+        /// The artifact id (default: generated `art_…`).
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Artifact threads with their artifacts.
+    List {
+        /// Only this thread (prefix).
+        #[arg(short = 't', long = "thread", value_name = "TH")]
+        thread: Option<String>,
+    },
+    /// An artifact's content (current or `--version N`), or `--diff A..B`.
+    Show {
+        #[command(flatten)]
+        at: At,
+        /// A version (default: the current one).
+        #[arg(long, value_name = "N")]
+        version: Option<u64>,
+        /// Unified diff between two versions, `A..B`.
+        #[arg(long, value_name = "A..B", conflicts_with = "version")]
+        diff: Option<String>,
+    },
+    /// Change an artifact (applied directly, or recorded as a proposal when this node may
+    /// not write there).
+    Edit {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        patch: PatchArgs,
+        /// Version the change is based on (default: the current one known here).
+        #[arg(long, value_name = "N")]
+        base: Option<u64>,
+        /// A summary of the change.
+        #[arg(long)]
+        summary: Option<String>,
+    },
+    /// Archive an artifact (read-only from then on).
+    Archive {
+        #[command(flatten)]
+        at: At,
+    },
+    /// Propose a change for the other party to accept or reject.
+    Propose {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        patch: PatchArgs,
+        /// Why.
+        #[arg(long)]
+        rationale: Option<String>,
+        /// Version the change is based on (default: the current one known here).
+        #[arg(long, value_name = "N")]
+        base: Option<u64>,
+    },
+    /// Pending proposals (`--all`: resolved ones too).
+    Proposals {
+        /// The artifact thread (id or unique prefix).
+        th: String,
+        #[arg(long)]
+        all: bool,
+    },
+    /// Accept a proposal, optionally with your own changes on top.
+    Accept {
+        /// The artifact thread.
+        th: String,
+        /// The proposal (id or unique prefix).
+        proposal: String,
+        /// A JSON Patch file (or `-`) applied on top of the proposed change.
+        #[arg(long, value_name = "FILE", conflicts_with = "with_replace")]
+        with_changes: Option<PathBuf>,
+        /// A text replacement applied on top of the proposed change.
+        #[arg(long, num_args = 2, value_names = ["OLD", "NEW"], allow_hyphen_values = true)]
+        with_replace: Vec<String>,
+        /// Text field of `--with-replace` (default text).
+        #[arg(long, default_value = "text")]
+        field: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Reject a proposal.
+    Reject {
+        th: String,
+        proposal: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Set the thread's mode: `edit`, or `suggest` (agents' changes become proposals).
+    Mode {
+        th: String,
+        #[arg(value_parser = ["edit", "suggest"])]
+        mode: String,
+    },
+    /// Set the artifacts the thread is focused on.
+    Focus { th: String, artifacts: Vec<String> },
+    /// The thread's event log (`--follow`: then live events).
+    Log {
+        th: String,
+        /// Only events with seq > N.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        after: u64,
+        #[arg(long)]
+        follow: bool,
+    },
+}
+
+/// An artifact in a thread.
+#[derive(Debug, Args)]
+pub struct At {
+    /// The artifact thread (id or unique prefix).
+    pub th: String,
+    /// The artifact (id or unique prefix).
+    pub artifact: String,
+}
+
+/// A change: a JSON Patch or text replacements.
+#[derive(Debug, Args)]
+pub struct PatchArgs {
+    /// RFC 6902 JSON Patch: a file with the ops array (or `{"ops": […]}`); `-` reads stdin.
+    #[arg(long, value_name = "FILE", conflicts_with = "replace")]
+    pub json_patch: Option<PathBuf>,
+    /// Replace OLD (which must occur exactly once) with NEW; repeatable, applied in order.
+    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"], allow_hyphen_values = true)]
+    pub replace: Vec<String>,
+    /// Text field of `--replace` (default text).
+    #[arg(long, default_value = "text")]
+    pub field: String,
+}
+
+fn read_input(p: &PathBuf) -> Result<String, Failure> {
+    let mut s = String::new();
+    let r = if p.as_os_str() == "-" {
+        std::io::stdin().read_to_string(&mut s).map(|_| ())
+    } else {
+        std::fs::read_to_string(p).map(|t| s = t)
+    };
+    r.map_err(|e| Failure::usage(format!("cannot read {}: {e}", p.display()), ""))?;
+    Ok(s)
+}
+
+fn read_json(p: &PathBuf) -> Result<Value, Failure> {
+    serde_json::from_str(&read_input(p)?)
+        .map_err(|e| Failure::usage(format!("{} is not JSON: {e}", p.display()), ""))
+}
+
+fn json_patch(p: &PathBuf) -> Result<Value, Failure> {
+    let v = read_json(p)?;
+    let ops = match v {
+        Value::Array(_) => v,
+        Value::Object(ref m) if m.get("ops").is_some_and(Value::is_array) => m["ops"].clone(),
+        _ => return Err(Failure::usage("a JSON Patch is an array of ops", "")),
+    };
+    Ok(json!({"kind": "json_patch", "ops": ops}))
+}
+
+fn text_edits(field: &str, pairs: &[String]) -> Value {
+    let edits: Vec<Value> = pairs
+        .chunks(2)
+        .map(|c| json!({"old": c[0], "new": c.get(1).cloned().unwrap_or_default()}))
+        .collect();
+    json!({"kind": "text_edits", "field": field, "edits": edits})
+}
+
+fn patch(p: &PatchArgs) -> Result<Value, Failure> {
+    match (&p.json_patch, p.replace.is_empty()) {
+        (Some(f), _) => json_patch(f),
+        (None, false) => Ok(text_edits(&p.field, &p.replace)),
+        (None, true) => Err(Failure::usage(
+            "no change given",
+            "use --json-patch FILE or --replace OLD NEW",
+        )),
+    }
+}
+
+async fn call(ctx: &Ctx, action: &str, args: Value) -> Result<Map<String, Value>, Failure> {
+    ctx.call(&Request::Artifact {
+        action: action.into(),
+        args,
+    })
+    .await
+}
+
+/// Print a command's answer: the result (exit 1 on a rejection), or `queued`.
+fn print_result(ctx: &Ctx, body: &Map<String, Value>) -> Result<(), Failure> {
+    let result = body.get("result").cloned().unwrap_or(Value::Null);
+    let rejected =
+        result.get("ok") == Some(&json!(false)) || result.get("type") == Some(&json!("error"));
+    if ctx.json {
+        out_json(&Value::Object(body.clone()))?;
+    } else if body.get("queued") == Some(&json!(true)) {
+        out(&format!(
+            "queued for the host of {} (the result shows in `awp artifact log`)",
+            str_field(body, &["th"]).unwrap_or("?")
+        ))?;
+    } else if rejected {
+        let r = result
+            .get("rejection")
+            .or(Some(&result))
+            .cloned()
+            .unwrap_or(Value::Null);
+        return Err(Failure::new(
+            Exit::Failed,
+            format!(
+                "rejected: {}: {}",
+                r.get("type").and_then(Value::as_str).unwrap_or("error"),
+                r.get("message").and_then(Value::as_str).unwrap_or("")
+            ),
+            "",
+        ));
+    } else {
+        let o = result.get("outcome").cloned().unwrap_or(Value::Null);
+        let th = str_field(body, &["th"]).unwrap_or("?");
+        let line = match o.get("type").and_then(Value::as_str) {
+            Some("applied") => format!(
+                "applied {} v{} (thread {th}, seq {})",
+                o["artifact_id"].as_str().unwrap_or("?"),
+                o["version"],
+                o["seq"]
+            ),
+            Some("proposed") => format!(
+                "proposed {} (thread {th}, seq {})",
+                o["proposal_id"].as_str().unwrap_or("?"),
+                o["seq"]
+            ),
+            Some("resolved") => format!(
+                "{} {} (version {}, seq {})",
+                if o["decision"] == "accept" {
+                    "accepted"
+                } else {
+                    "rejected"
+                },
+                o["proposal_id"].as_str().unwrap_or("?"),
+                o["version"],
+                o["seq"]
+            ),
+            _ => format!("done (thread {th}, seq {})", o["seq"]),
+        };
+        out(&line)?;
+    }
+    if rejected && ctx.json {
+        return Err(Failure::silent(Exit::Failed));
+    }
+    Ok(())
+}
+
+/// The text a version shows: the `text` field, or the value/data as pretty JSON.
+fn render(kind: &str, data: &Value) -> String {
+    match (kind, data.get("text").and_then(Value::as_str)) {
+        ("markdown" | "code", Some(t)) => t.to_string(),
+        _ => {
+            let v = data.get("value").unwrap_or(data);
+            serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
+        }
+    }
+}
+
+/// Run `awp artifact …`.
+pub async fn run(ctx: &Ctx, cmd: ArtifactCmd) -> Result<(), Failure> {
+    match cmd {
+        ArtifactCmd::New {
+            peer,
+            thread,
+            kind,
+            title,
+            text_file,
+            json_file,
+            schema,
+            language,
+            id,
+        } => {
+            let data = match kind.as_str() {
+                "json" => {
+                    let value = match &json_file {
+                        Some(f) => read_json(f)?,
+                        None => json!({}),
+                    };
+                    let mut d = json!({"value": value});
+                    if let Some(s) = &schema {
+                        d["schema"] = read_json(s)?;
+                    }
+                    d
+                }
+                _ => {
+                    let text = match &text_file {
+                        Some(f) => read_input(f)?,
+                        None => String::new(),
+                    };
+                    let mut d = json!({"text": text});
+                    if kind == "code" {
+                        d["language"] = json!(language.unwrap_or_default());
+                    }
+                    d
+                }
+            };
+            let body = call(
+                ctx,
+                "new",
+                json!({"peer": peer, "th": thread, "kind": kind, "title": title, "data": data, "artifact_id": id}),
+            )
+            .await?;
+            print_result(ctx, &body)
+        }
+        ArtifactCmd::List { thread } => {
+            let body = call(ctx, "list", json!({"th": thread})).await?;
+            let threads = body
+                .get("threads")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            if ctx.json {
+                for t in &threads {
+                    out_json(t)?;
+                }
+                return Ok(());
+            }
+            for t in threads {
+                out(&format!(
+                    "{}  {}  with {}  seq {}  mode {}  {} pending proposal(s)  {}",
+                    t["th"].as_str().unwrap_or("?"),
+                    t["role"].as_str().unwrap_or("?"),
+                    t["peer_name"]
+                        .as_str()
+                        .or(t["peer"].as_str())
+                        .unwrap_or("?"),
+                    t["head_seq"],
+                    t["mode"].as_str().unwrap_or("edit"),
+                    t["pending_proposals"],
+                    t["title"].as_str().unwrap_or(""),
+                ))?;
+                for a in t["artifacts"].as_array().into_iter().flatten() {
+                    out(&format!(
+                        "  {}  {}  v{}{}",
+                        a["artifact_id"].as_str().unwrap_or("?"),
+                        a["kind"].as_str().unwrap_or("?"),
+                        a["version"],
+                        if a["archived"] == json!(true) {
+                            "  archived"
+                        } else {
+                            ""
+                        }
+                    ))?;
+                }
+            }
+            Ok(())
+        }
+        ArtifactCmd::Show { at, version, diff } => {
+            let mut args = json!({"th": at.th, "artifact": at.artifact, "version": version});
+            if let Some(d) = &diff {
+                let (a, b) = d
+                    .split_once("..")
+                    .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+                    .ok_or_else(|| {
+                        Failure::usage(format!("--diff {d}: use A..B"), "e.g. --diff 1..3")
+                    })?;
+                args["diff_from"] = json!(a);
+                args["diff_to"] = json!(b);
+            }
+            let body = call(ctx, "show", args).await?;
+            if ctx.json {
+                return out_json(&Value::Object(body));
+            }
+            let kind = str_field(&body, &["kind"]).unwrap_or("").to_string();
+            if diff.is_some() {
+                let (fa, fb) = (&body["from"], &body["to"]);
+                let a = render(&kind, &fa["data"]);
+                let b = render(&kind, &fb["data"]);
+                let id = str_field(&body, &["artifact_id"]).unwrap_or("?");
+                let udiff = similar::TextDiff::from_lines(&a, &b)
+                    .unified_diff()
+                    .header(
+                        &format!("{id} v{}", fa["version"]),
+                        &format!("{id} v{}", fb["version"]),
+                    )
+                    .to_string();
+                print!("{udiff}");
+                return Ok(());
+            }
+            let text = render(&kind, &body["data"]);
+            print!("{text}");
+            Ok(())
+        }
+        ArtifactCmd::Edit {
+            at,
+            patch: p,
+            base,
+            summary,
+        } => {
+            let args = json!({"th": at.th, "artifact": at.artifact, "patch": patch(&p)?, "base_version": base, "summary": summary});
+            print_result(ctx, &call(ctx, "edit", args).await?)
+        }
+        ArtifactCmd::Archive { at } => {
+            let args = json!({"th": at.th, "artifact": at.artifact});
+            print_result(ctx, &call(ctx, "archive", args).await?)
+        }
+        ArtifactCmd::Propose {
+            at,
+            patch: p,
+            rationale,
+            base,
+        } => {
+            let args = json!({"th": at.th, "artifact": at.artifact, "patch": patch(&p)?, "rationale": rationale, "base_version": base});
+            print_result(ctx, &call(ctx, "propose", args).await?)
+        }
+        ArtifactCmd::Proposals { th, all } => {
+            let body = call(ctx, "proposals", json!({"th": th, "all": all})).await?;
+            let list = body
+                .get("proposals")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            for p in list {
+                if ctx.json {
+                    out_json(&p)?;
+                    continue;
+                }
+                let by = &p["proposed_by"];
+                out(&format!(
+                    "{}  {}  {}  by {}  {}",
+                    p["proposal_id"].as_str().unwrap_or("?"),
+                    p["status"].as_str().unwrap_or("?"),
+                    p["artifact_id"].as_str().unwrap_or("?"),
+                    by["name"]
+                        .as_str()
+                        .or(by["client_id"].as_str())
+                        .or(by["id"].as_str())
+                        .unwrap_or("?"),
+                    p["rationale"].as_str().unwrap_or(""),
+                ))?;
+            }
+            Ok(())
+        }
+        ArtifactCmd::Accept {
+            th,
+            proposal,
+            with_changes,
+            with_replace,
+            field,
+            reason,
+        } => {
+            let changes = match (&with_changes, with_replace.is_empty()) {
+                (Some(f), _) => Some(json_patch(f)?),
+                (None, false) => Some(text_edits(&field, &with_replace)),
+                _ => None,
+            };
+            let args =
+                json!({"th": th, "proposal": proposal, "changes": changes, "reason": reason});
+            print_result(ctx, &call(ctx, "accept", args).await?)
+        }
+        ArtifactCmd::Reject {
+            th,
+            proposal,
+            reason,
+        } => {
+            let args = json!({"th": th, "proposal": proposal, "reason": reason});
+            print_result(ctx, &call(ctx, "reject", args).await?)
+        }
+        ArtifactCmd::Mode { th, mode } => print_result(
+            ctx,
+            &call(ctx, "mode", json!({"th": th, "mode": mode})).await?,
+        ),
+        ArtifactCmd::Focus { th, artifacts } => print_result(
+            ctx,
+            &call(ctx, "focus", json!({"th": th, "artifacts": artifacts})).await?,
+        ),
+        ArtifactCmd::Log { th, after, follow } => log(ctx, th, after, follow).await,
+    }
+}
+
+/// One event line for humans: `seq type actor details`.
+pub fn event_text(frame: &Value) -> String {
+    let ev = &frame["event"];
+    let actor = &frame["actor"];
+    let who = actor["name"]
+        .as_str()
+        .or(actor["client_id"].as_str())
+        .or(actor["id"].as_str())
+        .unwrap_or("?");
+    let detail = [
+        "artifact_id",
+        "proposal_id",
+        "version",
+        "decision",
+        "summary",
+        "mode",
+        "run_id",
+        "status",
+    ]
+    .iter()
+    .filter_map(|k| {
+        ev.get(*k).filter(|v| !v.is_null()).map(|v| {
+            format!(
+                "{k}={}",
+                v.as_str().map(str::to_string).unwrap_or(v.to_string())
+            )
+        })
+    })
+    .collect::<Vec<_>>()
+    .join(" ");
+    format!(
+        "#{} {} by {who} {detail}",
+        frame["seq"],
+        ev["type"].as_str().unwrap_or("?")
+    )
+}
+
+async fn log(ctx: &Ctx, th: String, after: u64, follow: bool) -> Result<(), Failure> {
+    let mut last = after;
+    let mut full_th = th.clone();
+    for _ in 0..10_000 {
+        let body = call(ctx, "log", json!({"th": th, "after": last})).await?;
+        full_th = str_field(&body, &["th"]).unwrap_or(&th).to_string();
+        let events = body
+            .get("events")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if events.is_empty() {
+            break;
+        }
+        for e in events {
+            last = e["seq"].as_u64().unwrap_or(last);
+            if ctx.json {
+                out_json(&e)?;
+            } else {
+                out(&event_text(&e))?;
+            }
+        }
+    }
+    if !follow {
+        return Ok(());
+    }
+    let mut sub = ctx
+        .subscribe(&Request::Subscribe {
+            th: None,
+            peer: None,
+            from_seq: None,
+        })
+        .await?;
+    loop {
+        let ev = match sub.next_event().await {
+            Ok(Some(ev)) => ev,
+            _ => return Err(Failure::new(Exit::Failed, "the node stopped", "")),
+        };
+        if str_field(&ev, &["event"]) != Some("artifact")
+            || str_field(&ev, &["th"]) != Some(&full_th)
+        {
+            continue;
+        }
+        let frame = ev.get("frame").cloned().unwrap_or(Value::Null);
+        if frame["seq"].as_u64().unwrap_or(0) <= last {
+            continue;
+        }
+        last = frame["seq"].as_u64().unwrap_or(last);
+        if ctx.json {
+            out_json(&frame)?;
+        } else {
+            out(&event_text(&frame))?;
+        }
+    }
+}

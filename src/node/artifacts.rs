@@ -1,0 +1,698 @@
+//! Artifact threads on AWP threads (the rules are in [`crate::artifact`]; the mapping in
+//! `spec/artifact-threads.md`).
+//!
+//! - The node that opens an artifact thread hosts it: authoritative state and event log
+//!   (seq from 1) in the store. The other party keeps a replica built only from the
+//!   host's events (readable offline).
+//! - A command is a msg with a data part of mime [`MIME_COMMAND`]. The host runs it as
+//!   `external_agent` {client_id: peer key, name: hello name} with the capabilities the
+//!   peer's honored grants give now, and answers with a msg (`re` = the command msg) with
+//!   one [`MIME_RESULT`] part and one [`MIME_EVENT`] part per event. The new state, the
+//!   events, the dedup result and that reply msg are written in the SAME store transaction
+//!   as the command msg itself (an [`InboundHook`] inside `receive_batch`), so the msg is
+//!   acked only once all of it is durable, and a crash leaves all or none of it.
+//! - Events the host causes itself (its CLI, run events from the peer's AWP thread
+//!   state) go to the peer as event parts too.
+//! - The replica applies events strictly in seq order, holds back what arrives after a
+//!   gap and asks the host to resend ([`MIME_RESEND`] `{after_seq}`).
+//! - Every applied event and every result is also a node event (`artifact`,
+//!   `artifact_result`) for `awp tail`, `awp listen` and `awp artifact log --follow`.
+
+use super::Inner;
+use crate::artifact::{
+    self, engine, runs, Actor, CapSet, EventEnvelope, IdSource, Workspace, WorkspaceState,
+    MIME_COMMAND, MIME_ERROR, MIME_EVENT, MIME_RESEND, MIME_RESULT,
+};
+use crate::store::{ArtTx, InboundHook, StoreError, WsRecord, WsRole};
+use crate::wire::{self, DataPart, Line, Part, PeerKey};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+mod control;
+pub(crate) use control::handle as control;
+
+/// A snapshot of a workspace's state is written every this many events (the state is the
+/// snapshot plus the events after it).
+const SNAPSHOT_EVERY: u64 = 4096;
+/// Bytes of event parts per msg (a line is at most 1 MiB).
+const EVENT_BYTES_PER_MSG: usize = 640 * 1024;
+/// Events resent per resend request (more follow on the next request).
+const RESEND_MAX: usize = 20_000;
+/// Largest event, in bytes, that still fits in one msg line with its envelope (spec
+/// §Size: a bigger one is refused before it is appended).
+const MAX_EVENT_BYTES: usize = wire::MAX_LINE - 8 * 1024;
+
+/// Random ids from the OS generator.
+struct OsIds;
+impl IdSource for OsIds {
+    fn fill(&mut self, buf: &mut [u8]) {
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), buf);
+    }
+}
+
+fn now_us() -> i64 {
+    (wire::time::now_ms() as i64).saturating_mul(1000)
+}
+
+/// Per-node artifact state: the in-memory workspaces (a cache of snapshot + log) and the
+/// node events waiting for their transaction to become durable.
+pub(crate) struct Artifacts {
+    node: OnceLock<Weak<Inner>>,
+    cache: Mutex<HashMap<String, Workspace>>,
+    /// Node events to emit once the msg `(peer, id)` that caused them is durable.
+    pending: Mutex<HashMap<(PeerKey, String), Vec<Value>>>,
+}
+
+impl Artifacts {
+    pub(crate) fn new() -> Arc<Artifacts> {
+        Arc::new(Artifacts {
+            node: OnceLock::new(),
+            cache: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Connect to the node (after `Inner` exists) and install the store hook.
+    pub(crate) fn install(self: &Arc<Self>, inner: &Arc<Inner>) {
+        let _ = self.node.set(Arc::downgrade(inner));
+        inner.store.set_inbound_hook(self.clone());
+    }
+
+    fn node(&self) -> Option<Arc<Inner>> {
+        self.node.get().and_then(Weak::upgrade)
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Workspace>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The workspace of `rec` as of its `head_seq`: the cached one, or snapshot + log.
+    fn load(&self, tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> {
+        if let Some(ws) = self.cache().remove(&rec.th) {
+            if ws.state.head_seq == rec.head_seq {
+                return Ok(ws);
+            }
+        }
+        rebuild(tx, rec)
+    }
+
+    /// Keep `ws` for the next command (the record written in the same transaction says
+    /// which head it belongs to; a failed commit makes the cache stale, and it is reloaded).
+    fn keep(&self, ws: Workspace) {
+        self.cache().insert(ws.state.workspace_id.clone(), ws);
+    }
+
+    fn defer(&self, peer: &PeerKey, msg_id: &str, evs: Vec<Value>) {
+        if evs.is_empty() {
+            return;
+        }
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((*peer, msg_id.to_string()))
+            .or_default()
+            .extend(evs);
+    }
+
+    fn take_deferred(&self, peer: &PeerKey, msg_id: &str) -> Vec<Value> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(*peer, msg_id.to_string()))
+            .unwrap_or_default()
+    }
+}
+
+/// The workspace of `rec` as of its `head_seq`, from the store: snapshot + log.
+fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> {
+    let mut state = match tx.snapshot(&rec.th)? {
+        Some(v) => {
+            serde_json::from_value::<WorkspaceState>(v.get("state").cloned().unwrap_or(Value::Null))
+                .map_err(|e| StoreError::Corrupt {
+                    tree: "art_snap",
+                    detail: e.to_string(),
+                })?
+        }
+        None => WorkspaceState::new(&rec.th),
+    };
+    while state.head_seq < rec.head_seq {
+        let evs = tx.events_after(&rec.th, state.head_seq, 4096)?;
+        if evs.is_empty() {
+            break;
+        }
+        for v in evs {
+            let env: EventEnvelope =
+                serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
+                    tree: "art_events",
+                    detail: e.to_string(),
+                })?;
+            state.apply_event(&env).map_err(|e| StoreError::Corrupt {
+                tree: "art_events",
+                detail: e.to_string(),
+            })?;
+        }
+    }
+    Ok(Workspace {
+        state,
+        dedup: Default::default(),
+    })
+}
+
+/// Append `envs` (already applied to `ws`) to the log of `rec`, with a snapshot when due.
+fn append(
+    tx: &mut ArtTx<'_, '_>,
+    rec: &mut WsRecord,
+    ws: &Workspace,
+    envs: &[Value],
+) -> Result<(), StoreError> {
+    for e in envs {
+        let seq = e.get("seq").and_then(Value::as_u64).unwrap_or(0);
+        tx.put_event(&rec.th, seq, e)?;
+    }
+    let before = rec.head_seq;
+    rec.head_seq = ws.state.head_seq;
+    if before / SNAPSHOT_EVERY != rec.head_seq / SNAPSHOT_EVERY {
+        let state = serde_json::to_value(&ws.state).map_err(|e| StoreError::Db(e.to_string()))?;
+        tx.put_snapshot(&rec.th, &json!({"seq": rec.head_seq, "state": state}))?;
+    }
+    tx.put_ws(rec)
+}
+
+fn to_values<T: serde::Serialize>(xs: &[T]) -> Vec<Value> {
+    xs.iter()
+        .filter_map(|x| serde_json::to_value(x).ok())
+        .collect()
+}
+
+fn data_part(mime: &str, data: Value) -> Part {
+    Part::Data(DataPart {
+        data,
+        mime: Some(mime.to_string()),
+    })
+}
+
+/// Queue msgs for `peer` in `th` carrying `lead` parts (result) then `events`, split so
+/// that every line stays well under the 1 MiB cap. `re` on every msg.
+fn queue_parts(
+    tx: &mut ArtTx<'_, '_>,
+    peer: &PeerKey,
+    th: &str,
+    re: Option<&str>,
+    subject: Option<&str>,
+    lead: Vec<Part>,
+    events: &[Value],
+) -> Result<(), StoreError> {
+    let mut msgs: Vec<Vec<Part>> = vec![lead];
+    let mut bytes = 0usize;
+    for e in events {
+        let size = serde_json::to_vec(e).map(|v| v.len()).unwrap_or(0) + 64;
+        let last = msgs.last_mut().expect("one msg");
+        if !last.is_empty() && bytes + size > EVENT_BYTES_PER_MSG {
+            msgs.push(Vec::new());
+            bytes = 0;
+        }
+        msgs.last_mut()
+            .expect("one msg")
+            .push(data_part(MIME_EVENT, e.clone()));
+        bytes += size;
+    }
+    for (i, parts) in msgs.into_iter().enumerate() {
+        if parts.is_empty() {
+            continue;
+        }
+        let subject = if i == 0 {
+            subject.map(str::to_string)
+        } else {
+            None
+        };
+        let build = move |id: &str, ts: &str| {
+            Line::Msg(wire::Msg {
+                id: id.into(),
+                ts: ts.into(),
+                th: th.to_string(),
+                re: re.map(str::to_string),
+                subject: subject.clone(),
+                parts: parts.clone(),
+            })
+        };
+        tx.enqueue(peer, &[&build])?;
+    }
+    Ok(())
+}
+
+/// The node events for applied envelopes (`awp tail`, `awp listen`).
+fn node_events(rec: &WsRecord, envs: &[Value]) -> Vec<Value> {
+    envs.iter()
+        .map(|e| {
+            json!({
+                "event": "artifact",
+                "th": rec.th,
+                "role": rec.role,
+                "peer": rec.peer.to_string(),
+                "seq": e.get("seq"),
+                "type": e.pointer("/event/type"),
+                "frame": e,
+            })
+        })
+        .collect()
+}
+
+fn result_event(th: &str, peer: &PeerKey, result: &Value) -> Value {
+    json!({
+        "event": "artifact_result",
+        "th": th,
+        "peer": peer.to_string(),
+        "command_id": result.get("command_id"),
+        "ok": result.get("ok"),
+        "result": result,
+    })
+}
+
+/// Run one command frame (JSON as received) on the hosted workspace: dedup by
+/// (participant, command_id) in the store, then the engine. Returns the result (a
+/// CommandResult, or an ErrorFrame when it does not parse: `is_error`) and the events.
+fn run_command(
+    tx: &mut ArtTx<'_, '_>,
+    rec: &mut WsRecord,
+    ws: &mut Workspace,
+    actor: Actor,
+    caps: CapSet,
+    frame: &Value,
+) -> Result<(Value, bool, Vec<Value>), StoreError> {
+    let parsed = match artifact::parse_command_frame(frame) {
+        Ok(f) => f,
+        Err(e) => {
+            let v = serde_json::to_value(&e).unwrap_or(Value::Null);
+            return Ok((v, true, Vec::new()));
+        }
+    };
+    let participant = actor.participant();
+    let cid = parsed.command_id.clone();
+    if !cid.contains('\0') {
+        if let Some(r) = tx.dedup(&rec.th, &participant, &cid)? {
+            return Ok((r, false, Vec::new()));
+        }
+    }
+    let mut ids = OsIds;
+    let mut ctx = engine::Context {
+        actor,
+        caps,
+        now_us: now_us(),
+        ids: &mut ids,
+    };
+    let (result, envs) = engine::apply(ws, &mut ctx, &parsed);
+    let mut result = serde_json::to_value(&result).map_err(|e| StoreError::Db(e.to_string()))?;
+    let mut envs = to_values(&envs);
+    if envs
+        .iter()
+        .any(|e| serde_json::to_vec(e).map_or(true, |b| b.len() > MAX_EVENT_BYTES))
+    {
+        // An event that cannot travel in one line is never appended: undo and refuse.
+        *ws = rebuild(tx, rec)?;
+        envs.clear();
+        result = json!({"type": "command_result", "command_id": cid, "ok": false, "outcome": null,
+            "rejection": {"type": "validation_failed", "message": "the change is too large for the wire", "errors": []}});
+    }
+    if !cid.contains('\0') {
+        tx.put_dedup(&rec.th, &participant, &cid, &result)?;
+    }
+    append(tx, rec, ws, &envs)?;
+    Ok((result, false, envs))
+}
+
+impl Artifacts {
+    /// The actor and capabilities of a remote peer in `th`, from its honored grants now.
+    fn remote_actor(
+        &self,
+        inner: &Inner,
+        peer: &PeerKey,
+        th: &str,
+        caps: &[String],
+    ) -> (Actor, CapSet) {
+        (
+            Actor::ExternalAgent {
+                client_id: peer.to_string(),
+                name: inner.peer_name(peer),
+            },
+            CapSet::from_grant_caps(caps, th),
+        )
+    }
+
+    /// Host: the command parts of `m` from the guest.
+    fn host_msg(
+        &self,
+        tx: &mut ArtTx<'_, '_>,
+        inner: &Inner,
+        rec: &mut WsRecord,
+        caps: &[String],
+        peer: &PeerKey,
+        m: &wire::Msg,
+    ) -> Result<(), StoreError> {
+        let mut ws = self.load(tx, rec)?;
+        let mut lead = Vec::new();
+        let mut all_events = Vec::new();
+        let mut notes = Vec::new();
+        let mut n = 0;
+        for p in &m.parts {
+            let Part::Data(DataPart {
+                data,
+                mime: Some(mime),
+            }) = p
+            else {
+                continue;
+            };
+            match mime.as_str() {
+                MIME_COMMAND => {
+                    n += 1;
+                    if n > 1 {
+                        // One command per msg (spec §Wire): the extras are not run.
+                        lead.push(data_part(
+                            MIME_ERROR,
+                            json!({"type": "error", "message": "one command per msg: this part was not run"}),
+                        ));
+                        continue;
+                    }
+                    let (actor, cs) = self.remote_actor(inner, peer, &rec.th, caps);
+                    let (result, is_error, envs) = run_command(tx, rec, &mut ws, actor, cs, data)?;
+                    if is_error {
+                        lead.push(data_part(MIME_ERROR, result));
+                    } else {
+                        notes.push(result_event(&rec.th, peer, &result));
+                        lead.push(data_part(MIME_RESULT, result));
+                    }
+                    notes.extend(node_events(rec, &envs));
+                    all_events.extend(envs);
+                }
+                MIME_RESEND => {
+                    let after = data.get("after_seq").and_then(Value::as_u64).unwrap_or(0);
+                    if after > rec.head_seq {
+                        let msg = format!("resend after {after}: head is {}", rec.head_seq);
+                        let part = data_part(MIME_ERROR, json!({"type": "error", "message": msg}));
+                        queue_parts(tx, peer, &rec.th, Some(&m.id), None, vec![part], &[])?;
+                        continue;
+                    }
+                    let evs = tx.events_after(&rec.th, after, RESEND_MAX)?;
+                    queue_parts(tx, peer, &rec.th, Some(&m.id), None, Vec::new(), &evs)?;
+                }
+                _ => {}
+            }
+        }
+        self.keep(ws);
+        if !lead.is_empty() {
+            queue_parts(tx, peer, &rec.th, Some(&m.id), None, lead, &all_events)?;
+        }
+        self.defer(peer, &m.id, notes);
+        Ok(())
+    }
+
+    /// Host: the guest's AWP thread state drives run events.
+    fn host_state(
+        &self,
+        tx: &mut ArtTx<'_, '_>,
+        inner: &Inner,
+        rec: &mut WsRecord,
+        peer: &PeerKey,
+        s: &wire::State,
+    ) -> Result<(), StoreError> {
+        let mut ws = self.load(tx, rec)?;
+        let (party, _) = self.remote_actor(inner, peer, &rec.th, &[]);
+        let mut ids = OsIds;
+        let evs = runs::on_peer_state(
+            &ws.state,
+            &party,
+            &rec.th,
+            &s.state,
+            s.note.as_deref(),
+            &mut ids,
+        );
+        if evs.is_empty() {
+            self.keep(ws);
+            return Ok(());
+        }
+        let envs = match engine::commit(&mut ws, &party, now_us(), &mut ids, evs) {
+            Ok(e) => to_values(&e),
+            Err(e) => {
+                tracing::warn!(th = %rec.th, "run events not recorded: {e}");
+                self.keep(ws);
+                return Ok(());
+            }
+        };
+        append(tx, rec, &ws, &envs)?;
+        self.keep(ws);
+        queue_parts(tx, peer, &rec.th, None, None, Vec::new(), &envs)?;
+        self.defer(peer, &s.id, node_events(rec, &envs));
+        Ok(())
+    }
+
+    /// Replica: the event and result parts of `m` from the host.
+    fn replica_msg(
+        &self,
+        tx: &mut ArtTx<'_, '_>,
+        rec: &mut WsRecord,
+        peer: &PeerKey,
+        m: &wire::Msg,
+    ) -> Result<(), StoreError> {
+        let mut ws = self.load(tx, rec)?;
+        let mut notes = Vec::new();
+        let mut not_host = Vec::new();
+        for p in &m.parts {
+            let Part::Data(DataPart {
+                data,
+                mime: Some(mime),
+            }) = p
+            else {
+                continue;
+            };
+            match mime.as_str() {
+                MIME_EVENT => {
+                    let Some(seq) = data.get("seq").and_then(Value::as_u64).filter(|s| *s > 0)
+                    else {
+                        continue;
+                    };
+                    if seq <= rec.head_seq {
+                        continue;
+                    }
+                    if seq
+                        > rec
+                            .head_seq
+                            .saturating_add(artifact::replica::MAX_HELD as u64)
+                    {
+                        // Far beyond the head: not held (bounded storage); resent later.
+                        tracing::warn!(th = %rec.th, seq, head = rec.head_seq, "host event too far ahead");
+                        rec.held_max = rec.held_max.max(seq);
+                        continue;
+                    }
+                    if seq > rec.head_seq + 1 {
+                        tx.hold(&rec.th, seq, data)?;
+                        rec.held_max = rec.held_max.max(seq);
+                        continue;
+                    }
+                    let mut next = Some(data.clone());
+                    while let Some(ev) = next.take() {
+                        let env: EventEnvelope = match serde_json::from_value(ev.clone()) {
+                            Ok(e) => e,
+                            Err(e) => {
+                                tracing::warn!(th = %rec.th, "host event refused: {e}");
+                                break;
+                            }
+                        };
+                        if let Err(e) = ws.state.apply_event(&env) {
+                            tracing::warn!(th = %rec.th, "host event does not fit the replica: {e}");
+                            break;
+                        }
+                        append(tx, rec, &ws, std::slice::from_ref(&ev))?;
+                        notes.extend(node_events(rec, std::slice::from_ref(&ev)));
+                        next = tx.take_held(&rec.th, rec.head_seq + 1)?;
+                    }
+                }
+                MIME_RESULT | MIME_ERROR => {
+                    notes.push(result_event(&rec.th, peer, data));
+                }
+                MIME_COMMAND => not_host.push(not_host_part(&rec.th)),
+                _ => {}
+            }
+        }
+        if !not_host.is_empty() {
+            queue_parts(tx, peer, &rec.th, Some(&m.id), None, not_host, &[])?;
+        }
+        // A gap that this msg did not fill: ask the host once per head.
+        if rec.held_max > rec.head_seq && rec.resend_asked != rec.head_seq + 1 {
+            rec.resend_asked = rec.head_seq + 1;
+            let part = data_part(MIME_RESEND, json!({"after_seq": rec.head_seq}));
+            queue_parts(tx, peer, &rec.th, None, None, vec![part], &[])?;
+        }
+        tx.put_ws(rec)?;
+        self.keep(ws);
+        self.defer(peer, &m.id, notes);
+        Ok(())
+    }
+}
+
+/// The error part for a command sent to a node that does not host the thread.
+fn not_host_part(th: &str) -> Part {
+    data_part(
+        MIME_ERROR,
+        json!({"type": "error", "message": format!("this node does not host {th}")}),
+    )
+}
+
+fn has_part(m: &wire::Msg, mime: &str) -> bool {
+    m.parts
+        .iter()
+        .any(|p| matches!(p, Part::Data(DataPart { mime: Some(x), .. }) if x == mime))
+}
+
+/// Whether `m` carries an artifactr part.
+fn is_artifact_msg(m: &wire::Msg) -> bool {
+    m.parts.iter().any(|p| {
+        matches!(p, Part::Data(DataPart { mime: Some(mime), .. }) if mime.starts_with("application/vnd.artifactr.v1."))
+    })
+}
+
+impl InboundHook for Artifacts {
+    fn on_lines(
+        &self,
+        tx: &mut ArtTx<'_, '_>,
+        peer: &PeerKey,
+        lines: &[&Line],
+    ) -> Result<(), StoreError> {
+        let Some(inner) = self.node() else {
+            return Ok(());
+        };
+        // Grants are judged once per batch (a revoked or expired grant stops applying at
+        // the next batch, i.e. at the next command).
+        let mut caps: Option<Vec<String>> = None;
+        for line in lines {
+            let (th, is_msg) = match line {
+                Line::Msg(m) if is_artifact_msg(m) => (&m.th, true),
+                Line::State(s) => (&s.th, false),
+                _ => continue,
+            };
+            let mut rec = match tx.ws(th)? {
+                Some(r) if r.peer == *peer => r,
+                Some(_) => continue,
+                None => {
+                    // A host's first events open a replica here.
+                    let Line::Msg(m) = line else { continue };
+                    if !has_part(m, MIME_EVENT) {
+                        if has_part(m, MIME_COMMAND) {
+                            let part = not_host_part(th);
+                            queue_parts(tx, peer, th, Some(&m.id), None, vec![part], &[])?;
+                        }
+                        continue;
+                    }
+                    WsRecord {
+                        th: th.clone(),
+                        role: WsRole::Replica,
+                        peer: *peer,
+                        head_seq: 0,
+                        created_ms: tx.now_ms(),
+                        resend_asked: 0,
+                        held_max: 0,
+                    }
+                }
+            };
+            match (rec.role, line, is_msg) {
+                (WsRole::Host, Line::Msg(m), _) => {
+                    if caps.is_none() {
+                        caps = Some(super::grants::honored_caps(&inner, peer));
+                    }
+                    let caps = caps.as_deref().unwrap_or(&[]);
+                    self.host_msg(tx, &inner, &mut rec, caps, peer, m)?
+                }
+                (WsRole::Host, Line::State(s), _) => {
+                    self.host_state(tx, &inner, &mut rec, peer, s)?
+                }
+                (WsRole::Replica, Line::Msg(m), _) => self.replica_msg(tx, &mut rec, peer, m)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// After a received line is durable (and acked): wake the connection for the reply and
+/// emit the node events it caused.
+pub(super) fn on_received(inner: &Arc<Inner>, from: PeerKey, line: &Line) {
+    let id = match line {
+        Line::Msg(m) if is_artifact_msg(m) => &m.id,
+        Line::State(s) => &s.id,
+        _ => return,
+    };
+    let evs = inner.artifacts.take_deferred(&from, id);
+    if evs.is_empty() && !matches!(line, Line::Msg(_)) {
+        return;
+    }
+    inner.outbox_changed(&from);
+    for e in evs {
+        inner.emit(e);
+    }
+}
+
+/// Run commands of this node's own user on the hosted workspace `th` (one transaction:
+/// state, log, dedup, and the msgs carrying the events to the guest), flush, emit.
+/// `create`: host a new workspace with that peer when `th` is none yet. `subject` titles
+/// the AWP thread when this is its first msg. Returns the results (in order) and the node
+/// events.
+pub(super) async fn run_local(
+    inner: &Arc<Inner>,
+    th: &str,
+    frames: Vec<Value>,
+    create: Option<PeerKey>,
+    subject: Option<String>,
+) -> Result<(Vec<Value>, Vec<Value>), StoreError> {
+    let me = inner.identity.key();
+    let actor = Actor::User {
+        id: me.to_string(),
+        name: Some(inner.name.clone()),
+    };
+    let arts = inner.artifacts.clone();
+    let th2 = th.to_string();
+    let store = inner.store.clone();
+    let ((results, notes, peer), _) = tokio::task::spawn_blocking(move || {
+        store.art_tx(|tx| {
+            let mut rec = match (tx.ws(&th2)?, create) {
+                (Some(r), _) if r.role == WsRole::Host => r,
+                (Some(_), _) => return Err(StoreError::BadLine(format!("{th2} is hosted by the peer"))),
+                (None, Some(peer)) => WsRecord {
+                    th: th2.clone(),
+                    role: WsRole::Host,
+                    peer,
+                    head_seq: 0,
+                    created_ms: tx.now_ms(),
+                    resend_asked: 0,
+                    held_max: 0,
+                },
+                (None, None) => return Err(StoreError::BadLine(format!("{th2} is not an artifact thread"))),
+            };
+            let mut ws = arts.load(tx, &rec)?;
+            let mut envs_all = Vec::new();
+            if rec.head_seq == 0 {
+                // The workspace's own artifactr thread (= th), created first.
+                let ct = json!({"type":"command","command_id": format!("open-{th2}"),
+                    "command":{"type":"create_thread","thread_id": th2, "title": subject.clone().unwrap_or_default()}});
+                let (_, _, envs) = run_command(tx, &mut rec, &mut ws, actor.clone(), CapSet::all(), &ct)?;
+                envs_all.extend(envs);
+            }
+            let mut results = Vec::with_capacity(frames.len());
+            for frame in &frames {
+                let (result, _, envs) = run_command(tx, &mut rec, &mut ws, actor.clone(), CapSet::all(), frame)?;
+                results.push(result);
+                envs_all.extend(envs);
+            }
+            arts.keep(ws);
+            tx.put_ws(&rec)?;
+            queue_parts(tx, &rec.peer, &th2, None, subject.as_deref(), Vec::new(), &envs_all)?;
+            Ok((results, node_events(&rec, &envs_all), rec.peer))
+        })
+    })
+    .await
+    .map_err(|e| StoreError::Db(e.to_string()))??;
+    inner.store.flush().await?;
+    inner.outbox_changed(&peer);
+    for e in &notes {
+        inner.emit(e.clone());
+    }
+    Ok((results, notes))
+}
