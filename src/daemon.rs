@@ -227,6 +227,10 @@ pub struct StartArgs {
     pub serve: Vec<String>,
     /// `--root`.
     pub root: Option<PathBuf>,
+    /// `--artifactr`.
+    pub artifactr: Option<String>,
+    /// `--artifactr-public`.
+    pub artifactr_public: bool,
 }
 
 impl StartArgs {
@@ -262,6 +266,13 @@ impl StartArgs {
         }
         if self.presence {
             args.push("--presence".into());
+        }
+        if let Some(a) = &self.artifactr {
+            args.push("--artifactr".into());
+            args.push(a.into());
+        }
+        if self.artifactr_public {
+            args.push("--artifactr-public".into());
         }
         args
     }
@@ -475,6 +486,8 @@ mod tests {
             accept: Some("allowlist".into()),
             serve: vec!["exec".into(), "fs:read".into()],
             root: Some("/srv/work".into()),
+            artifactr: Some("127.0.0.1:8765".into()),
+            artifactr_public: true,
         };
         let args: Vec<String> = a
             .to_args()
@@ -497,7 +510,10 @@ mod tests {
                 "--root",
                 "/srv/work",
                 "--allow-plaintext",
-                "--presence"
+                "--presence",
+                "--artifactr",
+                "127.0.0.1:8765",
+                "--artifactr-public"
             ]
         );
     }

@@ -64,6 +64,13 @@ pub struct NodeArgs {
     /// The directory served requests are confined to.
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
+    /// Serve the local artifactr.v1 HTTP/WebSocket endpoint on IP:PORT (off by default;
+    /// loopback only unless --artifactr-public; bearer token in $AWP_HOME/artifactr.token).
+    #[arg(long, value_name = "ADDR")]
+    pub artifactr: Option<String>,
+    /// Allow a non-loopback --artifactr address.
+    #[arg(long)]
+    pub artifactr_public: bool,
 }
 
 impl From<&NodeArgs> for StartArgs {
@@ -80,6 +87,8 @@ impl From<&NodeArgs> for StartArgs {
                 .root
                 .as_ref()
                 .map(|r| std::path::absolute(r).unwrap_or_else(|_| r.clone())),
+            artifactr: a.artifactr.clone(),
+            artifactr_public: a.artifactr_public,
         }
     }
 }

@@ -56,6 +56,8 @@ pub fn node_config(ctx: &Ctx, args: &NodeArgs) -> Result<NodeConfig, Failure> {
             .root
             .as_ref()
             .map(|r| std::path::absolute(r).unwrap_or_else(|_| r.clone())),
+        artifactr: args.artifactr.clone(),
+        artifactr_public: args.artifactr_public,
         ..Default::default()
     })
 }

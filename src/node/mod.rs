@@ -87,6 +87,11 @@ pub struct NodeConfig {
     pub serve: Vec<String>,
     /// The directory served requests are confined to (`--root`); required with `serve`.
     pub root: Option<PathBuf>,
+    /// The local artifactr.v1 endpoint (`--artifactr IP:PORT`, over config.toml
+    /// `artifactr` and `AWP_ARTIFACTR`); off by default.
+    pub artifactr: Option<String>,
+    /// Allow a non-loopback `artifactr` address (`--artifactr-public`).
+    pub artifactr_public: bool,
 }
 
 /// Why the node could not start.
@@ -148,6 +153,8 @@ pub(crate) struct Inner {
     pub blob_limit: u64,
     /// Artifact threads (hosted workspaces and replicas).
     pub artifacts: Arc<artifacts::Artifacts>,
+    /// The bound address of the local artifactr.v1 endpoint, when it is on.
+    pub artifactr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// A started node.
@@ -185,6 +192,8 @@ impl NodeHandle {
             name: config.name.clone(),
             about: config.about.clone(),
             presence: config.presence.then_some(true),
+            artifactr: config.artifactr.clone(),
+            artifactr_public: config.artifactr_public.then_some(true),
             ..Default::default()
         };
         let settings = crate::config::Settings::load(&home, flags).map_err(other("config"))?;
@@ -228,6 +237,7 @@ impl NodeHandle {
             settings: settings.clone(),
             serve,
             artifacts: artifacts::Artifacts::new(),
+            artifactr: std::sync::OnceLock::new(),
         });
         inner.artifacts.install(&inner);
         // Finish moving blobs that a crash left between "complete" and their final path.
@@ -286,6 +296,16 @@ impl NodeHandle {
             .tasks
             .spawn(server::serve(inner.clone(), control, sock));
 
+        // The local artifactr.v1 endpoint (off by default).
+        let artifactr = match settings.artifactr {
+            Some(addr) => Some(
+                artifacts::http::start(inner.clone(), addr)
+                    .await
+                    .map_err(|e| StartError::Other(format!("artifactr endpoint {addr}: {e}")))?,
+            ),
+            None => None,
+        };
+
         // Housekeeping: retention, and redial peers with queued lines or open threads.
         inner.tasks.spawn(housekeeping(inner.clone()));
         inner.tasks.spawn(presence::run(inner.clone()));
@@ -303,6 +323,10 @@ impl NodeHandle {
             "fingerprint": key.fingerprint(),
             "pid": std::process::id(),
         });
+        let mut listening = listening;
+        if let Some(a) = artifactr {
+            listening["artifactr"] = json!(a.to_string());
+        }
         let listening = match listening {
             Value::Object(m) => m,
             _ => Event::new(),
