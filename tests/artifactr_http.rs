@@ -540,26 +540,26 @@ async fn stream_hello_replay_pages_commands_live_and_reset() {
     assert_eq!(welcome["workspace_id"], json!(th));
     let head0 = welcome["head_seq"].as_u64().unwrap();
     assert_eq!(evs.len() as u64, head0);
-    // Each command (sent once the previous one is answered): its live event, then its
-    // command_result.
+    // Commands in windows of 50 (the server runs the frames already waiting together):
+    // every command's event, then its command_result, in order.
     let mut live = Vec::new();
-    for i in 0..500 {
-        send(
-            &mut s,
-            cmd(
-                &format!("m{i}"),
-                json!({"type": "post_message", "thread_id": th, "content": format!("note {i}")}),
-            ),
-        )
-        .await;
-        loop {
+    let mut results = Vec::new();
+    for w in 0..10 {
+        for i in w * 50..(w + 1) * 50 {
+            send(&mut s, cmd(&format!("m{i}"), json!({"type": "post_message", "thread_id": th, "content": format!("note {i}")}))).await;
+        }
+        while results.len() < (w + 1) * 50 {
             let f = next(&mut s).await.unwrap();
             match f["type"].as_str() {
                 Some("command_result") => {
                     sc.check("CommandResult", &f);
                     assert_eq!(f["ok"], true, "{f}");
-                    assert_eq!(f["command_id"], json!(format!("m{i}")));
-                    break;
+                    let seq = f["outcome"]["seq"].as_u64().unwrap();
+                    assert!(
+                        live.contains(&seq),
+                        "the event {seq} comes before its result"
+                    );
+                    results.push(f["command_id"].as_str().unwrap().to_string());
                 }
                 Some("event") => {
                     sc.check("EventFrame", &f);
@@ -569,6 +569,10 @@ async fn stream_hello_replay_pages_commands_live_and_reset() {
             }
         }
     }
+    assert_eq!(
+        results,
+        (0..500).map(|i| format!("m{i}")).collect::<Vec<_>>()
+    );
     assert_eq!(live, ((head0 + 1)..=(head0 + 500)).collect::<Vec<_>>());
     // A command that does not parse: an error frame, the connection stays.
     send(

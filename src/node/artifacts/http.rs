@@ -52,6 +52,8 @@ pub const MAX_FRAME: usize = 1 << 20;
 pub const DEFAULT_WAIT_MS: u64 = 30_000;
 /// Longest `wait_ms` accepted, ms.
 pub const MAX_WAIT_MS: u64 = 600_000;
+/// Client frames already waiting that are run together (one store transaction).
+pub const MAX_BATCH: usize = 64;
 /// Commands sent to the host and not yet answered, per stream connection.
 pub const MAX_PENDING: usize = 1000;
 
@@ -867,17 +869,31 @@ impl Conn {
                 _ = stop.cancelled() => return self.close(close::GOING_AWAY, "the node is stopping"),
                 m = stream.next() => {
                     let Some(Ok(m)) = m else { return };
-                    let text = match m {
-                        Message::Text(t) => t.to_string(),
-                        Message::Binary(_) => {
-                            let e = json!({"type":"error","message":"not a command frame: binary message"});
-                            if !self.send(&e).await { return; }
-                            continue;
+                    // This frame and those already waiting run together (on the host: one
+                    // store transaction and one flush).
+                    let mut batch = Vec::new();
+                    let mut closed = false;
+                    let mut m = Some(m);
+                    while let Some(msg) = m.take() {
+                        match msg {
+                            Message::Text(t) => batch.push(Some(t.to_string())),
+                            Message::Binary(_) => batch.push(None),
+                            Message::Close(_) => {
+                                closed = true;
+                                break;
+                            }
+                            _ => {}
                         }
-                        Message::Close(_) => return,
-                        _ => continue,
-                    };
-                    if !self.command(&rec, &text).await {
+                        if batch.len() >= MAX_BATCH {
+                            break;
+                        }
+                        match futures_util::FutureExt::now_or_never(stream.next()) {
+                            Some(Some(Ok(n))) => m = Some(n),
+                            Some(_) => closed = true,
+                            None => {}
+                        }
+                    }
+                    if !self.commands(&rec, batch).await || closed {
                         return;
                     }
                 }
@@ -954,70 +970,101 @@ impl Conn {
         }
     }
 
-    /// One client frame after the handshake: a command (→ `command_result`) or an error.
-    async fn command(&mut self, rec: &WsRecord, text: &str) -> bool {
-        let v: Value = match serde_json::from_str(text) {
-            Ok(v) => v,
-            Err(e) => {
-                let e = json!({"type":"error","message": format!("not a command frame: {e}")});
-                return self.send(&e).await;
-            }
+    /// A client frame after the handshake: a command frame, or an error frame to send.
+    fn parse(text: Option<&str>) -> Result<Value, Value> {
+        let Some(text) = text else {
+            return Err(json!({"type":"error","message":"not a command frame: binary message"}));
         };
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| json!({"type":"error","message": format!("not a command frame: {e}")}))?;
         if v.get("type").and_then(Value::as_str) == Some("hello") {
-            let e =
-                json!({"type":"error","message":"not a command frame: hello was already received"});
-            return self.send(&e).await;
+            return Err(
+                json!({"type":"error","message":"not a command frame: hello was already received"}),
+            );
         }
-        if let Err(e) = artifact::parse_command_frame(&v) {
-            return self.send(&json!(e)).await;
+        artifact::parse_command_frame(&v).map_err(|e| json!(e))?;
+        Ok(v)
+    }
+
+    /// Client frames after the handshake, in order: commands (→ `command_result`, on the
+    /// host after the commands' events) or error frames.
+    async fn commands(&mut self, rec: &WsRecord, batch: Vec<Option<String>>) -> bool {
+        enum Item {
+            Out(Value),
+            Result(usize),
+        }
+        let mut items = Vec::with_capacity(batch.len());
+        let mut frames = Vec::new();
+        for text in &batch {
+            match Self::parse(text.as_deref()) {
+                Err(e) => items.push(Item::Out(e)),
+                Ok(v) => {
+                    let cid = v
+                        .get("command_id")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string();
+                    if rec.role == WsRole::Replica
+                        && self.pending.len() + frames.len() >= MAX_PENDING
+                    {
+                        items.push(Item::Out(json!({"type":"error","message": format!("command {cid}: {MAX_PENDING} commands already wait for the host")})));
+                        continue;
+                    }
+                    items.push(Item::Result(frames.len()));
+                    frames.push((cid, v));
+                }
+            }
         }
         let inner = self.app.inner.clone();
-        if rec.role == WsRole::Host {
-            return match run_on_host(&inner, &self.id, v).await {
-                Ok(result) => {
-                    // The command's events first (they are durable), then its result.
-                    self.catch_up() && self.send_live(&result)
+        let failed = |cid: &str| json!({"type":"error","message": format!("command {cid} failed on the server")});
+        let mut results: Vec<Option<Value>> = vec![None; frames.len()];
+        if !frames.is_empty() {
+            let cids: Vec<String> = frames.iter().map(|(c, _)| c.clone()).collect();
+            let values: Vec<Value> = frames.into_iter().map(|(_, v)| v).collect();
+            if rec.role == WsRole::Host {
+                match super::run_local(&inner, &self.id, values, None, None).await {
+                    Ok((rs, _)) => {
+                        for (slot, r) in results.iter_mut().zip(rs) {
+                            *slot = Some(r);
+                        }
+                        // The commands' events (durable now) before their results.
+                        if !self.catch_up() {
+                            return false;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("artifactr command: {e}");
+                        for (slot, c) in results.iter_mut().zip(&cids) {
+                            *slot = Some(failed(c));
+                        }
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!("artifactr command: {e}");
-                    let cid = v_cid(text);
-                    let e = json!({"type":"error","message": format!("command {cid} failed on the server")});
-                    self.send(&e).await
+            } else {
+                match super::control::send_commands(&inner, rec, values).await {
+                    // The results are sent when the host's answers arrive.
+                    Ok(()) => self.pending.extend(cids),
+                    Err(e) => {
+                        tracing::warn!("artifactr command: {e:?}");
+                        for (slot, c) in results.iter_mut().zip(&cids) {
+                            *slot = Some(failed(c));
+                        }
+                    }
                 }
+            }
+        }
+        for item in items {
+            let v = match item {
+                Item::Out(v) => Some(v),
+                Item::Result(i) => results[i].take(),
             };
-        }
-        let cid = v
-            .get("command_id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        if self.pending.len() >= MAX_PENDING {
-            let e = json!({"type":"error","message": format!("command {cid}: {MAX_PENDING} commands already wait for the host")});
-            return self.send(&e).await;
-        }
-        match send_to_host(&inner, rec, v).await {
-            Ok(()) => {
-                self.pending.insert(cid);
-                true
-            }
-            Err(e) => {
-                tracing::warn!("artifactr command: {e}");
-                let e = json!({"type":"error","message": format!("command {cid} failed on the server")});
-                self.send(&e).await
+            if let Some(v) = v {
+                if !self.send(&v).await {
+                    return false;
+                }
             }
         }
+        true
     }
-}
-
-fn v_cid(text: &str) -> String {
-    serde_json::from_str::<Value>(text)
-        .ok()
-        .and_then(|v| {
-            v.get("command_id")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
