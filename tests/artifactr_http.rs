@@ -681,7 +681,7 @@ async fn stream_hello_timeout_is_4408() {
     // The timer starts at the upgrade, before the workspace is looked up.
     let n = node_with_endpoint("solo@test").await;
     let th = "thr_any";
-    let mut s = ws(&n, &th, "header").await;
+    let mut s = ws(&n, th, "header").await;
     let t0 = tokio::time::Instant::now();
     assert_eq!(next(&mut s).await, Err(4408));
     assert!(

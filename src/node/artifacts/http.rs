@@ -191,22 +191,35 @@ fn err(code: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
-fn not_found(entity: &str, id: &str) -> Response {
-    err(
+/// An error answer: its status and the `ErrorFrame` message.
+struct Fail(StatusCode, String);
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        err(self.0, self.1)
+    }
+}
+
+fn not_found(entity: &str, id: &str) -> Fail {
+    Fail(
         StatusCode::NOT_FOUND,
         format!("{entity} {id} does not exist"),
     )
 }
 
-fn internal(e: impl std::fmt::Display) -> Response {
+fn internal(e: impl std::fmt::Display) -> Fail {
     tracing::warn!("artifactr endpoint: {e}");
-    err(
+    Fail(
         StatusCode::INTERNAL_SERVER_ERROR,
-        "the node failed to read its store",
+        "the node failed to read its store".into(),
     )
 }
 
-fn record(inner: &Inner, id: &str) -> Result<WsRecord, Response> {
+fn unprocessable(msg: impl Into<String>) -> Fail {
+    Fail(StatusCode::UNPROCESSABLE_ENTITY, msg.into())
+}
+
+fn record(inner: &Inner, id: &str) -> Result<WsRecord, Fail> {
     inner
         .store
         .art_workspace(id)
@@ -215,7 +228,7 @@ fn record(inner: &Inner, id: &str) -> Result<WsRecord, Response> {
 }
 
 /// The current state of `id` (host or replica).
-async fn state(inner: &Arc<Inner>, id: &str) -> Result<(WsRecord, WorkspaceState), Response> {
+async fn state(inner: &Arc<Inner>, id: &str) -> Result<(WsRecord, WorkspaceState), Fail> {
     let rec = record(inner, id)?;
     let arts = inner.artifacts.clone();
     let store = inner.store.clone();
@@ -244,7 +257,7 @@ fn role(r: WsRole) -> &'static str {
 async fn list_workspaces(State(app): State<App>) -> Response {
     let recs = match app.inner.store.art_workspaces() {
         Ok(r) => r,
-        Err(e) => return internal(e),
+        Err(e) => return internal(e).into_response(),
     };
     let list: Vec<Value> = recs
         .iter()
@@ -281,7 +294,7 @@ fn artifact_row(a: &artifact::state::Artifact, with_data: bool) -> Value {
 async fn list_artifacts(State(app): State<App>, Path(id): Path<String>) -> Response {
     let (_, st) = match state(&app.inner, &id).await {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let list: Vec<Value> = st
         .artifacts
@@ -294,21 +307,21 @@ async fn list_artifacts(State(app): State<App>, Path(id): Path<String>) -> Respo
 async fn get_artifact(State(app): State<App>, Path((id, aid)): Path<(String, String)>) -> Response {
     let (_, st) = match state(&app.inner, &id).await {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     match st.artifacts.get(&aid) {
         Some(a) => Json(artifact_row(a, true)).into_response(),
-        None => not_found("artifact", &aid),
+        None => not_found("artifact", &aid).into_response(),
     }
 }
 
 async fn revisions(State(app): State<App>, Path((id, aid)): Path<(String, String)>) -> Response {
     let (_, st) = match state(&app.inner, &id).await {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let Some(a) = st.artifacts.get(&aid) else {
-        return not_found("artifact", &aid);
+        return not_found("artifact", &aid).into_response();
     };
     let revs: Vec<Value> = a
         .versions
@@ -330,7 +343,7 @@ async fn revisions(State(app): State<App>, Path((id, aid)): Path<(String, String
 async fn list_threads(State(app): State<App>, Path(id): Path<String>) -> Response {
     let (_, st) = match state(&app.inner, &id).await {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let list: Vec<Value> = st
         .threads
@@ -351,11 +364,11 @@ async fn list_threads(State(app): State<App>, Path(id): Path<String>) -> Respons
 async fn get_thread(State(app): State<App>, Path((id, tid)): Path<(String, String)>) -> Response {
     let (_, st) = match state(&app.inner, &id).await {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     match st.threads.get(&tid) {
         Some(t) => Json(json!(t)).into_response(),
-        None => not_found("thread", &tid),
+        None => not_found("thread", &tid).into_response(),
     }
 }
 
@@ -376,7 +389,7 @@ async fn proposals(
     };
     let (_, st) = match state(&app.inner, &id).await {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let list: Vec<Value> = st
         .proposals
@@ -390,23 +403,21 @@ async fn proposals(
 async fn get_run(State(app): State<App>, Path((id, rid)): Path<(String, String)>) -> Response {
     let (_, st) = match state(&app.inner, &id).await {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     match st.runs.get(&rid) {
         Some(r) => Json(json!(r)).into_response(),
-        None => not_found("run", &rid),
+        None => not_found("run", &rid).into_response(),
     }
 }
 
-fn q_u64(q: &HashMap<String, String>, k: &str) -> Result<Option<u64>, Response> {
+fn q_u64(q: &HashMap<String, String>, k: &str) -> Result<Option<u64>, Fail> {
     match q.get(k).map(|v| v.trim()) {
         None | Some("") => Ok(None),
-        Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
-            err(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("{k} must be an integer ≥ 0, not {v:?}"),
-            )
-        }),
+        Some(v) => v
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| unprocessable(format!("{k} must be an integer ≥ 0, not {v:?}"))),
     }
 }
 
@@ -427,29 +438,23 @@ async fn events(
         for (k, v) in [("limit", limit), ("last", last)] {
             if let Some(n) = v {
                 if n == 0 || n > PAGE as u64 {
-                    return Err(err(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        format!("{k} must be 1 to {PAGE}"),
-                    ));
+                    return Err(unprocessable(format!("{k} must be 1 to {PAGE}")));
                 }
             }
         }
         if limit.is_some() && last.is_some() {
-            return Err(err(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "give limit or last, not both",
-            ));
+            return Err(unprocessable("give limit or last, not both"));
         }
         Ok((after, before, limit, last))
     })();
     let (after, before, limit, last) = match parsed {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let thread = q.get("thread_id").filter(|t| !t.is_empty()).cloned();
     let rec = match record(&app.inner, &id) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let store = app.inner.store.clone();
     let th = id.clone();
@@ -500,8 +505,8 @@ async fn events(
             "has_more": more,
         }))
         .into_response(),
-        Ok(Err(e)) => internal(e),
-        Err(e) => internal(e),
+        Ok(Err(e)) => internal(e).into_response(),
+        Err(e) => internal(e).into_response(),
     }
 }
 
@@ -569,17 +574,17 @@ async fn post_command(
     }
     let wait_ms = match q_u64(&q, "wait_ms") {
         Ok(w) => w.unwrap_or(DEFAULT_WAIT_MS).min(MAX_WAIT_MS),
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let rec = match record(&app.inner, &id) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let inner = &app.inner;
     if rec.role == WsRole::Host {
         return match run_on_host(inner, &id, frame).await {
             Ok(result) => (status_of(&result), Json(result)).into_response(),
-            Err(e) => internal(e),
+            Err(e) => internal(e).into_response(),
         };
     }
     let cid = frame
@@ -589,7 +594,7 @@ async fn post_command(
         .to_string();
     let mut rx = inner.events.subscribe();
     if let Err(e) = send_to_host(inner, &rec, frame).await {
-        return internal(e);
+        return internal(e).into_response();
     }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     loop {
