@@ -569,3 +569,99 @@ async fn a_replica_refuses_host_events_that_do_not_parse_or_fit() {
     assert_eq!(log["events"][1]["event"]["title"], "ok");
     assert_eq!(log["held"], 0, "nothing refused was held back");
 }
+
+const CMD: &str = "application/vnd.artifactr.v1.command+json";
+const ERR: &str = "application/vnd.artifactr.v1.error+json";
+
+fn post(th: &str, cid: &str) -> Value {
+    json!({"type": "command", "command_id": cid, "command": {"type": "post_message", "thread_id": th, "content": "hi"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_to_a_node_that_does_not_host_the_thread_gets_an_error_part() {
+    let node = TestNode::start("guest@test").await;
+    let mut peer = RawHost::new(&node, "thr_nothosted").await;
+    peer.send(&[(CMD, post("thr_nothosted", "c1"))]).await;
+    let e = peer.expect_part(ERR).await;
+    assert_eq!(e["message"], "this node does not host thr_nothosted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_runs_one_command_per_msg_and_refuses_resends_beyond_its_head() {
+    let node = TestNode::start("host@test").await;
+    let mut guest = RawHost::new(&node, "").await;
+    let key = guest.raw.identity.key().to_string();
+    let r = art(
+        &node.path(),
+        "new",
+        json!({"peer": key, "kind": "markdown", "data": {"text": "x"}}),
+    )
+    .await;
+    guest.th = r["th"].as_str().unwrap().to_string();
+    guest.expect_part(EV).await;
+    let th = guest.th.clone();
+    guest
+        .send(&[(CMD, post(&th, "c1")), (CMD, post(&th, "c2"))])
+        .await;
+    let e = guest.expect_part(ERR).await;
+    assert_eq!(e["message"], "one command per msg: this part was not run");
+    let log = art(&node.path(), "log", json!({"th": th})).await;
+    let posted = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"]["type"] == "message_posted")
+        .count();
+    assert_eq!(posted, 1, "only the first command ran");
+    guest
+        .send(&[(
+            "application/vnd.artifactr.v1.resend+json",
+            json!({"after_seq": 999}),
+        )])
+        .await;
+    let e = guest.expect_part(ERR).await;
+    assert_eq!(
+        e["message"],
+        format!("resend after 999: head is {}", log["head_seq"])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_too_large_for_one_line_is_refused_before_it_is_appended() {
+    let host = TestNode::start("host@test").await;
+    let guest = TestNode::start("guest@test").await;
+    guest.connect(&host).await;
+    let big = "a".repeat(1_100_000);
+    let r = art(
+        &host.path(),
+        "new",
+        json!({"peer": guest.key(), "kind": "markdown", "data": {"text": big}}),
+    )
+    .await;
+    assert_eq!(r["result"]["ok"], json!(false), "{}", r["result"]);
+    assert_eq!(r["result"]["rejection"]["type"], "validation_failed");
+    assert_eq!(
+        r["result"]["rejection"]["message"],
+        "the change is too large for the wire"
+    );
+    let log = art(&host.path(), "log", json!({"th": r["th"]})).await;
+    let types: Vec<&str> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"]["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        vec!["thread_created"],
+        "nothing of the refused change was appended"
+    );
+    // The thread still works after the refusal.
+    let r = art(
+        &host.path(),
+        "new",
+        json!({"th": log["th"], "kind": "markdown", "data": {"text": "small"}}),
+    )
+    .await;
+    assert_eq!(r["result"]["ok"], json!(true), "{}", r["result"]);
+}

@@ -12,8 +12,10 @@
 //! The engine never mutates state directly: it computes events from the current state and
 //! applies them with [`WorkspaceState::apply_event`], the function replicas and replay
 //! use, so a replica built from the events equals the host's state. A rejected command
-//! appends nothing and changes nothing (except that its result is remembered).
+//! appends nothing and changes nothing (except that its result is remembered). The state
+//! is never copied per command.
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::caps::{CapSet, ADMIN, RESOLVE};
@@ -36,6 +38,13 @@ pub const MAX_INT: u64 = i64::MAX as u64;
 pub trait IdSource {
     /// Fill `buf` with random bytes.
     fn fill(&mut self, buf: &mut [u8]);
+}
+
+/// Any `rand` generator is an id source (the node passes `rand::rngs::OsRng`).
+impl<R: rand::RngCore> IdSource for R {
+    fn fill(&mut self, buf: &mut [u8]) {
+        self.fill_bytes(buf);
+    }
 }
 
 /// A deterministic [`IdSource`] (SplitMix64 from a seed), for tests and reproducible runs.
@@ -124,7 +133,7 @@ pub struct Context<'a> {
 /// 1..=2^63−1; ids of things being created non-empty when given. Failure is the
 /// `error` frame `not a command frame: <reason>`; no command_result is due.
 pub fn parse_command_frame(v: &Value) -> Result<CommandFrame, ErrorFrame> {
-    let frame: CommandFrame = serde_json::from_value(v.clone()).map_err(|e| ErrorFrame {
+    let frame = CommandFrame::deserialize(v).map_err(|e| ErrorFrame {
         tag: ErrorTag,
         message: format!("not a command frame: {e}"),
     })?;
@@ -156,30 +165,30 @@ fn check_limits(f: &CommandFrame) -> Result<(), String> {
         }
         _ => Ok(()),
     };
-    let change_ok = |c: &Change| -> Result<(), String> {
-        match c {
-            Change::CreateArtifact(c) => {
-                nonempty("artifact_id", &c.artifact_id)?;
-                nonempty("proposal_id", &c.proposal_id)
-            }
-            Change::EditArtifact(c) => {
-                base(c.base_version)?;
-                patch_ok(&c.patch)?;
-                nonempty("proposal_id", &c.proposal_id)
-            }
-            Change::ArchiveArtifact(c) => {
-                base(c.base_version)?;
-                nonempty("proposal_id", &c.proposal_id)
-            }
-        }
+    let create_ok = |c: &CreateArtifact| {
+        nonempty("artifact_id", &c.artifact_id)?;
+        nonempty("proposal_id", &c.proposal_id)
+    };
+    let edit_ok = |c: &EditArtifact| {
+        base(c.base_version)?;
+        patch_ok(&c.patch)?;
+        nonempty("proposal_id", &c.proposal_id)
+    };
+    let archive_ok = |c: &ArchiveArtifact| {
+        base(c.base_version)?;
+        nonempty("proposal_id", &c.proposal_id)
     };
     match &f.command {
-        Command::CreateArtifact(c) => change_ok(&Change::CreateArtifact(c.clone())),
-        Command::EditArtifact(c) => change_ok(&Change::EditArtifact(c.clone())),
-        Command::ArchiveArtifact(c) => change_ok(&Change::ArchiveArtifact(c.clone())),
+        Command::CreateArtifact(c) => create_ok(c),
+        Command::EditArtifact(c) => edit_ok(c),
+        Command::ArchiveArtifact(c) => archive_ok(c),
         Command::ProposeChange(p) => {
             nonempty("proposal_id", &p.proposal_id)?;
-            change_ok(&p.change)
+            match &p.change {
+                Change::CreateArtifact(c) => create_ok(c),
+                Change::EditArtifact(c) => edit_ok(c),
+                Change::ArchiveArtifact(c) => archive_ok(c),
+            }
         }
         Command::RespondToProposal(r) => r.changes.as_ref().map_or(Ok(()), patch_ok),
         Command::CreateThread(c) => nonempty("thread_id", &c.thread_id),
@@ -244,21 +253,22 @@ pub fn apply(
         Err(rej) => (CommandResult::rejected(cid, rej), Vec::new()),
         Ok((done, events)) => {
             let envs = envelopes(&ws.state, &ctx.actor, ctx.now_us, ctx.ids, events);
-            match apply_all(&mut ws.state, &envs) {
-                Ok(()) => {
+            match apply_in_place(&mut ws.state, envs) {
+                Ok(envs) => {
                     let seq = envs.last().map(|e| e.seq);
                     (CommandResult::ok(cid, outcome(done, seq)), envs)
                 }
-                // Unreachable unless the engine and apply_event disagree; state unchanged.
-                Err(e) => (
-                    CommandResult::rejected(
-                        cid,
-                        Rejection::invalid_state(format!(
-                            "command {cid} failed on the server: {e}"
-                        )),
-                    ),
-                    Vec::new(),
-                ),
+                // Only if the engine and apply_event disagree (a bug, which the property
+                // tests look for): reported, never a panic. The events applied before the
+                // failing one are returned so that the log stays equal to the state.
+                Err(CommitError { error, applied }) => {
+                    debug_assert!(false, "an engine event does not apply: {error}");
+                    let why = format!("command {cid} failed on the server: {error}");
+                    (
+                        CommandResult::rejected(cid, Rejection::invalid_state(why)),
+                        applied,
+                    )
+                }
             }
         }
     };
@@ -266,31 +276,45 @@ pub fn apply(
     (result, envs)
 }
 
+/// Events that did not all apply: `error` for the first that failed, `applied` = those
+/// before it, which are in the state and must go to the log.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{error} ({} events applied before it)", applied.len())]
+pub struct CommitError {
+    /// Why the failing event did not apply.
+    pub error: ApplyError,
+    /// Events applied before it, in seq order.
+    pub applied: Vec<EventEnvelope>,
+}
+
 /// Append events the host causes itself (run events from AWP thread states, see `runs`),
-/// committed by `actor` at `now_us`. All or nothing: on error the state is unchanged.
+/// committed by `actor` at `now_us`, with the next seqs. The events must be computed from
+/// the current state, as `runs::on_peer_state` does; then they all apply. Otherwise the
+/// error names the first that failed and the ones applied before it.
 pub fn commit(
     ws: &mut Workspace,
     actor: &Actor,
     now_us: i64,
     ids: &mut dyn IdSource,
     events: Vec<KnownEvent>,
-) -> Result<Vec<EventEnvelope>, ApplyError> {
+) -> Result<Vec<EventEnvelope>, CommitError> {
     let envs = envelopes(&ws.state, actor, now_us, ids, events);
-    apply_all(&mut ws.state, &envs)?;
-    Ok(envs)
+    apply_in_place(&mut ws.state, envs)
 }
 
-/// Apply envelopes atomically: on any error the state is left as it was.
-fn apply_all(st: &mut WorkspaceState, envs: &[EventEnvelope]) -> Result<(), ApplyError> {
-    if envs.len() == 1 {
-        return st.apply_event(&envs[0]);
-    }
-    let mut next = st.clone();
+/// Apply envelopes in order without copying the state (artifacts keep every version).
+fn apply_in_place(
+    st: &mut WorkspaceState,
+    envs: Vec<EventEnvelope>,
+) -> Result<Vec<EventEnvelope>, CommitError> {
+    let mut applied = Vec::with_capacity(envs.len());
     for e in envs {
-        next.apply_event(e)?;
+        if let Err(error) = st.apply_event(&e) {
+            return Err(CommitError { error, applied });
+        }
+        applied.push(e);
     }
-    *st = next;
-    Ok(())
+    Ok(applied)
 }
 
 fn envelopes(

@@ -19,6 +19,24 @@ use serde_json::{json, Map, Value};
 
 use super::frames::Rejection;
 
+/// Deepest nesting of an artifact's data (the object itself is level 1). Deeper data could
+/// not be parsed back by a replica (serde_json stops at 128) and would make patches and
+/// drops recurse without bound (choice of spec/artifact-threads.md §7).
+pub const MAX_DEPTH: usize = 64;
+
+/// Largest artifact data, as compact JSON, so that any event carrying it (a recorded diff,
+/// an accepted creation) fits in one 1 MiB AWP line (spec/artifact-threads.md §7).
+pub const MAX_DATA_BYTES: usize = 512 * 1024;
+
+/// True when `v` holds a container `limit` or more levels below it.
+fn too_deep(v: &Value, limit: usize) -> bool {
+    match v {
+        Value::Array(a) => limit == 0 || a.iter().any(|x| too_deep(x, limit - 1)),
+        Value::Object(m) => limit == 0 || m.values().any(|x| too_deep(x, limit - 1)),
+        _ => false,
+    }
+}
+
 /// Whether agents write directly or must propose (notes §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -68,7 +86,8 @@ impl Kind {
     /// Validate `data` as this kind and return it normalized (defaults filled, fields in
     /// the kind's order). Errors: validation_failed `invalid <kind> data` with a list of
     /// `{type, loc, msg}` errors (types `missing`, `string_type`, `dict_type`,
-    /// `extra_forbidden`, `schema`, `schema_invalid`).
+    /// `extra_forbidden`, `schema`, `schema_invalid`, and `too_deep` past [`MAX_DEPTH`]
+    /// levels or `too_large` past [`MAX_DATA_BYTES`]).
     pub fn normalize(self, data: &Map<String, Value>) -> Result<Map<String, Value>, Rejection> {
         let mut errors = Vec::new();
         let mut out = Map::new();
@@ -136,6 +155,21 @@ impl Kind {
                     }
                 }
                 out.insert("schema".into(), schema);
+            }
+        }
+        if errors.is_empty() {
+            if out.values().any(|v| too_deep(v, MAX_DEPTH - 1)) {
+                errors.push(err(
+                    "too_deep",
+                    "data",
+                    &format!("data may nest at most {MAX_DEPTH} levels"),
+                ));
+            } else if serde_json::to_vec(&out).map_or(true, |b| b.len() > MAX_DATA_BYTES) {
+                errors.push(err(
+                    "too_large",
+                    "data",
+                    &format!("data may take at most {MAX_DATA_BYTES} bytes as JSON"),
+                ));
             }
         }
         if errors.is_empty() {

@@ -79,11 +79,55 @@ fn apply_json_patch(
             .map_err(|e| fail(format!("operation {i}: {e}")))?;
         parsed.push(op);
     }
+    // Ops run one by one on a copy (all or nothing). `test` compares as Python's `==`
+    // does (1 == 1.0, true != 1), so it is checked here; every other op is the crate's.
     let mut doc = Value::Object(data.clone());
-    json_patch::patch(&mut doc, &parsed).map_err(|e| fail(e.to_string()))?;
+    for (i, op) in parsed.iter().enumerate() {
+        match op {
+            json_patch::PatchOperation::Test(t) => {
+                let path = t.path.to_string();
+                match doc.pointer(&path) {
+                    Some(v) if py_eq(v, &t.value) => {}
+                    Some(_) => {
+                        return Err(fail(format!(
+                            "operation {i}: test failed at path {path}: value did not match"
+                        )))
+                    }
+                    None => {
+                        return Err(fail(format!(
+                            "operation {i}: test failed at path {path}: path does not exist"
+                        )))
+                    }
+                }
+            }
+            other => json_patch::patch(&mut doc, std::slice::from_ref(other))
+                .map_err(|e| fail(format!("operation {i}: {e}")))?,
+        }
+    }
     match doc {
         Value::Object(m) => Ok(m),
         _ => Err(fail("the result is not an object".into())),
+    }
+}
+
+/// JSON equality as Python's `==` on decoded JSON: numbers by value (1 == 1.0), booleans
+/// never equal numbers, objects regardless of key order.
+pub fn py_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(p), Some(q)) => p == q,
+            _ => match (x.as_u64(), y.as_u64()) {
+                (Some(p), Some(q)) => p == q,
+                _ => x.as_f64() == y.as_f64(),
+            },
+        },
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| py_eq(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| py_eq(v, w)))
+        }
+        _ => a == b,
     }
 }
 
@@ -289,6 +333,22 @@ mod tests {
             )],
         };
         assert_eq!(apply(&d, &ok).unwrap()["value"], json!({"a": 3}));
+    }
+
+    #[test]
+    fn json_patch_test_equates_1_and_1_0_but_not_true_and_1() {
+        let d = obj(json!({"value": {"n": 1, "b": true}}));
+        let test = |path: &str, value: Value| Patch::JsonPatch {
+            ops: vec![
+                obj(json!({"op": "test", "path": path, "value": value})),
+                obj(json!({"op": "replace", "path": "/value/n", "value": 2})),
+            ],
+        };
+        assert!(apply(&d, &test("/value/n", json!(1.0))).is_ok());
+        assert!(apply(&d, &test("/value/b", json!(1))).is_err());
+        assert!(apply(&d, &test("/value/n", json!(true))).is_err());
+        assert!(apply(&d, &test("/value/zz", json!(1))).is_err());
+        assert!(apply(&d, &test("/value", json!({"b": true, "n": 1.0}))).is_ok());
     }
 
     #[test]

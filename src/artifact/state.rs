@@ -505,6 +505,16 @@ impl WorkspaceState {
         Ok(())
     }
 
+    /// Runs in progress as `(run_id, thread_id)` (artifactr's `welcome.active_runs`: status
+    /// running, paused ones excluded).
+    pub fn active_runs(&self) -> Vec<(String, String)> {
+        self.runs
+            .values()
+            .filter(|r| r.state == RunState::Running)
+            .map(|r| (r.run_id.clone(), r.thread_id.clone()))
+            .collect()
+    }
+
     fn thread_mut(&mut self, id: &str) -> Result<&mut Thread, String> {
         self.threads
             .get_mut(id)

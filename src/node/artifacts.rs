@@ -40,8 +40,9 @@ const SNAPSHOT_EVERY: u64 = 4096;
 const EVENT_BYTES_PER_MSG: usize = 640 * 1024;
 /// Events resent per resend request (more follow on the next request).
 const RESEND_MAX: usize = 20_000;
-/// Command parts run per msg; more are answered with an error frame.
-const MAX_COMMANDS_PER_MSG: usize = 64;
+/// Largest event, in bytes, that still fits in one msg line with its envelope (spec
+/// §Size: a bigger one is refused before it is appended).
+const MAX_EVENT_BYTES: usize = wire::MAX_LINE - 8 * 1024;
 
 /// Random ids from the OS generator.
 struct OsIds;
@@ -94,37 +95,7 @@ impl Artifacts {
                 return Ok(ws);
             }
         }
-        let mut state = match tx.snapshot(&rec.th)? {
-            Some(v) => serde_json::from_value::<WorkspaceState>(
-                v.get("state").cloned().unwrap_or(Value::Null),
-            )
-            .map_err(|e| StoreError::Corrupt {
-                tree: "art_snap",
-                detail: e.to_string(),
-            })?,
-            None => WorkspaceState::new(&rec.th),
-        };
-        while state.head_seq < rec.head_seq {
-            let evs = tx.events_after(&rec.th, state.head_seq, 4096)?;
-            if evs.is_empty() {
-                break;
-            }
-            for v in evs {
-                let env: EventEnvelope =
-                    serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
-                        tree: "art_events",
-                        detail: e.to_string(),
-                    })?;
-                state.apply_event(&env).map_err(|e| StoreError::Corrupt {
-                    tree: "art_events",
-                    detail: e.to_string(),
-                })?;
-            }
-        }
-        Ok(Workspace {
-            state,
-            dedup: Default::default(),
-        })
+        rebuild(tx, rec)
     }
 
     /// Keep `ws` for the next command (the record written in the same transaction says
@@ -152,6 +123,41 @@ impl Artifacts {
             .remove(&(*peer, msg_id.to_string()))
             .unwrap_or_default()
     }
+}
+
+/// The workspace of `rec` as of its `head_seq`, from the store: snapshot + log.
+fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> {
+    let mut state = match tx.snapshot(&rec.th)? {
+        Some(v) => {
+            serde_json::from_value::<WorkspaceState>(v.get("state").cloned().unwrap_or(Value::Null))
+                .map_err(|e| StoreError::Corrupt {
+                    tree: "art_snap",
+                    detail: e.to_string(),
+                })?
+        }
+        None => WorkspaceState::new(&rec.th),
+    };
+    while state.head_seq < rec.head_seq {
+        let evs = tx.events_after(&rec.th, state.head_seq, 4096)?;
+        if evs.is_empty() {
+            break;
+        }
+        for v in evs {
+            let env: EventEnvelope =
+                serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
+                    tree: "art_events",
+                    detail: e.to_string(),
+                })?;
+            state.apply_event(&env).map_err(|e| StoreError::Corrupt {
+                tree: "art_events",
+                detail: e.to_string(),
+            })?;
+        }
+    }
+    Ok(Workspace {
+        state,
+        dedup: Default::default(),
+    })
 }
 
 /// Append `envs` (already applied to `ws`) to the log of `rec`, with a snapshot when due.
@@ -297,8 +303,18 @@ fn run_command(
         ids: &mut ids,
     };
     let (result, envs) = engine::apply(ws, &mut ctx, &parsed);
-    let result = serde_json::to_value(&result).map_err(|e| StoreError::Db(e.to_string()))?;
-    let envs = to_values(&envs);
+    let mut result = serde_json::to_value(&result).map_err(|e| StoreError::Db(e.to_string()))?;
+    let mut envs = to_values(&envs);
+    if envs
+        .iter()
+        .any(|e| serde_json::to_vec(e).map_or(true, |b| b.len() > MAX_EVENT_BYTES))
+    {
+        // An event that cannot travel in one line is never appended: undo and refuse.
+        *ws = rebuild(tx, rec)?;
+        envs.clear();
+        result = json!({"type": "command_result", "command_id": cid, "ok": false, "outcome": null,
+            "rejection": {"type": "validation_failed", "message": "the change is too large for the wire", "errors": []}});
+    }
     if !cid.contains('\0') {
         tx.put_dedup(&rec.th, &participant, &cid, &result)?;
     }
@@ -350,10 +366,11 @@ impl Artifacts {
             match mime.as_str() {
                 MIME_COMMAND => {
                     n += 1;
-                    if n > MAX_COMMANDS_PER_MSG {
+                    if n > 1 {
+                        // One command per msg (spec §Wire): the extras are not run.
                         lead.push(data_part(
                             MIME_ERROR,
-                            json!({"type":"error","message":format!("at most {MAX_COMMANDS_PER_MSG} commands per msg")}),
+                            json!({"type": "error", "message": "one command per msg: this part was not run"}),
                         ));
                         continue;
                     }
@@ -370,6 +387,12 @@ impl Artifacts {
                 }
                 MIME_RESEND => {
                     let after = data.get("after_seq").and_then(Value::as_u64).unwrap_or(0);
+                    if after > rec.head_seq {
+                        let msg = format!("resend after {after}: head is {}", rec.head_seq);
+                        let part = data_part(MIME_ERROR, json!({"type": "error", "message": msg}));
+                        queue_parts(tx, peer, &rec.th, Some(&m.id), None, vec![part], &[])?;
+                        continue;
+                    }
                     let evs = tx.events_after(&rec.th, after, RESEND_MAX)?;
                     queue_parts(tx, peer, &rec.th, Some(&m.id), None, Vec::new(), &evs)?;
                 }
@@ -433,6 +456,7 @@ impl Artifacts {
     ) -> Result<(), StoreError> {
         let mut ws = self.load(tx, rec)?;
         let mut notes = Vec::new();
+        let mut not_host = Vec::new();
         for p in &m.parts {
             let Part::Data(DataPart {
                 data,
@@ -486,8 +510,12 @@ impl Artifacts {
                 MIME_RESULT | MIME_ERROR => {
                     notes.push(result_event(&rec.th, peer, data));
                 }
+                MIME_COMMAND => not_host.push(not_host_part(&rec.th)),
                 _ => {}
             }
+        }
+        if !not_host.is_empty() {
+            queue_parts(tx, peer, &rec.th, Some(&m.id), None, not_host, &[])?;
         }
         // A gap that this msg did not fill: ask the host once per head.
         if rec.held_max > rec.head_seq && rec.resend_asked != rec.head_seq + 1 {
@@ -500,6 +528,20 @@ impl Artifacts {
         self.defer(peer, &m.id, notes);
         Ok(())
     }
+}
+
+/// The error part for a command sent to a node that does not host the thread.
+fn not_host_part(th: &str) -> Part {
+    data_part(
+        MIME_ERROR,
+        json!({"type": "error", "message": format!("this node does not host {th}")}),
+    )
+}
+
+fn has_part(m: &wire::Msg, mime: &str) -> bool {
+    m.parts
+        .iter()
+        .any(|p| matches!(p, Part::Data(DataPart { mime: Some(x), .. }) if x == mime))
 }
 
 /// Whether `m` carries an artifactr part.
@@ -534,7 +576,11 @@ impl InboundHook for Artifacts {
                 None => {
                     // A host's first events open a replica here.
                     let Line::Msg(m) = line else { continue };
-                    if !m.parts.iter().any(|p| matches!(p, Part::Data(DataPart { mime: Some(x), .. }) if x == MIME_EVENT)) {
+                    if !has_part(m, MIME_EVENT) {
+                        if has_part(m, MIME_COMMAND) {
+                            let part = not_host_part(th);
+                            queue_parts(tx, peer, th, Some(&m.id), None, vec![part], &[])?;
+                        }
                         continue;
                     }
                     WsRecord {

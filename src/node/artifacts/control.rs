@@ -446,7 +446,7 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
                     .filter(|r| r.get("ok") == Some(&json!(true)))
                     .count();
                 return Ok(
-                    json!({"th": rec.th, "role": "host", "commands": n, "ok": ok, "events": events.len()}),
+                    json!({"th": rec.th, "role": "host", "commands": n, "succeeded": ok, "events": events.len()}),
                 );
             }
             send_commands(inner, &rec, frames).await?;
