@@ -774,3 +774,59 @@ async fn guest_endpoint_reads_the_replica_and_commands_reach_the_host() {
     let (st, _) = guest.get(&format!("{w}/artifacts/{id}")).await;
     assert_eq!(st, 200);
 }
+
+/// A client that stops reading is closed with 4429 once more than 1000 live frames wait
+/// for it (after the socket buffers are full).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_client_is_closed_with_4429() {
+    let sc = Schema::new();
+    let (host, _guest, th, _) = pair().await;
+    let mut slow = ws(&host, &th, "header").await;
+    handshake(&mut slow, &sc, hello(0)).await;
+    // Another client fills the slow one's socket buffers with large events, then sends
+    // more than 1000 small ones; it reads its own frames as it goes.
+    let mut fast = ws(&host, &th, "header").await;
+    handshake(
+        &mut fast,
+        &sc,
+        json!({"type": "hello", "protocol": "artifactr.v1", "from_head": true}),
+    )
+    .await;
+    let big = "x".repeat(200_000);
+    for b in 0..10 {
+        post_batch(&mut fast, &th, b * 8, 8, &big).await;
+    }
+    for b in 0..20 {
+        post_batch(&mut fast, &th, 100 + b * 64, 64, "small").await;
+    }
+    // The slow client reads what was written to it, then the close.
+    let mut frames = 0;
+    let code = loop {
+        match next(&mut slow).await {
+            Ok(_) => frames += 1,
+            Err(code) => break code,
+        }
+        assert!(frames < 5000, "no close after {frames} frames");
+    };
+    assert_eq!(code, 4429, "after {frames} frames");
+    assert!(frames < 80 + 1280, "{frames}");
+}
+
+/// Send `k` post_message commands (ids from `start`), then read until their `k` results.
+async fn post_batch(fast: &mut Ws, th: &str, start: usize, k: usize, content: &str) {
+    for i in start..start + k {
+        let f = cmd(
+            &format!("f{i}"),
+            json!({"type": "post_message", "thread_id": th, "content": content}),
+        );
+        send(fast, f).await;
+    }
+    let mut results = 0;
+    while results < k {
+        let f = next(fast).await.unwrap();
+        if f["type"] == "command_result" {
+            assert_eq!(f["ok"], true, "{f}");
+            results += 1;
+        }
+    }
+}
