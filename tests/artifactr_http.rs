@@ -830,3 +830,44 @@ async fn post_batch(fast: &mut Ws, th: &str, start: usize, k: usize, content: &s
         }
     }
 }
+
+/// An outside client: `tests/fixtures/artifactr/client.py` with the Python `websockets`
+/// package (skipped with one line when python3 or websockets is missing; `.ci/run` installs
+/// it). `AWP_TEST_PYTHON` names another interpreter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_websockets_client_attaches() {
+    let py = std::env::var("AWP_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has = std::process::Command::new(&py)
+        .args(["-c", "import websockets"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        eprintln!("skipped: {py} with the websockets package is not available");
+        return;
+    }
+    let sc = Schema::new();
+    let (host, _guest, th, _) = pair().await;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/artifactr/client.py");
+    let out = tokio::process::Command::new(&py)
+        .arg(script)
+        .args([&host.http, &host.token, &th, &th])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let frames: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(frames.len() >= 4, "{stdout}");
+    for f in &frames {
+        sc.check("server", f);
+    }
+    assert_eq!(frames.last().unwrap()["type"], "command_result");
+}
