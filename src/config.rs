@@ -12,12 +12,15 @@
 //! presence = true
 //! outbox_quota_bytes = 134217728  # per peer, for served results (default 128 MiB)
 //! outbox_quota_lines = 10000      # per peer, for served results (default 10,000)
+//! artifactr = "127.0.0.1:8765"   # local artifactr.v1 HTTP/WebSocket endpoint (off by default)
+//! artifactr_public = false       # allow a non-loopback artifactr address
 //! ```
 //!
 //! Environment: `AWP_ACCEPT`, `AWP_ALLOW` and `AWP_TRUST` (comma-separated keys),
 //! `AWP_LISTEN` (comma-separated addresses), `AWP_BLOB_LIMIT`, `AWP_NAME`, `AWP_ABOUT`,
 //! `AWP_PRESENCE` (`true`/`false`), `AWP_OUTBOX_QUOTA_BYTES` (a size, like the blob
-//! limit), `AWP_OUTBOX_QUOTA_LINES`.
+//! limit), `AWP_OUTBOX_QUOTA_LINES`,
+//! `AWP_ARTIFACTR` (an address), `AWP_ARTIFACTR_PUBLIC`.
 
 use crate::net::Address;
 use crate::wire::PeerKey;
@@ -82,6 +85,10 @@ pub struct Layer {
     pub presence: Option<bool>,
     pub outbox_quota_bytes: Option<u64>,
     pub outbox_quota_lines: Option<u64>,
+    /// The local artifactr.v1 endpoint's address (`IP:PORT`).
+    pub artifactr: Option<String>,
+    /// Allow a non-loopback `artifactr` address.
+    pub artifactr_public: Option<bool>,
 }
 
 impl Layer {
@@ -132,14 +139,11 @@ impl Layer {
             name: get("AWP_NAME"),
             about: get("AWP_ABOUT"),
             presence: get("AWP_PRESENCE")
-                .map(|v| match v.trim() {
-                    "1" | "true" | "yes" => Ok(true),
-                    "0" | "false" | "no" | "" => Ok(false),
-                    other => Err(ConfigError::Value {
-                        key: "AWP_PRESENCE",
-                        detail: format!("{other:?} is not true or false"),
-                    }),
-                })
+                .map(|v| env_bool("AWP_PRESENCE", &v))
+                .transpose()?,
+            artifactr: get("AWP_ARTIFACTR").filter(|v| !v.trim().is_empty()),
+            artifactr_public: get("AWP_ARTIFACTR_PUBLIC")
+                .map(|v| env_bool("AWP_ARTIFACTR_PUBLIC", &v))
                 .transpose()?,
             outbox_quota_bytes: get("AWP_OUTBOX_QUOTA_BYTES")
                 .map(|v| {
@@ -173,8 +177,39 @@ impl Layer {
             presence: over.presence.or(self.presence),
             outbox_quota_bytes: over.outbox_quota_bytes.or(self.outbox_quota_bytes),
             outbox_quota_lines: over.outbox_quota_lines.or(self.outbox_quota_lines),
+            artifactr: over.artifactr.or(self.artifactr),
+            artifactr_public: over.artifactr_public.or(self.artifactr_public),
         }
     }
+}
+
+fn env_bool(key: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v.trim() {
+        "1" | "true" | "yes" => Ok(true),
+        "0" | "false" | "no" | "" => Ok(false),
+        other => Err(ConfigError::Value {
+            key,
+            detail: format!("{other:?} is not true or false"),
+        }),
+    }
+}
+
+/// The `artifactr` address: `IP:PORT`, loopback unless `public` (spec/artifact-threads.md
+/// §Local endpoint).
+pub fn artifactr_addr(v: &str, public: bool) -> Result<std::net::SocketAddr, ConfigError> {
+    let a: std::net::SocketAddr = v.trim().parse().map_err(|_| ConfigError::Value {
+        key: "artifactr",
+        detail: format!("{v:?} is not IP:PORT (e.g. 127.0.0.1:8765)"),
+    })?;
+    if !a.ip().is_loopback() && !public {
+        return Err(ConfigError::Value {
+            key: "artifactr",
+            detail: format!(
+                "{a} is not a loopback address; add --artifactr-public (artifactr_public = true) to serve it"
+            ),
+        });
+    }
+    Ok(a)
 }
 
 /// Effective settings, parsed.
@@ -192,6 +227,8 @@ pub struct Settings {
     pub outbox_quota_bytes: u64,
     /// Per-peer outbox quota for served results, lines.
     pub outbox_quota_lines: u64,
+    /// The local artifactr.v1 endpoint (off when `None`), checked by [`artifactr_addr`].
+    pub artifactr: Option<std::net::SocketAddr>,
 }
 
 fn keys(key: &'static str, v: Option<Vec<String>>) -> Result<Vec<PeerKey>, ConfigError> {
@@ -231,6 +268,11 @@ impl Settings {
             presence: l.presence.unwrap_or(false),
             outbox_quota_bytes: l.outbox_quota_bytes.unwrap_or(DEFAULT_OUTBOX_QUOTA_BYTES),
             outbox_quota_lines: l.outbox_quota_lines.unwrap_or(DEFAULT_OUTBOX_QUOTA_LINES),
+            artifactr: l
+                .artifactr
+                .as_deref()
+                .map(|a| artifactr_addr(a, l.artifactr_public.unwrap_or(false)))
+                .transpose()?,
         })
     }
 
@@ -293,6 +335,19 @@ mod tests {
         assert!(e.to_string().starts_with("allow"), "{e}");
         assert!(Layer::from_env(|k| (k == "AWP_ACCEPT").then(|| "some".into())).is_err());
         assert!(Layer::from_env(|k| (k == "AWP_BLOB_LIMIT").then(|| "lots".into())).is_err());
+        // The artifactr endpoint: loopback only unless public.
+        let l = |a: &str, p: Option<bool>| Layer {
+            artifactr: Some(a.into()),
+            artifactr_public: p,
+            ..Layer::default()
+        };
+        let e = Settings::from_layer(l("0.0.0.0:8765", None)).unwrap_err();
+        assert!(e.to_string().starts_with("artifactr"), "{e}");
+        assert!(Settings::from_layer(l("localhost:1", None)).is_err());
+        let s = Settings::from_layer(l("0.0.0.0:8765", Some(true))).unwrap();
+        assert_eq!(s.artifactr, Some("0.0.0.0:8765".parse().unwrap()));
+        let s = Settings::from_layer(l("[::1]:0", None)).unwrap();
+        assert!(s.artifactr.unwrap().ip().is_loopback());
         assert_eq!(
             Settings::from_layer(Layer::default()).unwrap().blob_limit,
             DEFAULT_BLOB_LIMIT

@@ -313,6 +313,10 @@ pub struct StartArgs {
     pub outbox_quota_bytes: Option<u64>,
     /// `--outbox-quota-lines`.
     pub outbox_quota_lines: Option<u64>,
+    /// `--artifactr`.
+    pub artifactr: Option<String>,
+    /// `--artifactr-public`.
+    pub artifactr_public: bool,
 }
 
 impl StartArgs {
@@ -362,6 +366,13 @@ impl StartArgs {
         if let Some(l) = self.outbox_quota_lines {
             args.push("--outbox-quota-lines".into());
             args.push(l.to_string().into());
+        }
+        if let Some(a) = &self.artifactr {
+            args.push("--artifactr".into());
+            args.push(a.into());
+        }
+        if self.artifactr_public {
+            args.push("--artifactr-public".into());
         }
         args
     }
@@ -579,6 +590,8 @@ mod tests {
             sandbox: true,
             outbox_quota_bytes: Some(1000),
             outbox_quota_lines: Some(9),
+            artifactr: Some("127.0.0.1:8765".into()),
+            artifactr_public: true,
         };
         let args: Vec<String> = a
             .to_args()
@@ -607,7 +620,10 @@ mod tests {
                 "--outbox-quota-bytes",
                 "1000",
                 "--outbox-quota-lines",
-                "9"
+                "9",
+                "--artifactr",
+                "127.0.0.1:8765",
+                "--artifactr-public"
             ]
         );
     }

@@ -80,6 +80,13 @@ pub struct NodeArgs {
     /// config.toml and AWP_OUTBOX_QUOTA_LINES.
     #[arg(long, value_name = "N")]
     pub outbox_quota_lines: Option<u64>,
+    /// Serve the local artifactr.v1 HTTP/WebSocket endpoint on IP:PORT (off by default;
+    /// loopback only unless --artifactr-public; bearer token in $AWP_HOME/artifactr.token).
+    #[arg(long, value_name = "ADDR")]
+    pub artifactr: Option<String>,
+    /// Allow a non-loopback --artifactr address.
+    #[arg(long)]
+    pub artifactr_public: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -104,6 +111,8 @@ impl From<&NodeArgs> for StartArgs {
             sandbox: a.sandbox,
             outbox_quota_bytes: a.outbox_quota_bytes,
             outbox_quota_lines: a.outbox_quota_lines,
+            artifactr: a.artifactr.clone(),
+            artifactr_public: a.artifactr_public,
         }
     }
 }

@@ -60,6 +60,8 @@ pub fn node_config(ctx: &Ctx, args: &NodeArgs) -> Result<NodeConfig, Failure> {
         sandbox: args.sandbox,
         outbox_quota_bytes: args.outbox_quota_bytes,
         outbox_quota_lines: args.outbox_quota_lines,
+        artifactr: args.artifactr.clone(),
+        artifactr_public: args.artifactr_public,
         ..Default::default()
     })
 }

@@ -108,6 +108,11 @@ pub struct NodeConfig {
     /// Per-peer outbox quota for served results, in bytes, from the command line (over
     /// config.toml `outbox_quota_bytes` and `AWP_OUTBOX_QUOTA_BYTES`).
     pub outbox_quota_bytes: Option<u64>,
+    /// The local artifactr.v1 endpoint (`--artifactr IP:PORT`, over config.toml
+    /// `artifactr` and `AWP_ARTIFACTR`); off by default.
+    pub artifactr: Option<String>,
+    /// Allow a non-loopback `artifactr` address (`--artifactr-public`).
+    pub artifactr_public: bool,
 }
 
 /// Why the node could not start.
@@ -175,6 +180,8 @@ pub(crate) struct Inner {
     pub grant_cache: Mutex<crate::grant::VerifyCache>,
     /// Artifact threads (hosted workspaces and replicas).
     pub artifacts: Arc<artifacts::Artifacts>,
+    /// The bound address of the local artifactr.v1 endpoint, when it is on.
+    pub artifactr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// A started node.
@@ -223,6 +230,8 @@ impl NodeHandle {
             presence: config.presence.then_some(true),
             outbox_quota_lines: config.outbox_quota_lines,
             outbox_quota_bytes: config.outbox_quota_bytes,
+            artifactr: config.artifactr.clone(),
+            artifactr_public: config.artifactr_public.then_some(true),
             ..Default::default()
         };
         let settings = crate::config::Settings::load(&home, flags).map_err(other("config"))?;
@@ -272,6 +281,7 @@ impl NodeHandle {
             serve,
             grant_cache: Mutex::new(crate::grant::VerifyCache::default()),
             artifacts: artifacts::Artifacts::new(),
+            artifactr: std::sync::OnceLock::new(),
         });
         inner.artifacts.install(&inner);
         // Finish moving blobs that a crash left between "complete" and their final path.
@@ -330,6 +340,16 @@ impl NodeHandle {
             .tasks
             .spawn(server::serve(inner.clone(), control, sock));
 
+        // The local artifactr.v1 endpoint (off by default).
+        let artifactr = match settings.artifactr {
+            Some(addr) => Some(
+                artifacts::http::start(inner.clone(), addr)
+                    .await
+                    .map_err(|e| StartError::Other(format!("artifactr endpoint {addr}: {e}")))?,
+            ),
+            None => None,
+        };
+
         // Housekeeping: retention, and redial peers with queued lines or open threads.
         inner.tasks.spawn(housekeeping(inner.clone()));
         inner.tasks.spawn(presence::run(inner.clone()));
@@ -347,6 +367,10 @@ impl NodeHandle {
             "fingerprint": key.fingerprint(),
             "pid": std::process::id(),
         });
+        let mut listening = listening;
+        if let Some(a) = artifactr {
+            listening["artifactr"] = json!(a.to_string());
+        }
         let listening = match listening {
             Value::Object(m) => m,
             _ => Event::new(),

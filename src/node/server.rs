@@ -176,6 +176,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 "addresses": inner.addresses().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
                 "connections": conns,
                 "outbox": outbox,
+                "artifactr": inner.artifactr.get().map(|a| a.to_string()),
                 "version": env!("CARGO_PKG_VERSION"),
             }))
         }

@@ -143,7 +143,11 @@ async fn submit(
 type Builder = Box<dyn Fn(&str, &str) -> Line + Send + Sync>;
 
 /// Queue one command msg per frame for the host of `rec`, in one transaction; flush.
-async fn send_commands(inner: &Arc<Inner>, rec: &WsRecord, frames: Vec<Value>) -> Result<(), Fail> {
+pub(super) async fn send_commands(
+    inner: &Arc<Inner>,
+    rec: &WsRecord,
+    frames: Vec<Value>,
+) -> Result<(), Fail> {
     let builders: Vec<Builder> = frames
         .into_iter()
         .map(|frame| {
