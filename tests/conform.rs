@@ -87,10 +87,10 @@ fn assert_conforms(report: &conform::Report, addr: &str) {
                 let reason = r.reason.as_deref().unwrap_or_default();
                 assert!(reason.contains(&format!("`{cap}`")), "{addr}: {reason}");
             }
-            None => assert_eq!(r.status, Status::Ok, "{addr}: {} failed: {r:#?}", r.name),
+            None => assert_eq!(r.status, Status::Pass, "{addr}: {} failed: {r:#?}", r.name),
         }
     }
-    assert_eq!(report.count(Status::Ok), 15 - skips.len());
+    assert_eq!(report.count(Status::Pass), 15 - skips.len());
     assert_eq!(report.count(Status::Skip), skips.len());
     assert!(report.success());
 }
@@ -380,7 +380,7 @@ async fn a_peer_that_never_acks_fails_msg_ack() {
         .unwrap();
     assert_eq!(
         report.get("ping").unwrap().status,
-        Status::Ok,
+        Status::Pass,
         "{report:#?}"
     );
     let m = report.get("msg-ack").unwrap();
@@ -424,7 +424,7 @@ async fn schema_violations_fail_the_scenario_they_arrive_in() {
         "{bad:?}"
     );
     // Later scenarios on the same session are not blamed for it.
-    assert_eq!(report.get("ping").unwrap().status, Status::Ok);
+    assert_eq!(report.get("ping").unwrap().status, Status::Pass);
 
     // Without the handshake scenario, the scenario that opened the session carries it.
     let report = conform::run_connect(&addr.parse().unwrap(), &quick(&["ping"]))
@@ -547,15 +547,48 @@ async fn json_output_shape() {
         ["ping", "msg-ack", "chunk"],
         "run order, not argument order"
     );
+    // The reference runner's report shape (extra fields allowed).
+    assert_eq!(v["mode"], "connect");
+    assert_eq!(v["addr"], addrs[1].as_str());
+    assert!(v["duration"].is_u64() && v["duration"].as_u64().unwrap() > 0);
+    let peer = &v["peer"];
+    assert!(peer["key"].as_str().unwrap().starts_with("ed25519:"));
+    assert_eq!(peer["v"], 0);
+    assert!(peer["caps"].is_array());
+    assert!(peer.get("name").is_some() && peer.get("about").is_some());
     for r in results {
-        let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(keys, ["name", "section", "status", "reason", "checks"]);
+        for k in [
+            "name", "section", "doc", "status", "reason", "checks", "lines",
+        ] {
+            assert!(r.get(k).is_some(), "result lacks {k}: {r}");
+        }
+        assert!(r["doc"].as_str().is_some_and(|d| !d.is_empty()));
+        assert!(["pass", "fail", "skip"].contains(&r["status"].as_str().unwrap()));
         for c in r["checks"].as_array().unwrap() {
             assert!(c["what"].is_string() && c["ok"].is_boolean() && c["detail"].is_string());
         }
     }
+    // The ping scenario's transcript: our ping, then the peer's pong.
+    let lines: Vec<&str> = results[0]["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("> ") && l.contains(r#""t":"ping""#)),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("< ") && l.contains(r#""t":"pong""#)),
+        "{lines:?}"
+    );
     assert_eq!(results[0]["section"], "9.4");
-    assert_eq!(results[0]["status"], "ok");
+    assert_eq!(results[0]["status"], "pass");
     assert!(results[0]["reason"].is_null());
     assert!(!results[1]["checks"].as_array().unwrap().is_empty());
     if chunk_skipped {
@@ -617,7 +650,7 @@ async fn chunk_and_grant_run_against_a_peer_with_the_caps() {
     .await
     .unwrap();
     for r in &report.results {
-        assert_eq!(r.status, Status::Ok, "{r:#?}");
+        assert_eq!(r.status, Status::Pass, "{r:#?}");
     }
     assert_eq!(report.summary(), "4 passed, 0 failed, 0 skipped");
 }

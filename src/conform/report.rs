@@ -1,8 +1,9 @@
 //! Results of a conformance run and their two renderings: aligned text lines and one JSON
-//! object.
+//! object in the report shape of the reference runner (see [`Report::to_json`]).
 
 use super::Scenario;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 /// One check of a scenario.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +50,7 @@ impl Check {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     /// Every check held.
-    Ok,
+    Pass,
     /// A check failed (or the scenario could not run: connect or handshake failed).
     Fail,
     /// Not run: the peer lacks a required capability, or the mode cannot run it.
@@ -57,10 +58,10 @@ pub enum Status {
 }
 
 impl Status {
-    /// `ok`, `fail` or `skip` (the JSON form).
+    /// `pass`, `fail` or `skip` (the JSON form, as the reference runner writes it).
     pub fn as_str(self) -> &'static str {
         match self {
-            Status::Ok => "ok",
+            Status::Pass => "pass",
             Status::Fail => "fail",
             Status::Skip => "skip",
         }
@@ -76,12 +77,14 @@ pub struct Outcome {
     pub section: &'static str,
     /// What the scenario checks.
     pub what: &'static str,
-    /// ok, fail or skip.
+    /// pass, fail or skip.
     pub status: Status,
     /// Why it was skipped, or the first failed check; `None` when ok.
     pub reason: Option<String>,
     /// The checks, in the order they were made (empty when skipped).
     pub checks: Vec<Check>,
+    /// The lines sent (`> …`) and received (`< …`) during the scenario, each clipped.
+    pub lines: Vec<String>,
 }
 
 impl Outcome {
@@ -93,7 +96,7 @@ impl Outcome {
             Some(c) if c.detail.is_empty() => (Status::Fail, Some(c.what.clone())),
             Some(c) => (Status::Fail, Some(format!("{}: {}", c.what, c.detail))),
             None if checks.is_empty() => (Status::Fail, Some("no checks were made".into())),
-            None => (Status::Ok, None),
+            None => (Status::Pass, None),
         };
         Outcome {
             name: s.name,
@@ -102,7 +105,14 @@ impl Outcome {
             status,
             reason,
             checks,
+            lines: Vec::new(),
         }
+    }
+
+    /// The same outcome with `lines` as its transcript.
+    pub fn with_lines(mut self, lines: Vec<String>) -> Outcome {
+        self.lines = lines;
+        self
     }
 
     /// A skipped scenario.
@@ -114,30 +124,78 @@ impl Outcome {
             status: Status::Skip,
             reason: Some(why.into()),
             checks: Vec::new(),
+            lines: Vec::new(),
         }
     }
 
-    /// `{name, section, status, reason, checks: [{what, ok, detail}]}`.
+    /// `{name, section, doc, status: "pass"|"fail"|"skip", reason, checks: [{ok, what,
+    /// detail}], lines: [string]}`: the result shape of the reference runner (`doc` is what
+    /// the scenario checks; `detail` is ours). `reason` is `null` when passed.
     pub fn to_json(&self) -> Value {
         json!({
             "name": self.name,
             "section": self.section,
+            "doc": self.what,
             "status": self.status.as_str(),
             "reason": self.reason,
             "checks": self.checks.iter().map(|c| json!({
-                "what": c.what,
                 "ok": c.ok,
+                "what": c.what,
                 "detail": c.detail,
             })).collect::<Vec<_>>(),
+            "lines": self.lines,
         })
     }
 }
 
-/// All outcomes of a run, in run order.
+/// `connect` (we dialed the peer) or `listen` (the peer dialed us).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// `awp conform ADDRESS`.
+    #[default]
+    Connect,
+    /// `awp conform --listen ADDR`.
+    Listen,
+}
+
+impl Mode {
+    /// `connect` or `listen` (the JSON form).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Connect => "connect",
+            Mode::Listen => "listen",
+        }
+    }
+}
+
+/// The peer under test, from the first hello it sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Its key, `ed25519:…`, as sent.
+    pub key: String,
+    /// Its hello `name`, if any.
+    pub name: Option<String>,
+    /// Its hello `about`, if any.
+    pub about: Option<String>,
+    /// Its protocol version.
+    pub v: u64,
+    /// Its hello `caps`.
+    pub caps: Vec<String>,
+}
+
+/// All outcomes of a run, in run order, and what the run was against.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
+    /// How the run reached the peer.
+    pub mode: Mode,
+    /// The address dialed (connect) or bound (listen).
+    pub addr: String,
+    /// The peer, once one of its hellos arrived.
+    pub peer: Option<PeerInfo>,
     /// One outcome per selected scenario.
     pub results: Vec<Outcome>,
+    /// Wall time of the whole run.
+    pub duration: Duration,
 }
 
 impl Report {
@@ -160,7 +218,7 @@ impl Report {
     pub fn summary(&self) -> String {
         format!(
             "{} passed, {} failed, {} skipped",
-            self.count(Status::Ok),
+            self.count(Status::Pass),
             self.count(Status::Fail),
             self.count(Status::Skip)
         )
@@ -180,7 +238,7 @@ impl Report {
         let mut out = Vec::new();
         for r in &self.results {
             let tag = match r.status {
-                Status::Ok => "ok",
+                Status::Pass => "ok",
                 Status::Fail => "FAIL",
                 Status::Skip => "skip",
             };
@@ -210,20 +268,35 @@ impl Report {
                         out.push(format!("          ({})", one_line(reason)));
                     }
                 }
-                Status::Ok => {}
+                Status::Pass => {}
             }
         }
         out.push(self.summary());
         out
     }
 
-    /// `{passed, failed, skipped, results: [Outcome::to_json…]}`.
+    /// The reference runner's report shape: `{mode: "connect"|"listen", addr, peer: {key,
+    /// name, about, v, caps} (null when no hello arrived), results: [Outcome::to_json…],
+    /// passed, failed, skipped, duration}` with `duration` in nanoseconds (an integer).
     pub fn to_json(&self) -> Value {
+        let peer = self.peer.as_ref().map(|p| {
+            json!({
+                "key": p.key,
+                "name": p.name,
+                "about": p.about,
+                "v": p.v,
+                "caps": p.caps,
+            })
+        });
         json!({
-            "passed": self.count(Status::Ok),
+            "mode": self.mode.as_str(),
+            "addr": self.addr,
+            "peer": peer,
+            "results": self.results.iter().map(Outcome::to_json).collect::<Vec<_>>(),
+            "passed": self.count(Status::Pass),
             "failed": self.count(Status::Fail),
             "skipped": self.count(Status::Skip),
-            "results": self.results.iter().map(Outcome::to_json).collect::<Vec<_>>(),
+            "duration": u64::try_from(self.duration.as_nanos()).unwrap_or(u64::MAX),
         })
     }
 }
@@ -253,7 +326,7 @@ mod tests {
     #[test]
     fn status_from_checks() {
         let s = &SCENARIOS[0];
-        assert_eq!(Outcome::ran(s, vec![Check::pass("a")]).status, Status::Ok);
+        assert_eq!(Outcome::ran(s, vec![Check::pass("a")]).status, Status::Pass);
         let o = Outcome::ran(s, vec![Check::pass("a"), Check::fail("b", "why")]);
         assert_eq!(o.status, Status::Fail);
         assert_eq!(o.reason.as_deref(), Some("b: why"));
@@ -268,6 +341,7 @@ mod tests {
                 Outcome::ran(&SCENARIOS[6], vec![Check::fail("ack arrives", "none")]),
                 Outcome::skipped(&SCENARIOS[12], "no blob cap"),
             ],
+            ..Report::default()
         };
         let lines = r.render_text();
         assert!(lines[0].starts_with("  ok    handshake  "));
