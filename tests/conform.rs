@@ -169,6 +169,9 @@ enum Fault {
     /// chunk and grant scenarios send: a wrong chunk or grant gets a closing `err
     /// bad_frame` with the reason in `detail`.
     Capable,
+    /// Like NeverAcks, and answers a bye with a bye that carries no `re` (the schema
+    /// allows it; the reference runner accepts it), then closes.
+    ByeWithoutRe,
 }
 
 /// A raw TCP peer on 127.0.0.1 that speaks just enough AWP; serves connections until the
@@ -267,6 +270,16 @@ async fn serve_fake(sock: tokio::net::TcpStream, fault: Fault) {
                 Ok(()) => continue,
                 Err(why) => refuse(next_id(), &ts, why),
             },
+            Ok(Line::Bye(_)) if matches!(fault, Fault::ByeWithoutRe) => {
+                let bye = Line::Bye(wire::Bye {
+                    id: next_id(),
+                    ts: ts.clone(),
+                    re: None,
+                    reason: None,
+                });
+                let _ = w.write_all(&send(bye.encode())).await;
+                return;
+            }
             Ok(Line::Grant(g)) => match check_grant(&line, &g.grant, &id) {
                 Ok(()) => continue,
                 Err(why) => refuse(next_id(), &ts, why),
@@ -516,6 +529,44 @@ fn unreachable_peer_fails_every_scenario() {
         .as_str()
         .unwrap()
         .contains("connect"));
+}
+
+/// A check stricter than the reference runner (here: the bye reply's `re`) is a warning,
+/// never a failure: a peer that passes the reference passes ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bye_reply_without_re_passes_with_a_warning() {
+    let addr = fake_peer(Fault::ByeWithoutRe).await;
+    let o = awp_async(vec![
+        "--json".into(),
+        "conform".into(),
+        "--scenario".into(),
+        "bye".into(),
+        addr,
+    ])
+    .await;
+    let v: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(o.status.code(), Some(0), "{v:#}");
+    assert_eq!(v["results"][0]["status"], "pass", "{v:#}");
+    assert_eq!(v["failed"], 0);
+    let warnings = v["warnings"].as_array().expect("a warnings list");
+    assert_eq!(warnings.len(), 1, "{v:#}");
+    assert_eq!(warnings[0]["name"], "bye");
+    assert!(
+        warnings[0]["what"].as_str().unwrap().contains("re"),
+        "{v:#}"
+    );
+    // The text report shows it as a warning, not as a failure.
+    let o = awp_async(vec![
+        "conform".into(),
+        "--scenario".into(),
+        "bye".into(),
+        fake_peer(Fault::ByeWithoutRe).await,
+    ])
+    .await;
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert!(text.contains("warn"), "{text}");
+    assert!(text.contains("1 passed, 0 failed, 0 skipped"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -464,7 +464,7 @@ impl<'s> Peer<'s> {
     /// send ours). Returns the checks and whether the session is open (auth verified).
     pub async fn handshake(&mut self) -> (Vec<Check>, bool) {
         let (mine, mut checks) = self.exchange_hellos(0).await;
-        if self.hello.is_none() || checks.iter().any(|c| !c.ok) {
+        if self.hello.is_none() || checks.iter().any(Check::failed) {
             return (checks, false);
         }
         let auth = self.our_auth(&mine, false);

@@ -145,7 +145,7 @@ fn note_peer(report: &mut Report, p: &Peer<'_>) {
 
 /// Why a session could not be used, from the handshake's checks.
 fn handshake_reason(checks: &[Check]) -> String {
-    match checks.iter().find(|c| !c.ok) {
+    match checks.iter().find(|c| c.failed()) {
         Some(c) if c.detail.is_empty() => format!("handshake failed: {}", c.what),
         Some(c) => format!("handshake failed: {}: {}", c.what, c.detail),
         None => "handshake failed: the connection closed".into(),
