@@ -147,6 +147,11 @@ pub enum Request {
     },
     /// Stop the node (answers, then exits).
     Shutdown,
+    /// Forget a peer (`awp peers forget`): remove its peer record, addresses, threads,
+    /// log entries, queued lines and `seen` entries (see [`crate::store::Store::forget_peer`]).
+    /// Answers `{key, removed: {peer, addresses, threads, log, outbox, seen}}` (counts);
+    /// `no_such_peer` when nothing is known about it, `bad_request` while it is connected.
+    ForgetPeer { peer: String },
 }
 
 fn yes() -> bool {

@@ -156,8 +156,11 @@ pub enum Command {
     },
     /// List threads.
     Threads,
-    /// List known peers.
-    Peers,
+    /// List known peers; `awp peers forget PEER` removes one and what is stored about it.
+    Peers {
+        #[command(subcommand)]
+        action: Option<PeersAction>,
+    },
     /// Node status (exit 3 when no node runs; does not start one).
     Status,
     /// List blobs sent and received: direction, status, size, SHA-256, path.
@@ -242,6 +245,18 @@ pub struct RelayArgs {
     /// Simultaneous inbound connections at most; beyond, new sockets are closed.
     #[arg(long, value_name = "N", default_value_t = crate::node::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+}
+
+/// `awp peers` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PeersAction {
+    /// Forget a peer: its record, addresses, threads, log entries, queued lines and seen
+    /// entries (not while it is connected). The dedup index, blobs and grants stay.
+    Forget {
+        /// Its key, a key prefix (4+ characters) or its name.
+        #[arg(allow_hyphen_values = true)]
+        peer: String,
+    },
 }
 
 /// `awp relay` subcommands.

@@ -1,6 +1,7 @@
 //! The client commands: each talks to the node over the control socket (starting it in
 //! the background when needed), or works on the home alone (`whoami`, `schema`).
 
+use super::args::PeersAction;
 use super::args::{Command, SendArgs, StateArgs};
 use super::format::{self, field, str_field};
 use super::{client_failure, node_failure, out, out_json, Ctx, Exit, Failure};
@@ -56,7 +57,10 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
             ttl,
             thread,
         } => super::grants::introduce(ctx, to, peer, caps, ttl, thread).await,
-        Command::Peers => list(ctx, Request::Peers, "peers").await,
+        Command::Peers { action: None } => list(ctx, Request::Peers, "peers").await,
+        Command::Peers {
+            action: Some(PeersAction::Forget { peer }),
+        } => super::peers::forget(ctx, peer).await,
         Command::Blobs { peer } => super::blobs::list(ctx, peer).await,
         Command::Status => status(ctx).await,
         Command::Presence { peer } => super::presence::show(ctx, peer).await,

@@ -10,6 +10,7 @@ pub mod commands;
 pub mod foreground;
 pub mod format;
 pub mod grants;
+pub mod peers;
 pub mod presence;
 
 pub use args::{Cli, Command, NodeArgs};

@@ -74,7 +74,10 @@ fn node_commands_take_listen_options() {
 fn every_simple_command_parses() {
     assert!(matches!(parse_ok(&["down"]).command, Command::Down));
     assert!(matches!(parse_ok(&["address"]).command, Command::Address));
-    assert!(matches!(parse_ok(&["peers"]).command, Command::Peers));
+    assert!(matches!(
+        parse_ok(&["peers"]).command,
+        Command::Peers { action: None }
+    ));
     assert!(matches!(parse_ok(&["whoami"]).command, Command::Whoami));
     assert!(matches!(parse_ok(&["schema"]).command, Command::Schema));
     assert!(matches!(parse_ok(&["version"]).command, Command::Version));

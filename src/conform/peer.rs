@@ -16,6 +16,9 @@ const TRACE_MAX: usize = 400;
 const MAX_LINES_PER_WAIT: usize = 10_000;
 /// Most violations kept per scenario; later ones are counted in one last entry.
 const MAX_VIOLATIONS: usize = 50;
+/// The `name` of the runner's hello: a node's owner can tell the runner's test peers from
+/// real ones in `awp peers` (and remove them with `awp peers forget KEY`).
+pub const RUNNER_NAME: &str = "awp-conform";
 /// Most transcript lines kept per scenario (the report's `lines`); later ones are counted
 /// in one last entry.
 const MAX_TRANSCRIPT: usize = 200;
@@ -348,7 +351,7 @@ impl<'s> Peer<'s> {
             ts: self.now_ts(),
             v,
             key: self.identity.key().to_string(),
-            name: Some("conform@awp".into()),
+            name: Some(RUNNER_NAME.into()),
             nonce: b64::encode_url(&rand::random::<[u8; 32]>()),
             caps: vec![],
             about: Some("awp conform: AWP v0 conformance runner".into()),

@@ -373,7 +373,35 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             super::blobs::list(inner, peer.as_deref(), blob_ref.as_deref())
         }
         Request::Shutdown => Ok(json!({"stopping": true})),
+        Request::ForgetPeer { peer } => forget_peer(inner, &peer).await,
     }
+}
+
+/// `awp peers forget`: refuse while the peer is connected (its session would record it
+/// again), else remove what the store keeps about it.
+async fn forget_peer(inner: &Arc<Inner>, peer: &str) -> Reply {
+    let key = resolve_peer(inner, peer)?;
+    let connected = inner
+        .conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .is_some_and(|c| c.up);
+    if connected {
+        return Err(Fail::new(
+            "bad_request",
+            format!("{key} is connected; forget it once it has disconnected"),
+        ));
+    }
+    let removed = inner.store.forget_peer(&key).map_err(internal)?;
+    if !removed.any() {
+        return Err(Fail::new(
+            "no_such_peer",
+            format!("nothing is known about {key}"),
+        ));
+    }
+    inner.store.flush().await.map_err(internal)?;
+    Ok(json!({"key": key.to_string(), "removed": removed}))
 }
 
 /// A relay queues nothing for peers: msgs and states are refused.

@@ -23,6 +23,7 @@ use crate::wire::{Line, PeerKey};
 
 mod blobs;
 mod codec;
+mod forget;
 mod grants;
 mod group;
 mod imp;
@@ -31,6 +32,7 @@ mod tests;
 mod tx;
 
 pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
+pub use forget::Forgotten;
 pub use grants::{GrantRecord, GrantRole};
 pub use imp::Store;
 

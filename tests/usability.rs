@@ -1,0 +1,98 @@
+//! What a new user trips on: each case of the usability issue as a test through the `awp`
+//! binary (or the control socket) against a node in a temp home.
+
+mod common;
+
+use common::{eventually, TestNode};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Output;
+
+/// Run `awp --home HOME ARGS…` (off the async runtime).
+async fn awp(home: &Path, args: &[&str]) -> Output {
+    let home = home.to_path_buf();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+            .arg("--home")
+            .arg(&home)
+            .args(&args)
+            .env_remove("RUST_LOG")
+            .env_remove("AWP_HOME")
+            .output()
+            .expect("awp runs")
+    })
+    .await
+    .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+async fn peers(home: &Path) -> Vec<Value> {
+    let o = awp(home, &["--json", "peers"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("one JSON object per line"))
+        .collect()
+}
+
+async fn threads(home: &Path) -> Vec<Value> {
+    let o = awp(home, &["--json", "threads"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("one JSON object per line"))
+        .collect()
+}
+
+/// #15: a conform run leaves its test peers (named `awp-conform`) and their messages in
+/// the node; `awp peers forget KEY` removes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conform_peers_are_named_and_can_be_forgotten() {
+    let node = TestNode::start("target@test").await;
+    let home = node.path();
+    let o = awp(
+        &home,
+        &["conform", "--scenario", "msg-ack,bye", &node.address()],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let left = peers(&home).await;
+    assert!(!left.is_empty(), "the run leaves its peers behind");
+    for p in &left {
+        assert_eq!(p["name"], "awp-conform", "{p}");
+    }
+    assert!(!threads(&home).await.is_empty(), "and its msg-ack thread");
+    for p in &left {
+        let key = p["key"].as_str().unwrap().to_string();
+        // A session may still be closing: forgetting a connected peer is refused.
+        let o = eventually(10, || {
+            let (home, key) = (home.clone(), key.clone());
+            async move {
+                let o = awp(&home, &["peers", "forget", &key]).await;
+                (o.status.code() == Some(0)).then_some(o)
+            }
+        })
+        .await;
+        assert!(
+            stdout(&o).starts_with(&format!("forgot {key}")),
+            "{}",
+            stdout(&o)
+        );
+    }
+    assert!(peers(&home).await.is_empty());
+    assert!(threads(&home).await.is_empty());
+    // Forgetting an unknown peer says so.
+    let key = left[0]["key"].as_str().unwrap();
+    let o = awp(&home, &["peers", "forget", key]).await;
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("nothing is known"), "{}", stderr(&o));
+    node.stop().await;
+}
