@@ -96,3 +96,73 @@ async fn conform_peers_are_named_and_can_be_forgotten() {
     assert!(stderr(&o).contains("nothing is known"), "{}", stderr(&o));
     node.stop().await;
 }
+
+/// #17: the scripts that run the binary hard-coded `target/debug` or `target/release` and
+/// failed with CARGO_TARGET_DIR set; they ask cargo where the binary is instead.
+#[test]
+fn scripts_ask_cargo_where_the_binary_is() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts");
+    for name in [
+        "demo.sh",
+        "conform-self.sh",
+        "bench.sh",
+        "bench-blob.sh",
+        "bench-relay.sh",
+    ] {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        for bad in ["target/debug", "target/release"] {
+            assert!(!text.contains(bad), "scripts/{name} hard-codes {bad}");
+        }
+        assert!(
+            text.contains("cargo_exe "),
+            "scripts/{name} does not use cargo_exe"
+        );
+    }
+}
+
+/// #17: `cargo_exe NAME` (scripts/lib.sh) prints the executable cargo reports for NAME,
+/// wherever the target directory is, and fails when cargo built none.
+#[test]
+fn cargo_exe_prints_the_executable_cargo_reports() {
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/lib.sh");
+    let tmp = tempfile::TempDir::new().unwrap();
+    // A stand-in for cargo that prints what `cargo build --message-format=json` prints.
+    let fake = tmp.path().join("cargo");
+    std::fs::write(
+        &fake,
+        r#"#!/bin/sh
+echo '{"reason":"compiler-artifact","target":{"name":"awp_node","kind":["lib"]},"executable":null,"fresh":true}'
+echo '{"reason":"compiler-artifact","target":{"name":"relay_load","kind":["example"]},"executable":"/elsewhere/tgt/release/examples/relay_load","fresh":true}'
+echo '{"reason":"compiler-artifact","target":{"name":"awp","kind":["bin"]},"executable":"/elsewhere/tgt/release/awp","fresh":false}'
+echo '{"reason":"build-finished","success":true}'
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        tmp.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |name: &str| {
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(". '{}'; cargo_exe {name} --release", lib.display()))
+            .env("PATH", &path)
+            .output()
+            .expect("bash runs")
+    };
+    let o = run("awp");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "/elsewhere/tgt/release/awp\n");
+    let o = run("relay_load");
+    assert_eq!(stdout(&o), "/elsewhere/tgt/release/examples/relay_load\n");
+    let o = run("nope");
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("no executable named nope"),
+        "{}",
+        stderr(&o)
+    );
+}
