@@ -166,3 +166,39 @@ echo '{"reason":"build-finished","success":true}'
         stderr(&o)
     );
 }
+
+/// #18: shell completions and a man page, generated from the clap definitions.
+#[tokio::test]
+async fn completions_and_man_page_come_from_the_clap_definitions() {
+    let home = tempfile::TempDir::new().unwrap();
+    for (shell, marker) in [
+        ("bash", "_awp()"),
+        ("zsh", "#compdef awp"),
+        ("fish", "complete -c awp"),
+    ] {
+        let o = awp(home.path(), &["completions", shell]).await;
+        assert_eq!(o.status.code(), Some(0), "{shell}: {}", stderr(&o));
+        let script = stdout(&o);
+        assert!(script.contains(marker), "{shell}: {script}");
+        // Subcommands and their flags are in it.
+        for word in ["conform", "revoke", "scenario"] {
+            assert!(script.contains(word), "{shell} lacks {word}");
+        }
+    }
+    let o = awp(home.path(), &["completions", "tcsh"]).await;
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+    let o = awp(home.path(), &["man"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let page = stdout(&o);
+    assert!(page.contains(".TH awp 1"), "{page}");
+    assert!(
+        page.contains(".SH SUBCOMMANDS") || page.contains("conform"),
+        "{page}"
+    );
+    // Neither needs (nor starts) a node.
+    assert!(!home.path().join("awp.sock").exists());
+}

@@ -231,6 +231,15 @@ pub enum Command {
     Conform(crate::conform::ConformArgs),
     /// Print the version.
     Version,
+    /// Print a shell completion script, e.g. `awp completions bash >
+    /// ~/.local/share/bash-completion/completions/awp`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout, e.g. `awp man | man -l -`.
+    Man,
 }
 
 /// `awp relay`.

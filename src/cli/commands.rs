@@ -69,6 +69,8 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Schema => out(&format!("{:#}", crate::wire::schema::schema())),
         Command::Version => version(ctx),
         Command::Conform(args) => crate::conform::cli::run(ctx, args).await,
+        Command::Completions { shell } => super::docs::completions(shell),
+        Command::Man => super::docs::man(),
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod args;
 pub mod blobs;
 pub mod commands;
+pub mod docs;
 pub mod foreground;
 pub mod format;
 pub mod grants;
