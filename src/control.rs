@@ -117,7 +117,9 @@ pub enum Request {
     },
     /// Grants issued by us, held by us, and presented to us, with validity.
     Grants,
-    /// Revoke a grant by hash: never honored here again (and dropped when it was ours).
+    /// Revoke a grant by hash, or by a unique hash prefix of at least 4 characters: never
+    /// honored here again (and dropped when it was ours). `no_such_grant` when none
+    /// matches, `ambiguous_grant` when several do.
     Revoke { hash: String },
     /// Introduce `peer` to `to`: send `to` an `introduce` line with `peer`'s key, name and
     /// address and a grant (sub = `to`, aud = `peer`) for `caps`, in thread `th` (a new
@@ -171,7 +173,7 @@ pub struct Response {
 }
 
 /// A failed request. `code` is one of: `bad_request`, `no_such_peer`, `ambiguous_peer`,
-/// `no_such_thread`, `connect_failed`, `internal`.
+/// `no_such_thread`, `no_such_grant`, `ambiguous_grant`, `connect_failed`, `internal`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ControlError {
     pub code: String,

@@ -202,3 +202,19 @@ async fn completions_and_man_page_come_from_the_clap_definitions() {
     // Neither needs (nor starts) a node.
     assert!(!home.path().join("awp.sock").exists());
 }
+
+/// #10: `awp revoke PREFIX` accepts a unique prefix of the grant hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_accepts_a_unique_hash_prefix() {
+    let node = TestNode::start("issuer@test").await;
+    let home = node.path();
+    let sub = awp_node::identity::Identity::generate().key().to_string();
+    let o = awp(&home, &["--json", "grant", &sub, "exec", "--ttl", "1h"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let hash = v["hash"].as_str().unwrap().to_string();
+    let o = awp(&home, &["revoke", &hash[..6]]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), format!("revoked {hash}"));
+    node.stop().await;
+}

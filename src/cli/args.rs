@@ -204,7 +204,8 @@ pub enum Command {
     Grants,
     /// Revoke a grant by its hash (never honored here again).
     Revoke {
-        /// The grant's hash (32 hex characters, from `awp grants`).
+        /// The grant's hash (32 hex characters, from `awp grants`) or a unique prefix of
+        /// at least 4.
         hash: String,
     },
     /// Introduce PEER to TO: TO learns PEER's key, name and address, and gets a grant for

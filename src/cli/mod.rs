@@ -91,9 +91,8 @@ impl Failure {
 /// not resolve is a usage error (2), everything else an operation failure (1).
 pub fn exit_for_node_error(code: &str) -> Exit {
     match code {
-        "bad_request" | "no_such_peer" | "ambiguous_peer" | "no_such_thread" | "no_such_grant" => {
-            Exit::Usage
-        }
+        "bad_request" | "no_such_peer" | "ambiguous_peer" | "no_such_thread" | "no_such_grant"
+        | "ambiguous_grant" => Exit::Usage,
         _ => Exit::Failed,
     }
 }
@@ -107,6 +106,7 @@ pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
         "ambiguous_peer" => "give more characters of the key, or the full key".into(),
         "no_such_thread" => "list threads with `awp threads`".into(),
         "no_such_grant" => "list grants with `awp grants`".into(),
+        "ambiguous_grant" => "give more characters of the hash".into(),
         "connect_failed" => "check the address and that the peer's node is up".into(),
         "bad_request" => "check the arguments (`awp help`)".into(),
         _ => format!("see {}", home.join(crate::daemon::LOG_FILE).display()),

@@ -349,13 +349,8 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
         }
         Request::Grants => Ok(json!({ "grants": grants_list(inner)? })),
         Request::Revoke { hash } => {
-            let hash = hash.trim().to_ascii_lowercase();
-            let Some(rec) = store.grant(&hash).map_err(internal)? else {
-                return Err(Fail::new(
-                    "no_such_grant",
-                    format!("no grant {hash}; `awp grants` lists them"),
-                ));
-            };
+            let rec = resolve_grant(inner, &hash)?;
+            let hash = rec.hash.clone();
             store
                 .grant_revoke(&hash, wire::time::now_ms())
                 .map_err(internal)?;
@@ -374,6 +369,57 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
         }
         Request::Shutdown => Ok(json!({"stopping": true})),
         Request::ForgetPeer { peer } => forget_peer(inner, &peer).await,
+    }
+}
+
+/// Shortest grant hash prefix accepted (as for key prefixes).
+const MIN_GRANT_PREFIX: usize = 4;
+
+/// Resolve a grant argument: its full hash, or a unique prefix of at least
+/// [`MIN_GRANT_PREFIX`] hex characters (case-insensitive). `no_such_grant` when none
+/// matches, `ambiguous_grant` (listing the matches) when several do.
+pub(super) fn resolve_grant(inner: &Inner, text: &str) -> Result<crate::store::GrantRecord, Fail> {
+    let want = text.trim().to_ascii_lowercase();
+    if let Some(rec) = inner.store.grant(&want).map_err(internal)? {
+        return Ok(rec);
+    }
+    if want.len() < MIN_GRANT_PREFIX {
+        return Err(Fail::new(
+            "no_such_grant",
+            format!(
+                "no grant {want:?} (a hash prefix needs at least {MIN_GRANT_PREFIX} characters)"
+            ),
+        ));
+    }
+    grant_by_prefix(inner.store.grants().map_err(internal)?, &want)
+}
+
+/// The one grant of `grants` whose hash starts with `want` (lower case), or why not.
+fn grant_by_prefix(
+    grants: Vec<crate::store::GrantRecord>,
+    want: &str,
+) -> Result<crate::store::GrantRecord, Fail> {
+    let mut hits: Vec<crate::store::GrantRecord> = grants
+        .into_iter()
+        .filter(|g| g.hash.starts_with(want))
+        .collect();
+    match hits.len() {
+        0 => Err(Fail::new(
+            "no_such_grant",
+            format!("no grant matches {want:?}"),
+        )),
+        1 => Ok(hits.remove(0)),
+        _ => {
+            let list: Vec<&str> = hits.iter().map(|g| g.hash.as_str()).collect();
+            Err(Fail::new(
+                "ambiguous_grant",
+                format!(
+                    "{want:?} matches {} grants: {}",
+                    list.len(),
+                    list.join(", ")
+                ),
+            ))
+        }
     }
 }
 
@@ -992,5 +1038,51 @@ async fn subscribe(
             }
         }
         write_json(w, &ev).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{GrantRecord, GrantRole};
+
+    fn rec(hash: &str) -> GrantRecord {
+        GrantRecord {
+            hash: hash.into(),
+            role: GrantRole::Issued,
+            from: None,
+            object: Default::default(),
+            stored_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_grant_is_found_by_a_unique_hash_prefix_and_an_ambiguous_one_says_so() {
+        let grants = || {
+            vec![
+                rec("2545aa00000000000000000000000000"),
+                rec("2545bb00000000000000000000000000"),
+                rec("9f0000000000000000000000000000aa"),
+            ]
+        };
+        assert_eq!(
+            grant_by_prefix(grants(), "9f00").unwrap().hash,
+            grants()[2].hash
+        );
+        assert_eq!(
+            grant_by_prefix(grants(), "2545a").unwrap().hash,
+            grants()[0].hash
+        );
+        let e = grant_by_prefix(grants(), "2545").unwrap_err();
+        assert_eq!(e.0 .0, "ambiguous_grant");
+        assert!(
+            e.0 .1.contains("2545aa") && e.0 .1.contains("2545bb"),
+            "{}",
+            e.0 .1
+        );
+        assert_eq!(
+            grant_by_prefix(grants(), "7777").unwrap_err().0 .0,
+            "no_such_grant"
+        );
     }
 }
