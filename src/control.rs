@@ -177,7 +177,12 @@ pub struct Response {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ControlError {
     pub code: String,
+    /// What went wrong, without advice (`no known peer matches "bob"`).
     pub message: String,
+    /// One thing to do about it, when the node knows better than the code's usual advice
+    /// (the CLI prints it instead of its own hint for the code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
 }
 
 /// A streamed event (subscribe, and `awp listen` output).
@@ -220,6 +225,7 @@ impl Response {
             error: Some(ControlError {
                 code: code.into(),
                 message: message.into(),
+                hint: None,
             }),
             body: serde_json::Map::new(),
         }
@@ -384,6 +390,7 @@ pub async fn subscribe(socket: &Path, req: &Request) -> Result<Subscription, Cli
         return Err(ClientError::Refused(resp.error.unwrap_or(ControlError {
             code: "internal".into(),
             message: "subscription refused without a reason".into(),
+            hint: None,
         })));
     }
     Ok(Subscription { reader, _writer: w })

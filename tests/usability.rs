@@ -218,3 +218,61 @@ async fn revoke_accepts_a_unique_hash_prefix() {
     assert_eq!(stdout(&o).trim(), format!("revoked {hash}"));
     node.stop().await;
 }
+
+/// The first stderr line of a failed command.
+fn error_line(o: &Output) -> String {
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "expected a failure: {}",
+        stdout(o)
+    );
+    stderr(o).lines().next().unwrap_or_default().to_string()
+}
+
+/// #6: not-found, ambiguous-name, revoke, thread and presence errors give one hint each
+/// (`awp: WHAT; HINT`), not the node's advice and then the CLI's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_error_gives_one_hint() {
+    let node = TestNode::start("hints@test").await;
+    let home = node.path();
+    // Two peers that call themselves the same name.
+    let mut twins = Vec::new();
+    for seed in [41u8, 42] {
+        let mut raw = common::Raw::dial(&node.address(), seed).await;
+        let hello = raw.hello_full(0, "twin@x", None);
+        raw.handshake_with(hello).await;
+        twins.push(raw);
+    }
+    eventually(10, || {
+        let home = home.clone();
+        async move { (peers(&home).await.len() == 2).then_some(()) }
+    })
+    .await;
+    let cases: [&[&str]; 6] = [
+        &["send", "nosuchpeer", "hi"],
+        &["send", "ab", "hi"],
+        &["send", "twin", "hi"],
+        &["send", "-t", "thr_nope", "hi"],
+        &["revoke", "0000"],
+        &["presence", "nobody"],
+    ];
+    for args in cases {
+        let line = error_line(&awp(&home, args).await);
+        assert!(line.starts_with("awp: "), "{args:?}: {line}");
+        assert_eq!(line.matches("; ").count(), 1, "{args:?}: one hint: {line}");
+        // No command is suggested twice.
+        let cmds: Vec<&str> = line.split('`').skip(1).step_by(2).collect();
+        let mut uniq = cmds.clone();
+        uniq.sort();
+        uniq.dedup();
+        assert_eq!(uniq.len(), cmds.len(), "{args:?}: {line}");
+    }
+    let line = error_line(&awp(&home, &["send", "twin", "hi"]).await);
+    assert!(
+        line.contains("matches") && line.contains("give more"),
+        "{line}"
+    );
+    drop(twins);
+    node.stop().await;
+}

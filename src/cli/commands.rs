@@ -111,6 +111,7 @@ impl Ctx {
             let err = resp.error.unwrap_or(control::ControlError {
                 code: "internal".into(),
                 message: "the node refused without a reason".into(),
+                hint: None,
             });
             Err(node_failure(&err, &self.home))
         }

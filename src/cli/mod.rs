@@ -99,6 +99,14 @@ pub fn exit_for_node_error(code: &str) -> Exit {
 
 /// A failure for an `ok: false` response.
 pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
+    // One hint per error: the node's own, else the usual one for the code.
+    if let Some(hint) = &err.hint {
+        return Failure::new(
+            exit_for_node_error(&err.code),
+            err.message.clone(),
+            hint.clone(),
+        );
+    }
     let hint = match err.code.as_str() {
         "no_such_peer" => {
             "list known peers with `awp peers`, or dial one with `awp connect ADDRESS`".to_string()

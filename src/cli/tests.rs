@@ -264,6 +264,7 @@ fn exit_codes() {
         &crate::control::ControlError {
             code: "connect_failed".into(),
             message: "refused".into(),
+            hint: None,
         },
         home,
     );

@@ -441,10 +441,7 @@ pub(crate) fn list(inner: &Inner, who: Option<&str>) -> Result<Option<Value>, St
     match hits.as_slice() {
         [] => Ok(None),
         [(d, h, v)] => Ok(Some(describe(inner, d, *h, *v, true))),
-        more => Err(format!(
-            "{} agents match {who:?}; give more of the key",
-            more.len()
-        )),
+        more => Err(format!("{} agents match {who:?}", more.len())),
     }
 }
 

@@ -110,17 +110,26 @@ async fn handle(inner: &Arc<Inner>, req: Request) -> Response {
 
 type Reply = Result<Value, Fail>;
 
-/// A failed control request: an error code of [`crate::control::ControlError`] and a
-/// message saying what to do.
+/// A failed control request: an error code of [`crate::control::ControlError`], a message
+/// saying what went wrong (no advice in it), and at most one hint.
 #[derive(Debug)]
-pub(super) struct Fail(Box<(&'static str, String)>);
+pub(super) struct Fail(Box<(&'static str, String, Option<String>)>);
 
 impl Fail {
     pub(super) fn new(code: &'static str, message: impl Into<String>) -> Fail {
-        Fail(Box::new((code, message.into())))
+        Fail(Box::new((code, message.into(), None)))
+    }
+    /// The same failure with `hint` as its one hint (replacing the client's usual one).
+    pub(super) fn hint(mut self, hint: impl Into<String>) -> Fail {
+        self.0 .2 = Some(hint.into());
+        self
     }
     fn response(&self) -> Response {
-        Response::err(self.0 .0, self.0 .1.clone())
+        let mut r = Response::err(self.0 .0, self.0 .1.clone());
+        if let Some(e) = r.error.as_mut() {
+            e.hint = self.0 .2.clone();
+        }
+        r
     }
 }
 
@@ -329,11 +338,9 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request) -> Reply {
             Ok(Some(v)) => Ok(v),
             Ok(None) => Err(Fail::new(
                 "no_such_peer",
-                format!(
-                    "no presence document from {:?}; `awp presence` lists known agents",
-                    peer.unwrap_or_default()
-                ),
-            )),
+                format!("no presence document from {:?}", peer.unwrap_or_default()),
+            )
+            .hint("`awp presence` lists known agents")),
             Err(m) => Err(Fail::new("ambiguous_peer", m)),
         },
         Request::PresenceStatus => Ok(super::presence::status(inner)),
@@ -434,10 +441,8 @@ async fn forget_peer(inner: &Arc<Inner>, peer: &str) -> Reply {
         .get(&key)
         .is_some_and(|c| c.up);
     if connected {
-        return Err(Fail::new(
-            "bad_request",
-            format!("{key} is connected; forget it once it has disconnected"),
-        ));
+        return Err(Fail::new("bad_request", format!("{key} is connected"))
+            .hint("forget it once it has disconnected"));
     }
     let removed = inner.store.forget_peer(&key).map_err(internal)?;
     if !removed.any() {
@@ -455,8 +460,9 @@ fn refuse_in_relay_mode(inner: &Inner) -> Result<(), Fail> {
     if inner.relay {
         return Err(Fail::new(
             "bad_request",
-            "this node runs as a relay and keeps no outbox: send from a regular node (`awp up`)",
-        ));
+            "this node runs as a relay and keeps no outbox",
+        )
+        .hint("send from a regular node (`awp up`)"));
     }
     Ok(())
 }
@@ -502,20 +508,26 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
         1 => Ok(hits[0].key),
         0 if prefix.len() < 4 => Err(Fail::new(
             "no_such_peer",
-            format!("no peer named {text:?}; a key prefix needs at least 4 characters (`awp peers` lists peers)"),
+            format!("no peer named {text:?} (a key prefix needs at least 4 characters)"),
         )),
         0 => Err(Fail::new(
             "no_such_peer",
-            format!("no known peer matches {text:?}; `awp peers` lists them, `awp connect ADDRESS` adds one"),
+            format!("no known peer matches {text:?}"),
         )),
         _ => {
             let list: Vec<String> = hits
                 .iter()
-                .map(|p| format!("{} ({})", p.name.as_deref().unwrap_or("?"), &p.key.to_string()[..16]))
+                .map(|p| {
+                    format!(
+                        "{} ({})",
+                        p.name.as_deref().unwrap_or("?"),
+                        &p.key.to_string()[..16]
+                    )
+                })
                 .collect();
             Err(Fail::new(
                 "ambiguous_peer",
-                format!("{text:?} matches {}; give more of the key", list.join(", ")),
+                format!("{text:?} matches {}", list.join(", ")),
             ))
         }
     }
@@ -530,10 +542,9 @@ fn thread_and_peer(
 ) -> Result<(PeerKey, String, bool), Fail> {
     let peer = peer.map(|p| resolve_peer(inner, p)).transpose()?;
     if peer == Some(inner.identity.key()) {
-        return Err(Fail::new(
-            "bad_request",
-            "that is this node's own key; name another peer",
-        ));
+        return Err(
+            Fail::new("bad_request", "that is this node's own key").hint("name another peer")
+        );
     }
     match th {
         Some(th) => {
@@ -545,10 +556,8 @@ fn thread_and_peer(
                 )),
                 (Some(t), _) => Ok((t.peer, th.to_string(), false)),
                 (None, Some(p)) => Ok((p, th.to_string(), true)),
-                (None, None) => Err(Fail::new(
-                    "no_such_thread",
-                    format!("no thread {th}; name a peer to start it"),
-                )),
+                (None, None) => Err(Fail::new("no_such_thread", format!("no thread {th}"))
+                    .hint("name a peer to start it, or list threads with `awp threads`")),
             }
         }
         None => match peer {
@@ -890,10 +899,9 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
                 None => {
                     return Err(Fail::new(
                         "connect_failed",
-                        format!(
-                        "no known address for {address}; give one: awp connect tls:HOST:PORT#{key}"
-                    ),
-                    ))
+                        format!("no known address for {address}"),
+                    )
+                    .hint(format!("give one: awp connect tls:HOST:PORT#{key}")))
                 }
             }
         }
