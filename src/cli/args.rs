@@ -279,8 +279,8 @@ pub enum RelayAction {
 /// `awp send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {
-    /// PEER then TEXT; with one value and -t, the TEXT; with one value and -f (no -t),
-    /// the PEER.
+    /// PEER then TEXT; with one value and -t, the TEXT; with one value and no -t, the
+    /// PEER (the content then comes from --code, --data or -f).
     #[arg(
         value_name = "PEER|TEXT",
         allow_hyphen_values = true,
@@ -322,15 +322,13 @@ pub struct SendArgs {
 }
 
 impl SendArgs {
-    /// (peer, text) from the positionals: two values are PEER TEXT; one is TEXT, or PEER
-    /// when files are sent without `-t` (the text may then be left out); none is an empty
-    /// text.
+    /// (peer, text) from the positionals: two values are PEER TEXT; one is TEXT with `-t`
+    /// (the thread names the peer), else PEER with an empty text (`awp send bob -f x`,
+    /// `awp send bob` then says the text is missing); none is an empty text.
     pub fn peer_and_text(&self) -> (Option<&str>, &str) {
         match (&self.first, &self.second) {
             (Some(peer), Some(text)) => (Some(peer.as_str()), text.as_str()),
-            (Some(one), None) if !self.files.is_empty() && self.thread.is_none() => {
-                (Some(one.as_str()), "")
-            }
+            (Some(one), None) if self.thread.is_none() => (Some(one.as_str()), ""),
             (Some(text), None) => (None, text.as_str()),
             (None, _) => (None, ""),
         }

@@ -339,9 +339,14 @@ pub fn send_request(args: &SendArgs) -> Result<Request, Failure> {
     let parts = build_parts(&text, code, data);
     let files = super::blobs::resolve_files(&args.files)?;
     if parts.is_empty() && files.is_empty() {
+        let to = match (peer, &args.thread) {
+            (_, Some(th)) => format!(" in {th}"),
+            (Some(p), None) => format!(" to {p}"),
+            (None, None) => String::new(),
+        };
         return Err(Failure::usage(
-            "nothing to send: the text is empty",
-            "give a text, --code FILE, --data JSON or -f FILE",
+            format!("nothing to send{to}: the text, a file or data is missing"),
+            "e.g. `awp send PEER TEXT`; or add --code FILE, --data JSON or -f FILE",
         ));
     }
     Ok(Request::Send {
