@@ -5,15 +5,17 @@
 # (every chunk fsynced, the SHA-256 checked against the sender's) and the throughput in
 # MB/s (10^6 bytes per second). Both nodes are killed when the run ends.
 #
-# Usage: scripts/bench-blob.sh [MiB]   (AWP_BIN: the binary; default target/release/awp,
-# built when missing; AWP_BENCH_DIR: where the temporary homes go)
+# Usage: scripts/bench-blob.sh [MiB]   (AWP_BIN: the binary; default the release build,
+# built when out of date; AWP_BENCH_DIR: where the temporary homes go)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MIB=${1:-50}
-AWP=${AWP_BIN:-$ROOT/target/release/awp}
-if [ -z "${AWP_BIN:-}" ] && [ ! -x "$AWP" ]; then
-    (cd "$ROOT" && cargo build --release --quiet --bin awp)
+. "$ROOT/scripts/lib.sh"
+if [ -n "${AWP_BIN:-}" ]; then
+    AWP=$AWP_BIN
+else
+    AWP=$(cargo_exe awp --manifest-path "$ROOT/Cargo.toml" --release --bin awp)
 fi
 
 WORK=$(mktemp -d "${AWP_BENCH_DIR:-${TMPDIR:-/tmp}}/awp-blob.XXXXXX")

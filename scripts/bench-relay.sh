@@ -7,6 +7,7 @@
 #   scripts/bench-relay.sh [CLIENTS]      (default 2000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 clients=${1:-2000}
 
 # Each client is one socket here and one in the relay, plus the relay's own files.
@@ -15,7 +16,8 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$need" ]; then
     ulimit -n "$need" 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 fi
 
-cargo build --release --quiet --bin awp --example relay_load
+AWP=$(cargo_exe awp --release --bin awp)
+RELAY_LOAD=$(cargo_exe relay_load --release --example relay_load)
 work=$(mktemp -d)
 relay_pid=""
 cleanup() {
@@ -25,16 +27,16 @@ cleanup() {
 trap cleanup EXIT
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-RUST_LOG=warn target/release/awp --home "$work/relay" relay \
+RUST_LOG=warn "$AWP" --home "$work/relay" relay \
     --listen "tls:127.0.0.1:$port" --max-connections $((clients + 100)) \
     >"$work/relay.log" 2>&1 &
 relay_pid=$!
 for _ in $(seq 100); do
-    target/release/awp --home "$work/relay" relay status >/dev/null 2>&1 && break
+    "$AWP" --home "$work/relay" relay status >/dev/null 2>&1 && break
     sleep 0.1
 done
 
-result=$(target/release/examples/relay_load "tls:127.0.0.1:$port" "$clients" "$relay_pid" 5 "$work/relay")
+result=$("$RELAY_LOAD" "tls:127.0.0.1:$port" "$clients" "$relay_pid" 5 "$work/relay")
 echo "$result"
 python3 - "$result" <<'EOF'
 import json, sys

@@ -28,21 +28,22 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+. "$ROOT/scripts/lib.sh"
 echo "building (release)…" >&2
-cargo build --release --quiet --bin awp
+AWP=$(cargo_exe awp --release --bin awp)
 cargo bench --quiet --bench node --no-run
 
 echo "commit   $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src modified)')"
 echo "kernel   $(uname -sr)"
 echo "fs       $(df -PT "$WORK" | awk 'NR==2 {print $2 " on " $1 " mounted at " $7}')"
 
-AWP_BIN="$ROOT/target/release/awp" \
+AWP_BIN="$AWP" \
 AWP_BENCH_DIR="$WORK" \
 AWP_BENCH_PIDS="$PIDS" \
     cargo bench --quiet --bench node
 
 echo
-AWP_BIN="$ROOT/target/release/awp" AWP_BENCH_DIR="$WORK" bash "$ROOT/scripts/bench-blob.sh" "${BENCH_BLOB_MIB:-50}"
+AWP_BIN="$AWP" AWP_BENCH_DIR="$WORK" bash "$ROOT/scripts/bench-blob.sh" "${BENCH_BLOB_MIB:-50}"
 
 echo
 echo "7. relay: 2,000 connected nodes (scripts/bench-relay.sh)"

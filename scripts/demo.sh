@@ -6,8 +6,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --quiet --manifest-path "$ROOT/Cargo.toml" --bin awp
-AWP="$ROOT/target/debug/awp"
+. "$ROOT/scripts/lib.sh"
+AWP=$(cargo_exe awp --manifest-path "$ROOT/Cargo.toml" --bin awp)
 WORK=$(mktemp -d)
 A="$WORK/alice"
 B="$WORK/bob"

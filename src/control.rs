@@ -138,7 +138,9 @@ pub enum Request {
         #[serde(default)]
         args: Value,
     },
-    /// Revoke a grant by hash: never honored here again (and dropped when it was ours).
+    /// Revoke a grant by hash, or by a unique hash prefix of at least 4 characters: never
+    /// honored here again (and dropped when it was ours). `no_such_grant` when none
+    /// matches, `ambiguous_grant` when several do.
     Revoke { hash: String },
     /// Introduce `peer` to `to`: send `to` an `introduce` line with `peer`'s key, name and
     /// address and a grant (sub = `to`, aud = `peer`) for `caps`, in thread `th` (a new
@@ -169,6 +171,11 @@ pub enum Request {
     },
     /// Stop the node (answers, then exits).
     Shutdown,
+    /// Forget a peer (`awp peers forget`): remove its peer record, addresses, threads,
+    /// log entries, queued lines and `seen` entries (see [`crate::store::Store::forget_peer`]).
+    /// Answers `{key, removed: {peer, addresses, threads, log, outbox, seen}}` (counts);
+    /// `no_such_peer` when nothing is known about it, `bad_request` while it is connected.
+    ForgetPeer { peer: String },
 }
 
 fn yes() -> bool {
@@ -262,12 +269,18 @@ pub struct Response {
 }
 
 /// A failed request. `code` is one of: `bad_request`, `no_such_peer`, `ambiguous_peer`,
-/// `no_such_thread`, `connect_failed`, `forbidden` (the connecting process runs as another
-/// user than the node, see [`check_peer_uid`]), `internal`.
+/// `no_such_thread`, `no_such_grant`, `ambiguous_grant`, `connect_failed`, `forbidden` (the
+/// connecting process runs as another user than the node, see [`check_peer_uid`]),
+/// `internal`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ControlError {
     pub code: String,
+    /// What went wrong, without advice (`no known peer matches "bob"`).
     pub message: String,
+    /// One thing to do about it, when the node knows better than the code's usual advice
+    /// (the CLI prints it instead of its own hint for the code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
 }
 
 /// A streamed event (subscribe, and `awp listen` output).
@@ -310,6 +323,7 @@ impl Response {
             error: Some(ControlError {
                 code: code.into(),
                 message: message.into(),
+                hint: None,
             }),
             body: serde_json::Map::new(),
         }
@@ -521,6 +535,7 @@ pub async fn subscribe(socket: &Path, req: &Request) -> Result<Subscription, Cli
         return Err(ClientError::Refused(resp.error.unwrap_or(ControlError {
             code: "internal".into(),
             message: "subscription refused without a reason".into(),
+            hint: None,
         })));
     }
     Ok(Subscription { reader, _writer: w })

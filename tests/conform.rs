@@ -87,10 +87,10 @@ fn assert_conforms(report: &conform::Report, addr: &str) {
                 let reason = r.reason.as_deref().unwrap_or_default();
                 assert!(reason.contains(&format!("`{cap}`")), "{addr}: {reason}");
             }
-            None => assert_eq!(r.status, Status::Ok, "{addr}: {} failed: {r:#?}", r.name),
+            None => assert_eq!(r.status, Status::Pass, "{addr}: {} failed: {r:#?}", r.name),
         }
     }
-    assert_eq!(report.count(Status::Ok), 15 - skips.len());
+    assert_eq!(report.count(Status::Pass), 15 - skips.len());
     assert_eq!(report.count(Status::Skip), skips.len());
     assert!(report.success());
 }
@@ -169,6 +169,9 @@ enum Fault {
     /// chunk and grant scenarios send: a wrong chunk or grant gets a closing `err
     /// bad_frame` with the reason in `detail`.
     Capable,
+    /// Like NeverAcks, and answers a bye with a bye that carries no `re` (the schema
+    /// allows it; the reference runner accepts it), then closes.
+    ByeWithoutRe,
 }
 
 /// A raw TCP peer on 127.0.0.1 that speaks just enough AWP; serves connections until the
@@ -267,6 +270,16 @@ async fn serve_fake(sock: tokio::net::TcpStream, fault: Fault) {
                 Ok(()) => continue,
                 Err(why) => refuse(next_id(), &ts, why),
             },
+            Ok(Line::Bye(_)) if matches!(fault, Fault::ByeWithoutRe) => {
+                let bye = Line::Bye(wire::Bye {
+                    id: next_id(),
+                    ts: ts.clone(),
+                    re: None,
+                    reason: None,
+                });
+                let _ = w.write_all(&send(bye.encode())).await;
+                return;
+            }
             Ok(Line::Grant(g)) => match check_grant(&line, &g.grant, &id) {
                 Ok(()) => continue,
                 Err(why) => refuse(next_id(), &ts, why),
@@ -380,7 +393,7 @@ async fn a_peer_that_never_acks_fails_msg_ack() {
         .unwrap();
     assert_eq!(
         report.get("ping").unwrap().status,
-        Status::Ok,
+        Status::Pass,
         "{report:#?}"
     );
     let m = report.get("msg-ack").unwrap();
@@ -424,7 +437,7 @@ async fn schema_violations_fail_the_scenario_they_arrive_in() {
         "{bad:?}"
     );
     // Later scenarios on the same session are not blamed for it.
-    assert_eq!(report.get("ping").unwrap().status, Status::Ok);
+    assert_eq!(report.get("ping").unwrap().status, Status::Pass);
 
     // Without the handshake scenario, the scenario that opened the session carries it.
     let report = conform::run_connect(&addr.parse().unwrap(), &quick(&["ping"]))
@@ -518,6 +531,44 @@ fn unreachable_peer_fails_every_scenario() {
         .contains("connect"));
 }
 
+/// A check stricter than the reference runner (here: the bye reply's `re`) is a warning,
+/// never a failure: a peer that passes the reference passes ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bye_reply_without_re_passes_with_a_warning() {
+    let addr = fake_peer(Fault::ByeWithoutRe).await;
+    let o = awp_async(vec![
+        "--json".into(),
+        "conform".into(),
+        "--scenario".into(),
+        "bye".into(),
+        addr,
+    ])
+    .await;
+    let v: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(o.status.code(), Some(0), "{v:#}");
+    assert_eq!(v["results"][0]["status"], "pass", "{v:#}");
+    assert_eq!(v["failed"], 0);
+    let warnings = v["warnings"].as_array().expect("a warnings list");
+    assert_eq!(warnings.len(), 1, "{v:#}");
+    assert_eq!(warnings[0]["name"], "bye");
+    assert!(
+        warnings[0]["what"].as_str().unwrap().contains("re"),
+        "{v:#}"
+    );
+    // The text report shows it as a warning, not as a failure.
+    let o = awp_async(vec![
+        "conform".into(),
+        "--scenario".into(),
+        "bye".into(),
+        fake_peer(Fault::ByeWithoutRe).await,
+    ])
+    .await;
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert!(text.contains("warn"), "{text}");
+    assert!(text.contains("1 passed, 0 failed, 0 skipped"), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_output_shape() {
     let (_home, handle, addrs) = three_binding_node().await;
@@ -547,15 +598,48 @@ async fn json_output_shape() {
         ["ping", "msg-ack", "chunk"],
         "run order, not argument order"
     );
+    // The reference runner's report shape (extra fields allowed).
+    assert_eq!(v["mode"], "connect");
+    assert_eq!(v["addr"], addrs[1].as_str());
+    assert!(v["duration"].is_u64() && v["duration"].as_u64().unwrap() > 0);
+    let peer = &v["peer"];
+    assert!(peer["key"].as_str().unwrap().starts_with("ed25519:"));
+    assert_eq!(peer["v"], 0);
+    assert!(peer["caps"].is_array());
+    assert!(peer.get("name").is_some() && peer.get("about").is_some());
     for r in results {
-        let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(keys, ["name", "section", "status", "reason", "checks"]);
+        for k in [
+            "name", "section", "doc", "status", "reason", "checks", "lines",
+        ] {
+            assert!(r.get(k).is_some(), "result lacks {k}: {r}");
+        }
+        assert!(r["doc"].as_str().is_some_and(|d| !d.is_empty()));
+        assert!(["pass", "fail", "skip"].contains(&r["status"].as_str().unwrap()));
         for c in r["checks"].as_array().unwrap() {
             assert!(c["what"].is_string() && c["ok"].is_boolean() && c["detail"].is_string());
         }
     }
+    // The ping scenario's transcript: our ping, then the peer's pong.
+    let lines: Vec<&str> = results[0]["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("> ") && l.contains(r#""t":"ping""#)),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("< ") && l.contains(r#""t":"pong""#)),
+        "{lines:?}"
+    );
     assert_eq!(results[0]["section"], "9.4");
-    assert_eq!(results[0]["status"], "ok");
+    assert_eq!(results[0]["status"], "pass");
     assert!(results[0]["reason"].is_null());
     assert!(!results[1]["checks"].as_array().unwrap().is_empty());
     if chunk_skipped {
@@ -617,7 +701,7 @@ async fn chunk_and_grant_run_against_a_peer_with_the_caps() {
     .await
     .unwrap();
     for r in &report.results {
-        assert_eq!(r.status, Status::Ok, "{r:#?}");
+        assert_eq!(r.status, Status::Pass, "{r:#?}");
     }
     assert_eq!(report.summary(), "4 passed, 0 failed, 0 skipped");
 }

@@ -189,8 +189,11 @@ pub enum Command {
     },
     /// List threads.
     Threads,
-    /// List known peers.
-    Peers,
+    /// List known peers; `awp peers forget PEER` removes one and what is stored about it.
+    Peers {
+        #[command(subcommand)]
+        action: Option<PeersAction>,
+    },
     /// Node status (exit 3 when no node runs; does not start one).
     Status,
     /// List blobs sent and received: direction, status, size, SHA-256, path.
@@ -238,7 +241,8 @@ pub enum Command {
     Artifact(super::artifacts::ArtifactCmd),
     /// Revoke a grant by its hash (never honored here again).
     Revoke {
-        /// The grant's hash (32 hex characters, from `awp grants`).
+        /// The grant's hash (32 hex characters, from `awp grants`) or a unique prefix of
+        /// at least 4.
         hash: String,
     },
     /// Introduce PEER to TO: TO learns PEER's key, name and address, and gets a grant for
@@ -276,6 +280,15 @@ pub enum Command {
         #[arg(long)]
         fix: bool,
     },
+    /// Print a shell completion script, e.g. `awp completions bash >
+    /// ~/.local/share/bash-completion/completions/awp`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout, e.g. `awp man | man -l -`.
+    Man,
 }
 
 /// `awp relay`.
@@ -292,6 +305,18 @@ pub struct RelayArgs {
     pub max_connections: usize,
 }
 
+/// `awp peers` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PeersAction {
+    /// Forget a peer: its record, addresses, threads, log entries, queued lines and seen
+    /// entries (not while it is connected). The dedup index, blobs and grants stay.
+    Forget {
+        /// Its key, a key prefix (4+ characters) or its name.
+        #[arg(allow_hyphen_values = true)]
+        peer: String,
+    },
+}
+
 /// `awp relay` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum RelayAction {
@@ -302,8 +327,8 @@ pub enum RelayAction {
 /// `awp send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {
-    /// PEER then TEXT; with one value and -t, the TEXT; with one value and -f (no -t),
-    /// the PEER.
+    /// PEER then TEXT; with one value and -t, the TEXT; with one value and no -t, the
+    /// PEER (the content then comes from --code, --data or -f).
     #[arg(
         value_name = "PEER|TEXT",
         allow_hyphen_values = true,
@@ -345,15 +370,13 @@ pub struct SendArgs {
 }
 
 impl SendArgs {
-    /// (peer, text) from the positionals: two values are PEER TEXT; one is TEXT, or PEER
-    /// when files are sent without `-t` (the text may then be left out); none is an empty
-    /// text.
+    /// (peer, text) from the positionals: two values are PEER TEXT; one is TEXT with `-t`
+    /// (the thread names the peer), else PEER with an empty text (`awp send bob -f x`,
+    /// `awp send bob` then says the text is missing); none is an empty text.
     pub fn peer_and_text(&self) -> (Option<&str>, &str) {
         match (&self.first, &self.second) {
             (Some(peer), Some(text)) => (Some(peer.as_str()), text.as_str()),
-            (Some(one), None) if !self.files.is_empty() && self.thread.is_none() => {
-                (Some(one.as_str()), "")
-            }
+            (Some(one), None) if self.thread.is_none() => (Some(one.as_str()), ""),
             (Some(text), None) => (None, text.as_str()),
             (None, _) => (None, ""),
         }

@@ -1,6 +1,7 @@
 //! The client commands: each talks to the node over the control socket (starting it in
 //! the background when needed), or works on the home alone (`whoami`, `schema`).
 
+use super::args::PeersAction;
 use super::args::{Command, SendArgs, StateArgs};
 use super::format::{self, field, str_field};
 use super::{client_failure, node_failure, out, out_json, Ctx, Exit, Failure};
@@ -61,7 +62,10 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
             ttl,
             thread,
         } => super::grants::introduce(ctx, to, peer, caps, ttl, thread).await,
-        Command::Peers => list(ctx, Request::Peers, "peers").await,
+        Command::Peers { action: None } => list(ctx, Request::Peers, "peers").await,
+        Command::Peers {
+            action: Some(PeersAction::Forget { peer }),
+        } => super::peers::forget(ctx, peer).await,
         Command::Blobs { peer } => super::blobs::list(ctx, peer).await,
         Command::Status => status(ctx).await,
         Command::Presence { peer } => super::presence::show(ctx, peer).await,
@@ -71,6 +75,8 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Version => version(ctx),
         Command::Doctor { fix } => super::doctor::run(ctx, fix),
         Command::Conform(args) => crate::conform::cli::run(ctx, args).await,
+        Command::Completions { shell } => super::docs::completions(shell),
+        Command::Man => super::docs::man(),
     }
 }
 
@@ -114,6 +120,7 @@ impl Ctx {
             let err = resp.error.unwrap_or(control::ControlError {
                 code: "internal".into(),
                 message: "the node refused without a reason".into(),
+                hint: None,
             });
             Err(node_failure(&err, &self.home))
         }
@@ -368,9 +375,14 @@ pub fn send_request(args: &SendArgs) -> Result<Request, Failure> {
     let parts = build_parts(&text, code, data);
     let files = super::blobs::resolve_files(&args.files)?;
     if parts.is_empty() && files.is_empty() {
+        let to = match (peer, &args.thread) {
+            (_, Some(th)) => format!(" in {th}"),
+            (Some(p), None) => format!(" to {p}"),
+            (None, None) => String::new(),
+        };
         return Err(Failure::usage(
-            "nothing to send: the text is empty",
-            "give a text, --code FILE, --data JSON or -f FILE",
+            format!("nothing to send{to}: the text, a file or data is missing"),
+            "e.g. `awp send PEER TEXT`; or add --code FILE, --data JSON or -f FILE",
         ));
     }
     Ok(Request::Send {

@@ -9,9 +9,11 @@ pub mod artifacts;
 pub mod blobs;
 pub mod commands;
 pub mod doctor;
+pub mod docs;
 pub mod foreground;
 pub mod format;
 pub mod grants;
+pub mod peers;
 pub mod presence;
 
 pub use args::{Cli, Command, NodeArgs};
@@ -93,15 +95,22 @@ impl Failure {
 /// not resolve is a usage error (2), everything else an operation failure (1).
 pub fn exit_for_node_error(code: &str) -> Exit {
     match code {
-        "bad_request" | "no_such_peer" | "ambiguous_peer" | "no_such_thread" | "no_such_grant" => {
-            Exit::Usage
-        }
+        "bad_request" | "no_such_peer" | "ambiguous_peer" | "no_such_thread" | "no_such_grant"
+        | "ambiguous_grant" => Exit::Usage,
         _ => Exit::Failed,
     }
 }
 
 /// A failure for an `ok: false` response.
 pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
+    // One hint per error: the node's own, else the usual one for the code.
+    if let Some(hint) = &err.hint {
+        return Failure::new(
+            exit_for_node_error(&err.code),
+            err.message.clone(),
+            hint.clone(),
+        );
+    }
     let hint = match err.code.as_str() {
         "no_such_peer" => {
             "list known peers with `awp peers`, or dial one with `awp connect ADDRESS`".to_string()
@@ -109,6 +118,7 @@ pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
         "ambiguous_peer" => "give more characters of the key, or the full key".into(),
         "no_such_thread" => "list threads with `awp threads`".into(),
         "no_such_grant" => "list grants with `awp grants`".into(),
+        "ambiguous_grant" => "give more characters of the hash".into(),
         "connect_failed" => "check the address and that the peer's node is up".into(),
         "bad_request" => "check the arguments (`awp help`)".into(),
         "forbidden" => "run awp as the user that started the node".into(),

@@ -74,7 +74,10 @@ fn node_commands_take_listen_options() {
 fn every_simple_command_parses() {
     assert!(matches!(parse_ok(&["down"]).command, Command::Down));
     assert!(matches!(parse_ok(&["address"]).command, Command::Address));
-    assert!(matches!(parse_ok(&["peers"]).command, Command::Peers));
+    assert!(matches!(
+        parse_ok(&["peers"]).command,
+        Command::Peers { action: None }
+    ));
     assert!(matches!(parse_ok(&["whoami"]).command, Command::Whoami));
     assert!(matches!(parse_ok(&["schema"]).command, Command::Schema));
     assert!(matches!(parse_ok(&["version"]).command, Command::Version));
@@ -111,6 +114,9 @@ fn send_peer_and_text() {
     let s = send_args(&["bob", "hi", "-t", "thr_2"]);
     assert_eq!(s.peer_and_text(), (Some("bob"), "hi"));
     assert_eq!(s.thread.as_deref(), Some("thr_2"));
+    // One value without -t is the peer (content from --data, --code or -f).
+    let s = send_args(&["bob", "--data", "{}"]);
+    assert_eq!(s.peer_and_text(), (Some("bob"), ""));
 }
 
 #[test]
@@ -261,6 +267,7 @@ fn exit_codes() {
         &crate::control::ControlError {
             code: "connect_failed".into(),
             message: "refused".into(),
+            hint: None,
         },
         home,
     );
@@ -401,9 +408,16 @@ fn send_request_from_args() {
 
 #[test]
 fn send_request_input_errors_are_usage() {
-    // One positional without a thread: no peer.
-    let f = send_request(&send_args(&["hello"])).unwrap_err();
+    // One positional without a thread is the peer: the text is missing (not the peer).
+    let f = send_request(&send_args(&["bob"])).unwrap_err();
     assert_eq!(f.exit, Exit::Usage);
+    assert_eq!(
+        f.what,
+        "nothing to send to bob: the text, a file or data is missing"
+    );
+    // -f alone (no positional, no thread): the peer is missing.
+    let f = send_request(&send_args(&["-f", "/etc/hostname"])).unwrap_err();
+    assert!(f.what.contains("needs a peer"), "{}", f.what);
     // Nothing to send.
     let f = send_request(&send_args(&["alice", ""])).unwrap_err();
     assert_eq!(f.exit, Exit::Usage);

@@ -1,9 +1,11 @@
 //! `awp conform`: arguments and output.
 //!
 //! Text output: one aligned line per scenario (`  ok|FAIL|skip  NAME  §SECTION  WHAT`),
-//! failed checks beneath, then `N passed, N failed, N skipped`. With `--json`: one object
-//! `{passed, failed, skipped, results: [{name, section, status, reason, checks: [{what,
-//! ok, detail}]}]}`. Exit 1 when a scenario failed (or the run could not start), 2 for
+//! failed checks beneath, then `N passed, N failed, N skipped`. With `--json`: one object in
+//! the reference runner's report shape, `{mode, addr, peer: {key, name, about, v, caps},
+//! results: [{name, section, doc, status: "pass"|"fail"|"skip", reason, checks: [{ok, what,
+//! detail}], lines}], passed, failed, skipped, duration}` (`duration` in nanoseconds; see
+//! [`Report::to_json`]). Exit 1 when a scenario failed (or the run could not start), 2 for
 //! usage errors, else 0.
 
 use super::{run_connect, run_listen, select, Options, Report, SCENARIOS};

@@ -25,7 +25,8 @@ mod scenarios;
 pub mod schema;
 
 pub use cli::ConformArgs;
-pub use report::{Check, Outcome, Report, Status};
+pub use peer::RUNNER_NAME;
+pub use report::{Check, Mode, Outcome, PeerInfo, Report, Status};
 pub use runner::{run_connect, run_listen, ConformError, Options, ACCEPT_TIMEOUT};
 
 /// One scenario of the catalogue.

@@ -16,6 +16,26 @@ const TRACE_MAX: usize = 400;
 const MAX_LINES_PER_WAIT: usize = 10_000;
 /// Most violations kept per scenario; later ones are counted in one last entry.
 const MAX_VIOLATIONS: usize = 50;
+/// The `name` of the runner's hello: a node's owner can tell the runner's test peers from
+/// real ones in `awp peers` (and remove them with `awp peers forget KEY`).
+pub const RUNNER_NAME: &str = "awp-conform";
+/// Most transcript lines kept per scenario (the report's `lines`); later ones are counted
+/// in one last entry.
+const MAX_TRANSCRIPT: usize = 200;
+
+/// Record one line (`> ` sent, `< ` received, clipped to [`TRACE_MAX`] bytes) in
+/// `transcript`, and print it to stderr when tracing.
+fn record(transcript: &mut Vec<String>, trace: bool, dir: char, bytes: &[u8]) {
+    let text = clip(&String::from_utf8_lossy(bytes), TRACE_MAX);
+    if trace {
+        eprintln!("{dir} {text}");
+    }
+    match transcript.len() {
+        n if n < MAX_TRANSCRIPT => transcript.push(format!("{dir} {text}")),
+        n if n == MAX_TRANSCRIPT => transcript.push("… more lines (not kept)".into()),
+        _ => {}
+    }
+}
 
 /// What every connection of a run shares.
 pub(crate) struct Shared {
@@ -117,6 +137,8 @@ pub(crate) struct Peer<'s> {
     ids: IdGen,
     /// Schema violations and malformed lines since the last [`Peer::take_violations`].
     violations: Vec<String>,
+    /// Lines sent and received since the last [`Peer::take_lines`].
+    transcript: Vec<String>,
     /// The TLS certificate key, for `tls:`.
     pub cert_key: Option<PeerKey>,
     /// The binding.
@@ -138,6 +160,7 @@ impl<'s> Peer<'s> {
             identity,
             ids: IdGen::new(None),
             violations: Vec::new(),
+            transcript: Vec::new(),
             cert_key: conn.peer_cert_key,
             transport: conn.transport,
             hello: None,
@@ -186,10 +209,14 @@ impl<'s> Peer<'s> {
         }
     }
 
-    fn trace(&self, dir: char, bytes: &[u8]) {
-        if self.shared.trace {
-            eprintln!("{dir} {}", clip(&String::from_utf8_lossy(bytes), TRACE_MAX));
-        }
+    fn trace(&mut self, dir: char, bytes: &[u8]) {
+        record(&mut self.transcript, self.shared.trace, dir, bytes);
+    }
+
+    /// The lines sent (`> …`) and received (`< …`) since the last call, each clipped to
+    /// 400 bytes, at most 200 (then one `… more lines` entry).
+    pub fn take_lines(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.transcript)
     }
 
     /// Write `line` and `\n`, flushed, within the timeout.
@@ -324,7 +351,7 @@ impl<'s> Peer<'s> {
             ts: self.now_ts(),
             v,
             key: self.identity.key().to_string(),
-            name: Some("conform@awp".into()),
+            name: Some(RUNNER_NAME.into()),
             nonce: b64::encode_url(&rand::random::<[u8; 32]>()),
             caps: vec![],
             about: Some("awp conform: AWP v0 conformance runner".into()),
@@ -440,7 +467,7 @@ impl<'s> Peer<'s> {
     /// send ours). Returns the checks and whether the session is open (auth verified).
     pub async fn handshake(&mut self) -> (Vec<Check>, bool) {
         let (mine, mut checks) = self.exchange_hellos(0).await;
-        if self.hello.is_none() || checks.iter().any(|c| !c.ok) {
+        if self.hello.is_none() || checks.iter().any(Check::failed) {
             return (checks, false);
         }
         let auth = self.our_auth(&mine, false);
@@ -521,6 +548,7 @@ impl<'s> Peer<'s> {
         let shared = self.shared;
         let reader = &mut self.reader;
         let violations = &mut self.violations;
+        let transcript = &mut self.transcript;
         let writer = &mut self.writer;
         let write = async move {
             let _ = write_bounded(writer, bytes, timeout).await;
@@ -536,9 +564,7 @@ impl<'s> Peer<'s> {
                         break;
                     }
                     Ok(Ok(Some(raw))) => {
-                        if shared.trace {
-                            eprintln!("< {}", clip(&String::from_utf8_lossy(&raw), TRACE_MAX));
-                        }
+                        record(transcript, shared.trace, '<', &raw);
                         if out.lines.len() >= MAX_LINES_PER_WAIT {
                             out.end = Some(End::Failed(format!(
                                 "{MAX_LINES_PER_WAIT} lines without a close"

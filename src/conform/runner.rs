@@ -2,7 +2,7 @@
 //! one connection we accept ([`run_listen`]).
 
 use super::peer::{Peer, Shared};
-use super::report::{Check, Outcome, Report};
+use super::report::{Check, Mode, Outcome, PeerInfo, Report};
 use super::schema::{LineSchema, SchemaError};
 use super::{scenarios, Scenario, SCENARIOS};
 use crate::identity::Identity;
@@ -114,7 +114,8 @@ async fn run_solo(s: &Scenario, p: &mut Peer<'_>) -> Vec<Check> {
     }
 }
 
-/// The outcome of a shared scenario on `session` (skip when a cap is missing).
+/// The outcome of a shared scenario on `session` (skip when a cap is missing), with the
+/// lines exchanged.
 async fn shared_outcome(s: &'static Scenario, p: &mut Peer<'_>) -> Outcome {
     if let Some(cap) = s.needs_cap {
         if !p.caps().iter().any(|c| c == cap) {
@@ -123,12 +124,28 @@ async fn shared_outcome(s: &'static Scenario, p: &mut Peer<'_>) -> Outcome {
     }
     let mut checks = run_shared(s, p).await;
     checks.extend(p.take_violations());
-    Outcome::ran(s, checks)
+    Outcome::ran(s, checks).with_lines(p.take_lines())
+}
+
+/// Fill `report.peer` from `p`'s hello, unless an earlier hello already did.
+fn note_peer(report: &mut Report, p: &Peer<'_>) {
+    if report.peer.is_some() {
+        return;
+    }
+    if let Some(h) = &p.hello {
+        report.peer = Some(PeerInfo {
+            key: h.hello.key.clone(),
+            name: h.hello.name.clone(),
+            about: h.hello.about.clone(),
+            v: h.hello.v,
+            caps: h.hello.caps.clone(),
+        });
+    }
 }
 
 /// Why a session could not be used, from the handshake's checks.
 fn handshake_reason(checks: &[Check]) -> String {
-    match checks.iter().find(|c| !c.ok) {
+    match checks.iter().find(|c| c.failed()) {
         Some(c) if c.detail.is_empty() => format!("handshake failed: {}", c.what),
         Some(c) => format!("handshake failed: {}: {}", c.what, c.detail),
         None => "handshake failed: the connection closed".into(),
@@ -148,20 +165,23 @@ async fn dial<'s>(
     }
 }
 
-/// Dial and run the handshake: the session when it opened, and the handshake's checks
-/// (schema violations included).
+/// Dial and run the handshake: the session when it opened, the handshake's checks
+/// (schema violations included) and the lines exchanged. Notes the peer in `report`.
 async fn open_session<'s>(
     addr: &Address,
     dial_opts: &DialOptions,
     shared: &'s Shared,
-) -> (Option<Peer<'s>>, Vec<Check>) {
+    report: &mut Report,
+) -> (Option<Peer<'s>>, Vec<Check>, Vec<String>) {
     let mut p = match dial(addr, dial_opts, shared).await {
         Ok(p) => p,
-        Err(e) => return (None, vec![Check::fail("connect", e)]),
+        Err(e) => return (None, vec![Check::fail("connect", e)], Vec::new()),
     };
     let (mut checks, open) = p.handshake().await;
     checks.extend(p.take_violations());
-    (open.then_some(p), checks)
+    note_peer(report, &p);
+    let lines = p.take_lines();
+    (open.then_some(p), checks, lines)
 }
 
 /// Dial `addr` and run `opts.scenarios`, with a fresh random key per connection: a
@@ -170,11 +190,16 @@ async fn open_session<'s>(
 /// peer's hello does not list is skipped. Errors only when the run cannot start
 /// ([`ConformError::Schema`], [`ConformError::Tls`]).
 pub async fn run_connect(addr: &Address, opts: &Options) -> Result<Report, ConformError> {
+    let started = std::time::Instant::now();
     let shared = shared(opts)?;
     let dial_opts = DialOptions {
         allow_plaintext: opts.allow_plaintext,
     };
-    let mut report = Report::default();
+    let mut report = Report {
+        mode: Mode::Connect,
+        addr: addr.to_string(),
+        ..Report::default()
+    };
     let mut session: Option<Peer<'_>> = None;
     for &s in &opts.scenarios {
         if s.solo {
@@ -182,7 +207,8 @@ pub async fn run_connect(addr: &Address, opts: &Options) -> Result<Report, Confo
                 Ok(mut p) => {
                     let mut checks = run_solo(s, &mut p).await;
                     checks.extend(p.take_violations());
-                    Outcome::ran(s, checks)
+                    note_peer(&mut report, &p);
+                    Outcome::ran(s, checks).with_lines(p.take_lines())
                 }
                 Err(e) => Outcome::ran(s, vec![Check::fail("connect", e)]),
             };
@@ -190,19 +216,25 @@ pub async fn run_connect(addr: &Address, opts: &Options) -> Result<Report, Confo
             continue;
         }
         if s.name == "handshake" {
-            let (p, checks) = open_session(addr, &dial_opts, &shared).await;
+            let (p, checks, lines) = open_session(addr, &dial_opts, &shared, &mut report).await;
             session = p;
-            report.results.push(Outcome::ran(s, checks));
+            report
+                .results
+                .push(Outcome::ran(s, checks).with_lines(lines));
             continue;
         }
         let mut opening = Vec::new();
+        let mut opening_lines = Vec::new();
         if session.as_ref().is_none_or(|p| p.closed) {
-            let (p, checks) = open_session(addr, &dial_opts, &shared).await;
+            let (p, checks, lines) = open_session(addr, &dial_opts, &shared, &mut report).await;
             if p.is_none() {
                 let check = Check::fail("open a session", handshake_reason(&checks));
-                report.results.push(Outcome::ran(s, vec![check]));
+                report
+                    .results
+                    .push(Outcome::ran(s, vec![check]).with_lines(lines));
                 continue;
             }
+            opening_lines = lines;
             session = p;
             // What went wrong while opening (e.g. a schema violation) belongs to the
             // scenario that needed the session.
@@ -219,11 +251,17 @@ pub async fn run_connect(addr: &Address, opts: &Options) -> Result<Report, Confo
             let mut outcome = shared_outcome(s, p).await;
             if !opening.is_empty() {
                 opening.append(&mut outcome.checks);
-                outcome = Outcome::ran(s, opening);
+                let lines = std::mem::take(&mut outcome.lines);
+                outcome = Outcome::ran(s, opening).with_lines(lines);
+            }
+            if !opening_lines.is_empty() {
+                opening_lines.append(&mut outcome.lines);
+                outcome.lines = opening_lines;
             }
             report.results.push(outcome);
         }
     }
+    report.duration = started.elapsed();
     Ok(report)
 }
 
@@ -242,6 +280,7 @@ pub async fn run_listen<F>(
 where
     F: FnOnce(&[Address]) -> Result<(), String>,
 {
+    let started = std::time::Instant::now();
     let shared = shared(opts)?;
     let (identity, tls) = fresh_key()?;
     let dial_opts = DialOptions {
@@ -253,7 +292,8 @@ where
             addr: addr.to_string(),
             source,
         })?;
-    let addresses = net::dialable_addresses(&listener.local_address(), &tls.key());
+    let bound = listener.local_address();
+    let addresses = net::dialable_addresses(&bound, &tls.key());
     on_bound(&addresses).map_err(ConformError::Bound)?;
     let conn = tokio::time::timeout(ACCEPT_TIMEOUT, async {
         let incoming = listener.accept().await.map_err(|e| e.to_string())?;
@@ -271,7 +311,13 @@ where
     let mut p = Peer::new(conn, &shared, identity);
     let (mut hs_checks, open) = p.handshake().await;
     hs_checks.extend(p.take_violations());
-    let mut report = Report::default();
+    let hs_lines = p.take_lines();
+    let mut report = Report {
+        mode: Mode::Listen,
+        addr: bound.to_string(),
+        ..Report::default()
+    };
+    note_peer(&mut report, &p);
     for &s in &opts.scenarios {
         if s.solo {
             report.results.push(Outcome::skipped(
@@ -279,7 +325,9 @@ where
                 "needs a connection of its own; --listen accepts one",
             ));
         } else if s.name == "handshake" {
-            report.results.push(Outcome::ran(s, hs_checks.clone()));
+            report
+                .results
+                .push(Outcome::ran(s, hs_checks.clone()).with_lines(hs_lines.clone()));
         } else if !open {
             let check = Check::fail("open a session", handshake_reason(&hs_checks));
             report.results.push(Outcome::ran(s, vec![check]));
@@ -293,5 +341,6 @@ where
             report.results.push(shared_outcome(s, &mut p).await);
         }
     }
+    report.duration = started.elapsed();
     Ok(report)
 }

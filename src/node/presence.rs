@@ -509,10 +509,7 @@ pub(crate) fn list(
     match hits.as_slice() {
         [] => Ok(None),
         [(d, h, v)] => Ok(Some(describe(inner, d, *h, *v, true))),
-        more => Err(format!(
-            "{} agents match {who:?}; give more of the key",
-            more.len()
-        )),
+        more => Err(format!("{} agents match {who:?}", more.len())),
     }
 }
 

@@ -133,17 +133,26 @@ async fn handle(inner: &Arc<Inner>, req: Request, page: &Page) -> Response {
 
 type Reply = Result<Value, Fail>;
 
-/// A failed control request: an error code of [`crate::control::ControlError`] and a
-/// message saying what to do.
+/// A failed control request: an error code of [`crate::control::ControlError`], a message
+/// saying what went wrong (no advice in it), and at most one hint.
 #[derive(Debug)]
-pub(super) struct Fail(Box<(&'static str, String)>);
+pub(super) struct Fail(Box<(&'static str, String, Option<String>)>);
 
 impl Fail {
     pub(super) fn new(code: &'static str, message: impl Into<String>) -> Fail {
-        Fail(Box::new((code, message.into())))
+        Fail(Box::new((code, message.into(), None)))
+    }
+    /// The same failure with `hint` as its one hint (replacing the client's usual one).
+    pub(super) fn hint(mut self, hint: impl Into<String>) -> Fail {
+        self.0 .2 = Some(hint.into());
+        self
     }
     fn response(&self) -> Response {
-        Response::err(self.0 .0, self.0 .1.clone())
+        let mut r = Response::err(self.0 .0, self.0 .1.clone());
+        if let Some(e) = r.error.as_mut() {
+            e.hint = self.0 .2.clone();
+        }
+        r
     }
 }
 
@@ -315,11 +324,9 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
             Ok(Some(v)) => Ok(v),
             Ok(None) => Err(Fail::new(
                 "no_such_peer",
-                format!(
-                    "no presence document from {:?}; `awp presence` lists known agents",
-                    peer.unwrap_or_default()
-                ),
-            )),
+                format!("no presence document from {:?}", peer.unwrap_or_default()),
+            )
+            .hint("`awp presence` lists known agents")),
             Err(m) => Err(Fail::new("ambiguous_peer", m)),
         },
         Request::PresenceStatus => Ok(super::presence::status(inner)),
@@ -335,13 +342,8 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
         }
         Request::Grants => super::lists::grants(inner, page),
         Request::Revoke { hash } => {
-            let hash = hash.trim().to_ascii_lowercase();
-            let Some(rec) = store.grant(&hash).map_err(internal)? else {
-                return Err(Fail::new(
-                    "no_such_grant",
-                    format!("no grant {hash}; `awp grants` lists them"),
-                ));
-            };
+            let rec = resolve_grant(inner, &hash)?;
+            let hash = rec.hash.clone();
             store
                 .grant_revoke(&hash, wire::time::now_ms())
                 .map_err(internal)?;
@@ -359,7 +361,84 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
             super::blobs::list(inner, peer.as_deref(), blob_ref.as_deref(), page)
         }
         Request::Shutdown => Ok(json!({"stopping": true})),
+        Request::ForgetPeer { peer } => forget_peer(inner, &peer).await,
     }
+}
+
+/// Shortest grant hash prefix accepted (as for key prefixes).
+const MIN_GRANT_PREFIX: usize = 4;
+
+/// Resolve a grant argument: its full hash, or a unique prefix of at least
+/// [`MIN_GRANT_PREFIX`] hex characters (case-insensitive). `no_such_grant` when none
+/// matches, `ambiguous_grant` (listing the matches) when several do.
+pub(super) fn resolve_grant(inner: &Inner, text: &str) -> Result<crate::store::GrantRecord, Fail> {
+    let want = text.trim().to_ascii_lowercase();
+    if let Some(rec) = inner.store.grant(&want).map_err(internal)? {
+        return Ok(rec);
+    }
+    if want.len() < MIN_GRANT_PREFIX {
+        return Err(Fail::new(
+            "no_such_grant",
+            format!(
+                "no grant {want:?} (a hash prefix needs at least {MIN_GRANT_PREFIX} characters)"
+            ),
+        ));
+    }
+    grant_by_prefix(inner.store.grants().map_err(internal)?, &want)
+}
+
+/// The one grant of `grants` whose hash starts with `want` (lower case), or why not.
+fn grant_by_prefix(
+    grants: Vec<crate::store::GrantRecord>,
+    want: &str,
+) -> Result<crate::store::GrantRecord, Fail> {
+    let mut hits: Vec<crate::store::GrantRecord> = grants
+        .into_iter()
+        .filter(|g| g.hash.starts_with(want))
+        .collect();
+    match hits.len() {
+        0 => Err(Fail::new(
+            "no_such_grant",
+            format!("no grant matches {want:?}"),
+        )),
+        1 => Ok(hits.remove(0)),
+        _ => {
+            let list: Vec<&str> = hits.iter().map(|g| g.hash.as_str()).collect();
+            Err(Fail::new(
+                "ambiguous_grant",
+                format!(
+                    "{want:?} matches {} grants: {}",
+                    list.len(),
+                    list.join(", ")
+                ),
+            ))
+        }
+    }
+}
+
+/// `awp peers forget`: refuse while the peer is connected (its session would record it
+/// again), else remove what the store keeps about it.
+async fn forget_peer(inner: &Arc<Inner>, peer: &str) -> Reply {
+    let key = resolve_peer(inner, peer)?;
+    let connected = inner
+        .conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .is_some_and(|c| c.up);
+    if connected {
+        return Err(Fail::new("bad_request", format!("{key} is connected"))
+            .hint("forget it once it has disconnected"));
+    }
+    let removed = inner.store.forget_peer(&key).map_err(internal)?;
+    if !removed.any() {
+        return Err(Fail::new(
+            "no_such_peer",
+            format!("nothing is known about {key}"),
+        ));
+    }
+    inner.store.flush().await.map_err(internal)?;
+    Ok(json!({"key": key.to_string(), "removed": removed}))
 }
 
 /// A relay queues nothing for peers: msgs and states are refused.
@@ -367,8 +446,9 @@ fn refuse_in_relay_mode(inner: &Inner) -> Result<(), Fail> {
     if inner.relay {
         return Err(Fail::new(
             "bad_request",
-            "this node runs as a relay and keeps no outbox: send from a regular node (`awp up`)",
-        ));
+            "this node runs as a relay and keeps no outbox",
+        )
+        .hint("send from a regular node (`awp up`)"));
     }
     Ok(())
 }
@@ -419,11 +499,11 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
         1 => Ok(hits[0].key),
         0 if prefix.len() < 4 => Err(Fail::new(
             "no_such_peer",
-            format!("no peer named {text:?}; a key prefix needs at least 4 characters (`awp peers` lists peers)"),
+            format!("no peer named {text:?} (a key prefix needs at least 4 characters)"),
         )),
         0 => Err(Fail::new(
             "no_such_peer",
-            format!("no known peer matches {text:?}; `awp peers` lists them, `awp connect ADDRESS` adds one"),
+            format!("no known peer matches {text:?}"),
         )),
         n => {
             // Names are the peers' choice: a few of them, each cut to size.
@@ -440,7 +520,7 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
             }
             Err(Fail::new(
                 "ambiguous_peer",
-                format!("{:?} matches {}; give more of the key", crate::control::shown(text), list.join(", ")),
+                format!("{:?} matches {}", crate::control::shown(text), list.join(", ")),
             ))
         }
     }
@@ -458,10 +538,9 @@ fn thread_and_peer(
 ) -> Result<(PeerKey, String, bool), Fail> {
     let peer = peer.map(|p| resolve_peer(inner, p)).transpose()?;
     if peer == Some(inner.identity.key()) {
-        return Err(Fail::new(
-            "bad_request",
-            "that is this node's own key; name another peer",
-        ));
+        return Err(
+            Fail::new("bad_request", "that is this node's own key").hint("name another peer")
+        );
     }
     match th {
         Some(th) => {
@@ -473,10 +552,8 @@ fn thread_and_peer(
                 )),
                 (Some(t), _) => Ok((t.peer, th.to_string(), false)),
                 (None, Some(p)) => Ok((p, th.to_string(), true)),
-                (None, None) => Err(Fail::new(
-                    "no_such_thread",
-                    format!("no thread {th}; name a peer to start it"),
-                )),
+                (None, None) => Err(Fail::new("no_such_thread", format!("no thread {th}"))
+                    .hint("name a peer to start it, or list threads with `awp threads`")),
             }
         }
         None => match peer {
@@ -763,10 +840,9 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
                 None => {
                     return Err(Fail::new(
                         "connect_failed",
-                        format!(
-                        "no known address for {address}; give one: awp connect tls:HOST:PORT#{key}"
-                    ),
-                    ))
+                        format!("no known address for {address}"),
+                    )
+                    .hint(format!("give one: awp connect tls:HOST:PORT#{key}")))
                 }
             }
         }
@@ -911,5 +987,51 @@ async fn subscribe(
             }
         }
         write_json(w, &ev).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{GrantRecord, GrantRole};
+
+    fn rec(hash: &str) -> GrantRecord {
+        GrantRecord {
+            hash: hash.into(),
+            role: GrantRole::Issued,
+            from: None,
+            object: Default::default(),
+            stored_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_grant_is_found_by_a_unique_hash_prefix_and_an_ambiguous_one_says_so() {
+        let grants = || {
+            vec![
+                rec("2545aa00000000000000000000000000"),
+                rec("2545bb00000000000000000000000000"),
+                rec("9f0000000000000000000000000000aa"),
+            ]
+        };
+        assert_eq!(
+            grant_by_prefix(grants(), "9f00").unwrap().hash,
+            grants()[2].hash
+        );
+        assert_eq!(
+            grant_by_prefix(grants(), "2545a").unwrap().hash,
+            grants()[0].hash
+        );
+        let e = grant_by_prefix(grants(), "2545").unwrap_err();
+        assert_eq!(e.0 .0, "ambiguous_grant");
+        assert!(
+            e.0 .1.contains("2545aa") && e.0 .1.contains("2545bb"),
+            "{}",
+            e.0 .1
+        );
+        assert_eq!(
+            grant_by_prefix(grants(), "7777").unwrap_err().0 .0,
+            "no_such_grant"
+        );
     }
 }

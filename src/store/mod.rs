@@ -29,6 +29,7 @@ mod artifacts;
 mod blobs;
 mod codec;
 pub mod files;
+mod forget;
 mod grants;
 mod group;
 mod imp;
@@ -38,6 +39,7 @@ mod tx;
 
 pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};
 pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
+pub use forget::Forgotten;
 pub use grants::{GrantRecord, GrantRole};
 pub use imp::Store;
 

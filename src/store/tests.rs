@@ -1107,3 +1107,77 @@ fn long_lines_are_stored_compressed_and_old_records_still_read() {
         Err(StoreError::Corrupt { .. })
     ));
 }
+
+#[test]
+fn forget_peer_removes_its_records_and_no_other_peers() {
+    let (_d, s) = open();
+    let (a, b) = (key(1), key(2));
+    for p in [&a, &b] {
+        s.peer_seen(p, Some("x"), None, &[], 1).unwrap();
+        s.add_address(p, "tcp:127.0.0.1:1", AddrSource::Connect)
+            .unwrap();
+    }
+    send(&s, &a, "thr_a_out");
+    send(&s, &b, "thr_b_out");
+    let l = msg(
+        "thr_a_in",
+        None,
+        "hi",
+        "01K00000000000000000000001",
+        "2026-01-01T00:00:00.000Z",
+    );
+    s.receive(&a, &l, &l.encode()).unwrap();
+    let l = msg(
+        "thr_b_in",
+        None,
+        "hi",
+        "01K00000000000000000000001",
+        "2026-01-01T00:00:00.000Z",
+    );
+    s.receive(&b, &l, &l.encode()).unwrap();
+    assert!(!s.seen(&a).unwrap().is_empty());
+
+    let f = s.forget_peer(&a).unwrap();
+    assert_eq!(
+        f,
+        Forgotten {
+            peer: true,
+            addresses: 1,
+            threads: 2,
+            log: 2,
+            outbox: 1,
+            seen: 1,
+        }
+    );
+    assert!(s.peer(&a).unwrap().is_none());
+    assert!(s.addresses(&a).unwrap().is_empty());
+    assert!(s.seen(&a).unwrap().is_empty());
+    assert_eq!(s.outbox_len(&a).unwrap(), 0);
+    assert!(!s.outbox_peers().unwrap().contains(&a));
+    let threads: Vec<String> = s.threads().unwrap().into_iter().map(|t| t.th).collect();
+    assert_eq!(threads.len(), 2, "{threads:?}");
+    assert!(
+        threads.iter().all(|t| t.starts_with("thr_b")),
+        "{threads:?}"
+    );
+    assert!(s
+        .log(0, None, false, 100)
+        .unwrap()
+        .iter()
+        .all(|e| e.peer == b));
+    // The other peer is untouched.
+    assert!(s.peer(&b).unwrap().is_some());
+    assert_eq!(s.addresses(&b).unwrap().len(), 1);
+    assert_eq!(s.outbox_len(&b).unwrap(), 1);
+    // A replay of a line it sent before is still a duplicate (dedup is permanent).
+    let l = msg(
+        "thr_a_in",
+        None,
+        "hi",
+        "01K00000000000000000000001",
+        "2026-01-01T00:00:00.000Z",
+    );
+    assert_eq!(s.receive(&a, &l, &l.encode()).unwrap(), Received::Duplicate);
+    // Forgetting again removes nothing.
+    assert!(!s.forget_peer(&a).unwrap().any());
+}

@@ -1,0 +1,89 @@
+//! Forgetting a peer: every record this node keeps about it, in one transaction.
+
+use super::codec::{dec, hex, unpack, LogRec, Payload, ThreadRec};
+use super::tx::{db_err, Tx, T};
+use super::{Store, StoreError};
+use crate::wire::PeerKey;
+use serde::Serialize;
+
+/// What [`Store::forget_peer`] removed, as counts of records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Forgotten {
+    /// Whether a peer record existed (and was removed).
+    pub peer: bool,
+    /// Addresses removed.
+    pub addresses: usize,
+    /// Threads with the peer removed.
+    pub threads: usize,
+    /// Log entries (in and out) removed.
+    pub log: usize,
+    /// Queued outbound lines removed.
+    pub outbox: usize,
+    /// `seen` entries (per thread) removed.
+    pub seen: usize,
+}
+
+impl Forgotten {
+    /// Whether anything at all was removed.
+    pub fn any(&self) -> bool {
+        self.peer || self.addresses + self.threads + self.log + self.outbox + self.seen > 0
+    }
+}
+
+impl Store {
+    /// Forget `peer`: remove its peer record, its addresses, its threads, every log entry
+    /// to or from it (and the log entries of its threads), its queued outbound lines (and
+    /// their count) and its `seen` entries, in ONE transaction. Not durable until
+    /// [`Store::flush`].
+    ///
+    /// Kept: the dedup index (`received`), so that lines it sent before are still
+    /// recognised as duplicates when it replays them (dedup is permanent, protocol-notes
+    /// §Threads); blob records and files; grants (revoke them with `awp revoke`).
+    pub fn forget_peer(&self, peer: &PeerKey) -> Result<Forgotten, StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let mut out = Forgotten::default();
+        let raw = peer.as_bytes();
+        let peer_hex = hex(raw);
+        if tx.get(T::Peers, raw)?.is_some() {
+            tx.del(T::Peers, raw.to_vec());
+            out.peer = true;
+        }
+        for (tree, count) in [
+            (T::Addresses, &mut out.addresses),
+            (T::Outbox, &mut out.outbox),
+            (T::Seen, &mut out.seen),
+        ] {
+            for kv in self.trees.t(tree).scan_prefix(raw) {
+                let (k, _) = kv.map_err(db_err)?;
+                tx.del(tree, k.to_vec());
+                *count += 1;
+            }
+        }
+        tx.del(T::OutboxN, raw.to_vec());
+        tx.del(T::OutboxB, raw.to_vec());
+        let mut threads = std::collections::HashSet::new();
+        for kv in self.trees.t(T::Threads).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            let t: ThreadRec = dec("threads", &v)?;
+            if t.peer == peer_hex {
+                threads.insert(k.to_vec());
+                tx.del(T::Threads, k.to_vec());
+                out.threads += 1;
+            }
+        }
+        for kv in self.trees.t(T::Log).iter() {
+            let (k, v) = kv.map_err(db_err)?;
+            let (l, _): (LogRec, Payload) = unpack("log", &v)?;
+            let of_thread =
+                l.th.as_ref()
+                    .is_some_and(|th| threads.contains(th.as_bytes()));
+            if l.peer == peer_hex || of_thread {
+                tx.del(T::Log, k.to_vec());
+                out.log += 1;
+            }
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+}
