@@ -520,7 +520,11 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
             }
             Err(Fail::new(
                 "ambiguous_peer",
-                format!("{:?} matches {}", crate::control::shown(text), list.join(", ")),
+                format!(
+                    "{:?} matches {}",
+                    crate::control::shown(text),
+                    list.join(", ")
+                ),
             ))
         }
     }
