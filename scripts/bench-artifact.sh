@@ -11,18 +11,17 @@
 # Both nodes are killed when the run ends.
 #
 # Usage: scripts/bench-artifact.sh [N]   (N edits for part 1, default 10000; AWP_BIN: the
-# binary, default target/release/awp; AWP_BENCH_DIR: where the temporary homes go)
+# binary, default: the release build cargo reports; AWP_BENCH_DIR: where the temporary homes go)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 N=${1:-10000}
 CATCHUP=${BENCH_ARTIFACT_CATCHUP:-10000}
-AWP=${AWP_BIN:-$ROOT/target/release/awp}
-if [ -z "${AWP_BIN:-}" ] && [ ! -x "$AWP" ]; then
-    (cd "$ROOT" && cargo build --release --quiet --bin awp)
-fi
-(cd "$ROOT" && cargo build --release --quiet --example artifact_bench)
-DRIVER=$ROOT/target/release/examples/artifact_bench
+# shellcheck source=lib.sh
+. "$ROOT/scripts/lib.sh"
+cd "$ROOT"
+AWP=${AWP_BIN:-$(cargo_exe awp --release --bin awp)}
+DRIVER=$(cargo_exe artifact_bench --release --example artifact_bench)
 
 WORK=$(mktemp -d "${AWP_BENCH_DIR:-${TMPDIR:-/tmp}}/awp-artifact.XXXXXX")
 PIDS=()

@@ -13,8 +13,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 N=${1:-${BENCH_DISK_N:-119000}}
 SIZE=${2:-1500}
-(cd "$ROOT" && cargo build --release --quiet --example disk_growth)
-BIN="$ROOT/target/release/examples/disk_growth"
+# shellcheck source=lib.sh
+. "$ROOT/scripts/lib.sh"
+BIN=$(cd "$ROOT" && cargo_exe disk_growth --release --example disk_growth)
 
 WORK=$(mktemp -d "${AWP_BENCH_DIR:-${TMPDIR:-/tmp}}/awp-disk.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT

@@ -51,5 +51,5 @@ bash "$ROOT/scripts/bench-relay.sh" "${BENCH_RELAY_CLIENTS:-2000}"
 
 echo
 bash "$ROOT/scripts/bench-disk.sh" "${BENCH_DISK_N:-119000}"
-echo "8. artifact threads (scripts/bench-artifact.sh)"
-AWP_BIN="$ROOT/target/release/awp" AWP_BENCH_DIR="$WORK" bash "$ROOT/scripts/bench-artifact.sh" "${BENCH_ARTIFACT_N:-10000}"
+echo "9. artifact threads (scripts/bench-artifact.sh)"
+AWP_BIN="$AWP" AWP_BENCH_DIR="$WORK" bash "$ROOT/scripts/bench-artifact.sh" "${BENCH_ARTIFACT_N:-10000}"

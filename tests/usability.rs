@@ -108,6 +108,8 @@ fn scripts_ask_cargo_where_the_binary_is() {
         "bench.sh",
         "bench-blob.sh",
         "bench-relay.sh",
+        "bench-artifact.sh",
+        "bench-disk.sh",
     ] {
         let text = std::fs::read_to_string(dir.join(name)).unwrap();
         for bad in ["target/debug", "target/release"] {
