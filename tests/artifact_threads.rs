@@ -9,7 +9,6 @@ use common::*;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 
 async fn art(home: &Path, action: &str, args: Value) -> Value {
     let r: Response = ctl(
@@ -238,38 +237,6 @@ async fn the_replicas_log_equals_the_hosts_after_host_edits() {
         hl["events"], gl["events"],
         "the replica's log is the host's log"
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start_daemon(home: &Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_awp"))
-        .args(["daemon", "--home"])
-        .arg(home)
-        .args(["--listen", &format!("tls:127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn awp daemon")
-}
-
-async fn wait_ready(home: &Path) -> Value {
-    eventually(20, || async {
-        let sock = awp_node::daemon::socket_path(home);
-        if tokio::net::UnixStream::connect(&sock).await.is_err() {
-            return None;
-        }
-        let r = ctl(home, Request::Status).await;
-        r.ok.then_some(Value::Object(r.body))
-    })
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -238,3 +238,42 @@ impl Raw {
         h
     }
 }
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (for a daemon that must keep its port
+/// across restarts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `awp daemon` as a child process (so that a test can SIGKILL it) in `home`, listening on
+/// `tls:127.0.0.1:PORT`, with its output discarded.
+pub fn start_daemon(home: &Path, port: u16) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    Command::new(env!("CARGO_BIN_EXE_awp"))
+        .args(["daemon", "--home"])
+        .arg(home)
+        .args(["--listen", &format!("tls:127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn awp daemon")
+}
+
+/// Wait (up to 20 s) until the node in `home` answers `status` on its control socket, and
+/// return that status.
+pub async fn wait_ready(home: &Path) -> Value {
+    eventually(20, || async {
+        let sock = awp_node::daemon::socket_path(home);
+        if UnixStream::connect(&sock).await.is_err() {
+            return None;
+        }
+        let r = ctl(home, Request::Status).await;
+        r.ok.then_some(Value::Object(r.body))
+    })
+    .await
+}

@@ -69,7 +69,7 @@ fn workspace(inner: &Inner, th: &str) -> Result<WsRecord, Fail> {
 }
 
 /// The current state of a workspace (host or replica).
-async fn state(inner: &Arc<Inner>, rec: &WsRecord) -> Result<WorkspaceState, Fail> {
+pub(super) async fn state(inner: &Arc<Inner>, rec: &WsRecord) -> Result<WorkspaceState, Fail> {
     let arts = inner.artifacts.clone();
     let store = inner.store.clone();
     let rec = rec.clone();

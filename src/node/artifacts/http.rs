@@ -230,20 +230,9 @@ fn record(inner: &Inner, id: &str) -> Result<WsRecord, Fail> {
 /// The current state of `id` (host or replica).
 async fn state(inner: &Arc<Inner>, id: &str) -> Result<(WsRecord, WorkspaceState), Fail> {
     let rec = record(inner, id)?;
-    let arts = inner.artifacts.clone();
-    let store = inner.store.clone();
-    let rec2 = rec.clone();
-    let (st, _) = tokio::task::spawn_blocking(move || {
-        store.art_tx(|tx| {
-            let ws = arts.load(tx, &rec2)?;
-            let st = ws.state.clone();
-            arts.keep(ws);
-            Ok(st)
-        })
-    })
-    .await
-    .map_err(internal)?
-    .map_err(internal)?;
+    let st = super::control::state(inner, &rec)
+        .await
+        .map_err(|f| internal(format!("{f:?}")))?;
     Ok((rec, st))
 }
 
