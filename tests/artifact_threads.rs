@@ -195,6 +195,47 @@ async fn a_grant_scoped_to_one_thread_does_not_reach_another() {
     assert_eq!(h["version"], 1);
 }
 
+/// A thread scope may be a unique prefix of a hosted thread (written out in full in the
+/// signed grant, so it applies); a scope that names no hosted thread is refused rather
+/// than signed and sent to do nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_scope_prefix_is_written_out_and_an_unknown_scope_is_refused() {
+    let (host, guest, th, id) = pair_with_plan().await;
+    let short = &th[..th.len() - 6];
+    let r = host
+        .ctl(Request::Grant {
+            peer: guest.key(),
+            caps: vec![format!("artifact:write@{short}")],
+            ttl_s: 3600,
+            aud: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(
+        r.body["grant"]["caps"],
+        json!([format!("artifact:write@{th}")]),
+        "{:?}",
+        r.body
+    );
+    let r = art(
+        &guest.path(),
+        "edit",
+        json!({"th": th, "artifact": id, "patch": replace("- design\n", "- one\n")}),
+    )
+    .await;
+    assert_eq!(r["result"]["outcome"]["type"], "applied", "{r}");
+    let r = host
+        .ctl(Request::Grant {
+            peer: guest.key(),
+            caps: vec!["artifact:write@thr_nosuchthread".into()],
+            ttl_s: 3600,
+            aud: None,
+        })
+        .await;
+    assert!(!r.ok);
+    assert_eq!(r.error.unwrap().code, "not_found");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_grant_stops_applying_at_the_next_command() {
     let (host, guest, th, id) = pair_with_plan().await;

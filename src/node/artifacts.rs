@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 mod control;
 pub(crate) use control::handle as control;
+pub(super) use control::scope_caps;
 pub(super) mod http;
 
 /// A snapshot of a workspace's state is written every this many events (the state is the

@@ -338,6 +338,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
         } => {
             let sub = resolve_peer(inner, &peer)?;
             let aud = aud.map(|a| resolve_peer(inner, &a)).transpose()?;
+            let caps = super::artifacts::scope_caps(inner, &caps)?;
             mint_and_store(inner, &sub, &caps, ttl_s, aud.as_ref()).await
         }
         Request::Grants => super::lists::grants(inner, page),

@@ -59,6 +59,34 @@ fn unique<'a>(
     }
 }
 
+/// `caps` with each thread scope (`CAP@TH`) written out in full: `TH` may be a unique prefix
+/// of an artifact thread this node hosts (a scope names one of the issuer's own threads,
+/// spec/artifact-threads.md "Capabilities"). A scope that names no hosted thread, or
+/// several, is refused (`not_found`, `bad_request`): a grant scoped to a thread id that
+/// never matches would be signed and sent, then silently do nothing.
+pub(in crate::node) fn scope_caps(inner: &Inner, caps: &[String]) -> Result<Vec<String>, Fail> {
+    let mut hosted: Option<Vec<String>> = None;
+    caps.iter()
+        .map(|cap| {
+            let Some((name, th)) = cap.split_once('@') else {
+                return Ok(cap.clone());
+            };
+            if hosted.is_none() {
+                let all = inner.store.art_workspaces().map_err(internal)?;
+                hosted = Some(
+                    all.into_iter()
+                        .filter(|w| w.role == WsRole::Host)
+                        .map(|w| w.th)
+                        .collect(),
+                );
+            }
+            let ths = hosted.as_ref().map(|v| v.iter()).into_iter().flatten();
+            let th = unique("artifact thread hosted here", th, ths)?;
+            Ok(format!("{name}@{th}"))
+        })
+        .collect()
+}
+
 fn workspace(inner: &Inner, th: &str) -> Result<WsRecord, Fail> {
     let all = inner.store.art_workspaces().map_err(internal)?;
     let ths: Vec<String> = all.iter().map(|w| w.th.clone()).collect();
