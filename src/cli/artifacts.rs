@@ -238,6 +238,13 @@ fn print_result(ctx: &Ctx, body: &Map<String, Value>) -> Result<(), Failure> {
             .or(Some(&result))
             .cloned()
             .unwrap_or(Value::Null);
+        // A `forbidden` names the grant cap it lacks (spec/artifact-threads.md).
+        let hint = match r.get("cap").and_then(Value::as_str) {
+            Some(cap) => format!(
+                "it needs the grant cap {cap}: ask the thread's host for `awp grant PEER {cap}`"
+            ),
+            None => String::new(),
+        };
         return Err(Failure::new(
             Exit::Failed,
             format!(
@@ -245,7 +252,7 @@ fn print_result(ctx: &Ctx, body: &Map<String, Value>) -> Result<(), Failure> {
                 r.get("type").and_then(Value::as_str).unwrap_or("error"),
                 r.get("message").and_then(Value::as_str).unwrap_or("")
             ),
-            "",
+            hint,
         ));
     } else {
         let o = result.get("outcome").cloned().unwrap_or(Value::Null);

@@ -96,7 +96,7 @@ impl Failure {
 pub fn exit_for_node_error(code: &str) -> Exit {
     match code {
         "bad_request" | "no_such_peer" | "ambiguous_peer" | "no_such_thread" | "no_such_grant"
-        | "ambiguous_grant" => Exit::Usage,
+        | "ambiguous_grant" | "not_found" => Exit::Usage,
         _ => Exit::Failed,
     }
 }
@@ -119,6 +119,7 @@ pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
         "no_such_thread" => "list threads with `awp threads`".into(),
         "no_such_grant" => "list grants with `awp grants`".into(),
         "ambiguous_grant" => "give more characters of the hash".into(),
+        "not_found" => "list artifact threads and artifacts with `awp artifact list`".into(),
         "connect_failed" => "check the address and that the peer's node is up".into(),
         "bad_request" => "check the arguments (`awp help`)".into(),
         "forbidden" => "run awp as the user that started the node".into(),

@@ -561,3 +561,18 @@ fn blobs_table_shows_direction_status_size_sha_and_path() {
     assert!(lines[1].contains("/tmp/a.bin"));
     assert!(lines[2].contains("4/10") && !lines[2].contains('\u{1b}'));
 }
+
+/// An artifact, thread or proposal that does not exist is bad input (exit 2) with a hint
+/// that lists what exists, not a pointer to the node's log.
+#[test]
+fn artifact_not_found_is_usage_with_a_listing_hint() {
+    assert_eq!(exit_for_node_error("not_found"), Exit::Usage);
+    let err = crate::control::ControlError {
+        code: "not_found".into(),
+        message: "no artifact art_zz".into(),
+        hint: None,
+    };
+    let f = node_failure(&err, std::path::Path::new("/h"));
+    assert_eq!(f.exit, Exit::Usage);
+    assert!(f.hint.contains("awp artifact list"), "{}", f.hint);
+}
