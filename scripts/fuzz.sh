@@ -8,7 +8,8 @@
 # objects through verify and the honoring rules), presence_accept (presence documents
 # through PresenceTable::accept), session_lines (lines into an authenticated Session).
 # chunk_handling (chunk lines and blob-naming msgs in any order through the blob receiver
-# against one store).
+# against one store), artifact_parts (artifact command parts applied by a host, event
+# parts offered to a replica).
 #
 # Works on stable Rust: `-s none` turns the sanitizer off (the default AddressSanitizer
 # needs nightly), and everything else cargo-fuzz passes is a stable `-C` flag. If a
@@ -33,7 +34,7 @@ case "$SECONDS_PER_TARGET" in
     exit 2
     ;;
 esac
-TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling"}
+TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling artifact_parts"}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "== installing cargo-fuzz"
