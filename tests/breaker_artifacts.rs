@@ -163,7 +163,6 @@ async fn outbox_of(node: &TestNode, key: &str) -> u64 {
 /// transaction), ignoring the per-peer outbox quota that served requests respect. Each
 /// further msg adds as many again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: every resend part of a msg queues a copy of the log, outside the outbox quota"]
 async fn one_msg_of_resend_parts_does_not_multiply_the_log_into_the_outbox() {
     let node = TestNode::start("host@test").await;
     let mut guest = RawGuest::new(&node, 43).await;
