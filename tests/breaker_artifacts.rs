@@ -234,7 +234,6 @@ const ERR: &str = "application/vnd.artifactr.v1.error+json";
 /// batch fails as a "storage failure" and the session closes; the guest's msg is never
 /// acked and comes back at every resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: one error part per extra command part overflows the reply line; the batch fails and the session closes"]
 async fn a_command_msg_with_many_parts_gets_one_bounded_reply() {
     let node = TestNode::start("host@test").await;
     let mut guest = RawGuest::new(&node, 44).await;
@@ -263,4 +262,22 @@ async fn a_command_msg_with_many_parts_gets_one_bounded_reply() {
             .contains("one command per msg"),
         "{e}"
     );
+}
+
+/// The same from the other side: a replica's host sends 12 000 command parts; the replica
+/// answered each with a not-host error part, overflowing its reply line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_answers_many_command_parts_with_one_error_part() {
+    let node = TestNode::start("guest@test").await;
+    let mut host = RawGuest::new(&node, 45).await;
+    host.th = "thr_manycmds".into();
+    let created = json!({"seq": 1, "id": "00000000-0000-4000-8000-000000000001", "ts": "2026-01-01T00:00:00Z",
+        "workspace_id": host.th, "thread_id": host.th, "run_id": null,
+        "actor": {"kind": "user", "id": "raw", "name": null}, "traceparent": null, "type": "event",
+        "event": {"type": "thread_created", "thread_id": "t", "title": ""}});
+    let mut parts: Vec<(&str, Value)> = vec![(EV, created)];
+    parts.extend((0..12_000).map(|_| (CMD, json!({}))));
+    host.send(&parts).await;
+    let e = host.expect_part(ERR).await;
+    assert_eq!(e["message"], "this node does not host thr_manycmds");
 }

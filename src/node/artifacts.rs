@@ -371,11 +371,15 @@ impl Artifacts {
                 MIME_COMMAND => {
                     n += 1;
                     if n > 1 {
-                        // One command per msg (spec §Wire): the extras are not run.
-                        lead.push(data_part(
-                            MIME_ERROR,
-                            json!({"type": "error", "message": "one command per msg: this part was not run"}),
-                        ));
+                        // One command per msg (spec §Wire): the extras are not run, and
+                        // one error part answers them all (one each could overflow the
+                        // reply line).
+                        if n == 2 {
+                            lead.push(data_part(
+                                MIME_ERROR,
+                                json!({"type": "error", "message": "one command per msg: this part was not run"}),
+                            ));
+                        }
                         continue;
                     }
                     let (actor, cs) = self.remote_actor(inner, peer, &rec.th, caps);
@@ -539,7 +543,7 @@ impl Artifacts {
                 MIME_RESULT | MIME_ERROR => {
                     notes.push(result_event(&rec.th, peer, data));
                 }
-                MIME_COMMAND => not_host.push(not_host_part(&rec.th)),
+                MIME_COMMAND if not_host.is_empty() => not_host.push(not_host_part(&rec.th)),
                 _ => {}
             }
         }
