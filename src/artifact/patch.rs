@@ -148,9 +148,10 @@ fn apply_json_patch(
 /// applies: room for the largest data plus a patch line, far below what `copy` doubling
 /// would build.
 pub const MAX_PATCH_BYTES: usize = 4 * super::kinds::MAX_DATA_BYTES;
-/// Most nesting levels a document may reach while a json_patch applies (past the kinds'
-/// limit, far below what recursion over the value could not survive).
-pub const MAX_PATCH_DEPTH: usize = 2 * super::kinds::MAX_DEPTH;
+/// Most nesting levels a document may reach while a json_patch applies: past the kinds'
+/// limit, far below what recursion over the value could not survive, and low enough that
+/// a replica's snapshot (the data ~7 levels down) still parses back (serde_json: 128).
+pub const MAX_PATCH_DEPTH: usize = super::kinds::MAX_DEPTH + 16;
 
 /// Size of `v` as compact JSON (strings without escapes), counted up to `limit`: the
 /// result is `limit + 1` as soon as it is known to be above `limit`.
