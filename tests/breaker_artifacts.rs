@@ -288,7 +288,6 @@ async fn a_replica_answers_many_command_parts_with_one_error_part() {
 /// KiB scan ~1 GB here; a 1 MiB line holds ~30 000 edits (~15 GB on a 512 KiB artifact),
 /// during which no other peer's lines are stored.
 #[test]
-#[ignore = "finding: text_edits scan the whole text per edit without a bound (CPU under the store writer lock)"]
 fn text_edits_work_is_bounded() {
     let text = format!("a{}", "y".repeat(256 * 1024));
     let edits: Vec<Value> = (0..2000)

@@ -36,7 +36,16 @@ fn apply_text_edits(
             )))
         }
     };
+    // Each edit scans the whole text: bound the bytes scanned by one patch (peer input,
+    // run under the store's writer lock).
+    let mut scanned = 0usize;
     for e in edits {
+        scanned = scanned.saturating_add(text.len());
+        if scanned > MAX_EDIT_SCAN_BYTES {
+            return Err(Rejection::patch_failed(format!(
+                "too many edits for a text this long: at most {MAX_EDIT_SCAN_BYTES} bytes scanned per patch"
+            )));
+        }
         if e.old.is_empty() {
             if !text.is_empty() {
                 return Err(Rejection::patch_failed(
@@ -143,6 +152,10 @@ fn apply_json_patch(
         _ => Err(fail("the result is not an object".into())),
     }
 }
+
+/// Most text bytes one text_edits patch may scan (the text's length once per edit): 128
+/// edits of the largest data.
+pub const MAX_EDIT_SCAN_BYTES: usize = 128 * super::kinds::MAX_DATA_BYTES;
 
 /// Most bytes (as compact JSON, estimated) a document may reach while a json_patch
 /// applies: room for the largest data plus a patch line, far below what `copy` doubling
