@@ -36,7 +36,16 @@ fn apply_text_edits(
             )))
         }
     };
+    // Each edit scans the whole text: bound the bytes scanned by one patch (peer input,
+    // run under the store's writer lock).
+    let mut scanned = 0usize;
     for e in edits {
+        scanned = scanned.saturating_add(text.len());
+        if scanned > MAX_EDIT_SCAN_BYTES {
+            return Err(Rejection::patch_failed(format!(
+                "too many edits for a text this long: at most {MAX_EDIT_SCAN_BYTES} bytes scanned per patch"
+            )));
+        }
         if e.old.is_empty() {
             if !text.is_empty() {
                 return Err(Rejection::patch_failed(
@@ -82,7 +91,41 @@ fn apply_json_patch(
     // Ops run one by one on a copy (all or nothing). `test` compares as Python's `==`
     // does (1 == 1.0, true != 1), so it is checked here; every other op is the crate's.
     let mut doc = Value::Object(data.clone());
+    // Peer patches are hostile: `copy` doubles the document per op and `move` nests it
+    // one level deeper per op, so upper bounds of size and depth are kept per op and
+    // the patch fails before either is materialized (the kind checks the result later).
+    let mut size = json_size(&doc, MAX_PATCH_BYTES);
+    let mut depth = json_depth(&doc, MAX_PATCH_DEPTH);
     for (i, op) in parsed.iter().enumerate() {
+        let segs = |p: &str| p.matches('/').count();
+        use json_patch::PatchOperation as P;
+        let (grow, deeper) = match op {
+            P::Add(o) => (
+                json_size(&o.value, MAX_PATCH_BYTES),
+                segs(o.path.as_str()) + json_depth(&o.value, MAX_PATCH_DEPTH),
+            ),
+            P::Replace(o) => (
+                json_size(&o.value, MAX_PATCH_BYTES),
+                segs(o.path.as_str()) + json_depth(&o.value, MAX_PATCH_DEPTH),
+            ),
+            P::Copy(o) => (
+                doc.pointer(o.from.as_str())
+                    .map_or(0, |v| json_size(v, MAX_PATCH_BYTES.saturating_sub(size))),
+                (segs(o.path.as_str()) + depth).saturating_sub(segs(o.from.as_str())),
+            ),
+            P::Move(o) => (
+                0,
+                (segs(o.path.as_str()) + depth).saturating_sub(segs(o.from.as_str())),
+            ),
+            _ => (0, 0),
+        };
+        size = size.saturating_add(grow);
+        depth = depth.max(deeper);
+        if size > MAX_PATCH_BYTES || depth > MAX_PATCH_DEPTH {
+            return Err(fail(format!(
+                "operation {i}: the result would exceed {MAX_PATCH_BYTES} bytes or {MAX_PATCH_DEPTH} levels"
+            )));
+        }
         match op {
             json_patch::PatchOperation::Test(t) => {
                 let path = t.path.to_string();
@@ -108,6 +151,65 @@ fn apply_json_patch(
         Value::Object(m) => Ok(m),
         _ => Err(fail("the result is not an object".into())),
     }
+}
+
+/// Most text bytes one text_edits patch may scan (the text's length once per edit): 128
+/// edits of the largest data.
+pub const MAX_EDIT_SCAN_BYTES: usize = 128 * super::kinds::MAX_DATA_BYTES;
+
+/// Most bytes (as compact JSON, estimated) a document may reach while a json_patch
+/// applies: room for the largest data plus a patch line, far below what `copy` doubling
+/// would build.
+pub const MAX_PATCH_BYTES: usize = 4 * super::kinds::MAX_DATA_BYTES;
+/// Most nesting levels a document may reach while a json_patch applies: past the kinds'
+/// limit, far below what recursion over the value could not survive, and low enough that
+/// a replica's snapshot (the data ~7 levels down) still parses back (serde_json: 128).
+pub const MAX_PATCH_DEPTH: usize = super::kinds::MAX_DEPTH + 16;
+
+/// Size of `v` as compact JSON (strings without escapes), counted up to `limit`: the
+/// result is `limit + 1` as soon as it is known to be above `limit`.
+fn json_size(v: &Value, limit: usize) -> usize {
+    let mut n = 0usize;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        n += match v {
+            Value::Null | Value::Bool(_) => 5,
+            Value::Number(_) => 8,
+            Value::String(s) => s.len() + 2,
+            Value::Array(a) => {
+                stack.extend(a.iter());
+                2 + a.len()
+            }
+            Value::Object(m) => {
+                stack.extend(m.values());
+                2 + m.keys().map(|k| k.len() + 4).sum::<usize>()
+            }
+        };
+        if n > limit {
+            return limit + 1;
+        }
+    }
+    n
+}
+
+/// Nesting levels of `v` (a scalar is 0, `{}` 1), counted up to `limit`: `limit + 1` as
+/// soon as it is known to be deeper.
+fn json_depth(v: &Value, limit: usize) -> usize {
+    let mut max = 0usize;
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        let kids: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(a) => Box::new(a.iter()),
+            Value::Object(m) => Box::new(m.values()),
+            _ => continue,
+        };
+        max = max.max(d + 1);
+        if max > limit {
+            return limit + 1;
+        }
+        stack.extend(kids.map(|k| (k, d + 1)));
+    }
+    max
 }
 
 /// JSON equality as Python's `==` on decoded JSON: numbers by value (1 == 1.0), booleans

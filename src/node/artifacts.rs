@@ -41,6 +41,9 @@ const SNAPSHOT_EVERY: u64 = 4096;
 const EVENT_BYTES_PER_MSG: usize = 640 * 1024;
 /// Events resent per resend request (more follow on the next request).
 const RESEND_MAX: usize = 20_000;
+/// Bytes of events (as JSON) resent per resend request: the replica asks again after
+/// applying them, so one request never loads or queues more than this.
+const RESEND_BYTES: usize = 8 * EVENT_BYTES_PER_MSG;
 /// Largest event, in bytes, that still fits in one msg line with its envelope (spec
 /// §Size: a bigger one is refused before it is appended).
 const MAX_EVENT_BYTES: usize = wire::MAX_LINE - 8 * 1024;
@@ -356,6 +359,7 @@ impl Artifacts {
         let mut all_events = Vec::new();
         let mut notes = Vec::new();
         let mut n = 0;
+        let mut resends = 0;
         for p in &m.parts {
             let Part::Data(DataPart {
                 data,
@@ -368,11 +372,15 @@ impl Artifacts {
                 MIME_COMMAND => {
                     n += 1;
                     if n > 1 {
-                        // One command per msg (spec §Wire): the extras are not run.
-                        lead.push(data_part(
-                            MIME_ERROR,
-                            json!({"type": "error", "message": "one command per msg: this part was not run"}),
-                        ));
+                        // One command per msg (spec §Wire): the extras are not run, and
+                        // one error part answers them all (one each could overflow the
+                        // reply line).
+                        if n == 2 {
+                            lead.push(data_part(
+                                MIME_ERROR,
+                                json!({"type": "error", "message": "one command per msg: this part was not run"}),
+                            ));
+                        }
                         continue;
                     }
                     let (actor, cs) = self.remote_actor(inner, peer, &rec.th, caps);
@@ -387,14 +395,39 @@ impl Artifacts {
                     all_events.extend(envs);
                 }
                 MIME_RESEND => {
+                    // One resend per msg, and none while the guest's outbox is over the
+                    // served-results quota: each one queues part of the log again.
+                    resends += 1;
+                    if resends > 1 {
+                        continue;
+                    }
                     let after = data.get("after_seq").and_then(Value::as_u64).unwrap_or(0);
-                    if after > rec.head_seq {
-                        let msg = format!("resend after {after}: head is {}", rec.head_seq);
+                    let full = super::serve::over_quota(inner, peer, (1, 0));
+                    if after > rec.head_seq || full.is_some() {
+                        let msg = full.unwrap_or_else(|| {
+                            format!("resend after {after}: head is {}", rec.head_seq)
+                        });
                         let part = data_part(MIME_ERROR, json!({"type": "error", "message": msg}));
                         queue_parts(tx, peer, &rec.th, Some(&m.id), None, vec![part], &[])?;
                         continue;
                     }
-                    let evs = tx.events_after(&rec.th, after, RESEND_MAX)?;
+                    let mut evs = Vec::new();
+                    let mut bytes = 0usize;
+                    let mut at = after;
+                    while evs.len() < RESEND_MAX && bytes < RESEND_BYTES {
+                        let chunk = tx.events_after(&rec.th, at, 64)?;
+                        if chunk.is_empty() {
+                            break;
+                        }
+                        for e in chunk {
+                            bytes += serde_json::to_vec(&e).map_or(0, |b| b.len());
+                            at += 1;
+                            evs.push(e);
+                            if bytes >= RESEND_BYTES || evs.len() >= RESEND_MAX {
+                                break;
+                            }
+                        }
+                    }
                     queue_parts(tx, peer, &rec.th, Some(&m.id), None, Vec::new(), &evs)?;
                 }
                 _ => {}
@@ -511,7 +544,7 @@ impl Artifacts {
                 MIME_RESULT | MIME_ERROR => {
                     notes.push(result_event(&rec.th, peer, data));
                 }
-                MIME_COMMAND => not_host.push(not_host_part(&rec.th)),
+                MIME_COMMAND if not_host.is_empty() => not_host.push(not_host_part(&rec.th)),
                 _ => {}
             }
         }

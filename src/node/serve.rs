@@ -182,7 +182,7 @@ fn begin(serve: &ServeConfig, peer: PeerKey) -> Option<Running> {
 }
 
 /// Why `peer`'s outbox cannot take `extra` (lines, bytes) more, if it cannot.
-fn over_quota(inner: &Inner, peer: &PeerKey, extra: (u64, u64)) -> Option<String> {
+pub(super) fn over_quota(inner: &Inner, peer: &PeerKey, extra: (u64, u64)) -> Option<String> {
     let q = inner.serve.quota;
     let (lines, bytes) = match inner.store.outbox_usage(peer) {
         Ok(u) => u,
