@@ -260,3 +260,44 @@ fn text_edits_work_is_bounded() {
         "2000 edits of a 256 KiB text were all applied"
     );
 }
+
+/// A peer "hosts" a new artifact thread with every event part it sends in a fresh thread:
+/// without a bound, it could make this node keep replica state for any number of threads.
+/// At most 256 replicas per peer (`node::artifacts::MAX_REPLICAS_PER_PEER`); the rest are
+/// dropped, and the lines themselves are still stored and acked like any msg.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_opens_a_bounded_number_of_replicas() {
+    const SENT: usize = 270;
+    let node = TestNode::start("guest@test").await;
+    let mut host = RawGuest::new(&node, 46).await;
+    for i in 0..SENT {
+        host.th = format!("thr_many{i:04}");
+        let created = json!({"seq": 1, "id": "00000000-0000-4000-8000-000000000001",
+            "ts": "2026-01-01T00:00:00Z", "workspace_id": host.th, "thread_id": host.th,
+            "run_id": null, "actor": {"kind": "user", "id": "raw", "name": null},
+            "traceparent": null, "type": "event",
+            "event": {"type": "thread_created", "thread_id": host.th, "title": ""}});
+        host.send(&[(EV, created)]).await;
+    }
+    // Every line is stored (its thread listed) once the hook has run for it.
+    let key = host.raw.identity.key().to_string();
+    eventually(20, || async {
+        let r = node.ctl(Request::Threads).await;
+        let n = r.body["threads"].as_array().map_or(0, |a| {
+            a.iter().filter(|t| t["peer"] == key.as_str()).count()
+        });
+        (n >= SENT).then_some(())
+    })
+    .await;
+    let r = node
+        .ctl(Request::Artifact {
+            action: "list".into(),
+            args: json!({}),
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    let replicas = r.body["threads"]
+        .as_array()
+        .map_or(0, |a| a.iter().filter(|w| w["role"] == "replica").count());
+    assert_eq!(replicas, 256);
+}

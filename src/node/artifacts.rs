@@ -37,6 +37,10 @@ pub(super) mod http;
 /// A snapshot of a workspace's state is written every this many events (the state is the
 /// snapshot plus the events after it).
 const SNAPSHOT_EVERY: u64 = 4096;
+/// Most replicas one peer may open here (each is a thread it hosts and we follow): event
+/// parts in yet another new thread from that peer are dropped, with a log line. Without a
+/// bound, any peer could make this node keep state for as many threads as it names.
+pub const MAX_REPLICAS_PER_PEER: usize = 256;
 /// Bytes of event parts per msg (a line is at most 1 MiB).
 const EVENT_BYTES_PER_MSG: usize = 640 * 1024;
 /// Events resent per resend request (more follow on the next request).
@@ -598,6 +602,8 @@ impl InboundHook for Artifacts {
         // Grants are judged once per batch (a revoked or expired grant stops applying at
         // the next batch, i.e. at the next command).
         let mut caps: Option<Vec<String>> = None;
+        // Replicas this batch opened (not yet in the committed tree counted below).
+        let mut opened_now = 0usize;
         for line in lines {
             let (th, is_msg) = match line {
                 Line::Msg(m) if is_artifact_msg(m) => (&m.th, true),
@@ -617,6 +623,20 @@ impl InboundHook for Artifacts {
                         }
                         continue;
                     }
+                    let opened = inner
+                        .store
+                        .art_workspaces()?
+                        .iter()
+                        .filter(|w| w.role == WsRole::Replica && w.peer == *peer)
+                        .count()
+                        + opened_now;
+                    if opened >= MAX_REPLICAS_PER_PEER {
+                        tracing::warn!(
+                            "artifact events from {peer} in new thread {th} dropped: it already hosts {opened} threads followed here (at most {MAX_REPLICAS_PER_PEER})"
+                        );
+                        continue;
+                    }
+                    opened_now += 1;
                     WsRecord {
                         th: th.clone(),
                         role: WsRole::Replica,
