@@ -168,25 +168,14 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<GrantRecord>, StoreError> {
-        use std::ops::Bound;
         let tree = self.db.open_tree(TREE).map_err(db_err)?;
-        let start = match after {
-            Some(a) => Bound::Excluded(a.as_bytes().to_vec()),
-            None => Bound::Unbounded,
-        };
-        let mut out = Vec::new();
-        for kv in tree
-            .range::<Vec<u8>, _>((start, Bound::Unbounded))
-            .take(limit)
-        {
-            let (k, v) = kv.map_err(db_err)?;
+        super::imp::page_after(&tree, after.map(str::as_bytes), limit, |k, v| {
             let hash = String::from_utf8(k.to_vec()).map_err(|e| StoreError::Corrupt {
                 tree: "grants",
                 detail: e.to_string(),
             })?;
-            out.push(decode(hash, &v)?);
-        }
-        Ok(out)
+            decode(hash, v)
+        })
     }
 
     /// Grants whose `sub` is `sub` (any role), in hash order. Reads only those records.

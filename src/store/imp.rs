@@ -756,22 +756,12 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<ThreadInfo>, StoreError> {
-        use std::ops::Bound;
-        let start = match after {
-            Some(a) => Bound::Excluded(a.as_bytes().to_vec()),
-            None => Bound::Unbounded,
-        };
-        let mut out = Vec::new();
-        for kv in self
-            .trees
-            .t(T::Threads)
-            .range::<Vec<u8>, _>((start, Bound::Unbounded))
-            .take(limit)
-        {
-            let (k, v) = kv.map_err(db_err)?;
-            out.push(thread_info(utf8("threads", &k)?, &v)?);
-        }
-        Ok(out)
+        page_after(
+            self.trees.t(T::Threads),
+            after.map(str::as_bytes),
+            limit,
+            |k, v| thread_info(utf8("threads", k)?, v),
+        )
     }
 
     /// One thread.
@@ -897,23 +887,12 @@ impl Store {
         after: Option<&PeerKey>,
         limit: usize,
     ) -> Result<Vec<PeerRecord>, StoreError> {
-        use std::ops::Bound;
-        let start = match after {
-            Some(a) => Bound::Excluded(a.as_bytes().to_vec()),
-            None => Bound::Unbounded,
-        };
-        let mut out = Vec::new();
-        for kv in self
-            .trees
-            .t(T::Peers)
-            .range::<Vec<u8>, _>((start, Bound::Unbounded))
-            .take(limit)
-        {
-            let (k, v) = kv.map_err(db_err)?;
-            let key = super::codec::peer_from_slice("peers", &k)?;
-            out.push(peer_record(key, &v)?);
-        }
-        Ok(out)
+        page_after(
+            self.trees.t(T::Peers),
+            after.map(|a| a.as_bytes().as_slice()),
+            limit,
+            |k, v| peer_record(super::codec::peer_from_slice("peers", k)?, v),
+        )
     }
 
     /// Set or clear the parked mark (bye received / new traffic queued). Parking an unknown
@@ -1308,4 +1287,29 @@ fn peer_record(key: PeerKey, v: &[u8]) -> Result<PeerRecord, StoreError> {
             .map(|h| peer_from_hex("peers", h))
             .transpose()?,
     })
+}
+
+/// Up to `limit` records of `tree` with key > `after` (from the first when None), in key
+/// order, each turned into an item by `item(key, value)`: one page of a listing, read
+/// without loading the rest of the tree.
+pub(super) fn page_after<R>(
+    tree: &sled::Tree,
+    after: Option<&[u8]>,
+    limit: usize,
+    mut item: impl FnMut(&[u8], &[u8]) -> Result<R, StoreError>,
+) -> Result<Vec<R>, StoreError> {
+    use std::ops::Bound;
+    let start = match after {
+        Some(a) => Bound::Excluded(a.to_vec()),
+        None => Bound::Unbounded,
+    };
+    let mut out = Vec::new();
+    for kv in tree
+        .range::<Vec<u8>, _>((start, Bound::Unbounded))
+        .take(limit)
+    {
+        let (k, v) = kv.map_err(db_err)?;
+        out.push(item(&k, &v)?);
+    }
+    Ok(out)
 }
