@@ -10,7 +10,8 @@
 //!   is queued (that wakes the dialer and resets the count).
 //! - Dials to one destination (address without its key pin) are rate limited across all
 //!   peers ([`DestLimiter`]: at most [`DialTiming::per_destination`] per
-//!   [`DialTiming::destination_window`]), so many keys naming one address cannot flood it.
+//!   [`DialTiming::destination_window`]), so many keys naming one address cannot flood it;
+//!   peers with a lasting reason (trusted, allowed, dialed by the user) are exempt.
 //! - Addresses learned only from the peer's `hello.addr` are tried after a 15 s grace, so
 //!   the original dialer goes first.
 //!
@@ -407,11 +408,15 @@ async fn run(inner: Arc<Inner>, peer: PeerKey, wake: Arc<Wake>) {
             };
             let addr = addr.with_pin(peer);
             let dest = destination(&addr);
-            let allowed = inner
-                .dial_limiter
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .try_dial(&dest, Instant::now());
+            // Peers the operator named (trust/allow, or dialed with `connect`) are redialed
+            // at their backoff only: a restart of such a peer must not wait out a window
+            // filled by its own redials. The limit is for destinations strangers can steer.
+            let allowed = why.is_some_and(DialReason::persistent)
+                || inner
+                    .dial_limiter
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .try_dial(&dest, Instant::now());
             if !allowed {
                 tracing::debug!(%peer, destination = %dest, "dial rate limit for this destination: skipped");
                 continue;
