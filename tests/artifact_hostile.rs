@@ -72,33 +72,13 @@ impl RawGuest {
     async fn send(&mut self, parts: &[(&str, Value)]) {
         self.n += 1;
         let id = format!("01K000000000000000000{:05X}", self.n);
-        let parts: Vec<Value> = parts
-            .iter()
-            .map(|(m, d)| json!({"k": "data", "mime": m, "data": d}))
-            .collect();
-        let line = json!({"t": "msg", "id": id, "ts": "2026-01-01T00:00:00.000Z", "th": self.th, "parts": parts});
-        self.raw.write(line.to_string().as_bytes()).await;
+        let line = data_msg_line(&id, &self.th, parts);
+        self.raw.write(line.as_bytes()).await;
     }
 
     /// Lines until a msg in our thread with a part of `mime` (bounded).
     async fn expect_part(&mut self, mime: &str) -> Value {
-        for _ in 0..50 {
-            let Some(l) = self.raw.read().await else {
-                break;
-            };
-            let v: Value = serde_json::from_slice(&l).unwrap();
-            if v["t"] == "msg" {
-                if let Some(p) = v["parts"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|p| p["mime"] == mime)
-                {
-                    return p["data"].clone();
-                }
-            }
-        }
-        panic!("no {mime} part from the node");
+        read_data_part(&mut self.raw, mime).await
     }
 }
 

@@ -277,3 +277,35 @@ pub async fn wait_ready(home: &Path) -> Value {
     })
     .await
 }
+
+/// A `msg` line in thread `th` with id `id` and one data part per `(mime, data)`.
+pub fn data_msg_line(id: &str, th: &str, parts: &[(&str, Value)]) -> String {
+    let parts: Vec<Value> = parts
+        .iter()
+        .map(|(m, d)| serde_json::json!({"k": "data", "mime": m, "data": d}))
+        .collect();
+    serde_json::json!({"t": "msg", "id": id, "ts": "2026-01-01T00:00:00.000Z", "th": th, "parts": parts})
+        .to_string()
+}
+
+/// Lines from `raw` until a msg with a data part of `mime` (at most 50 lines); that
+/// part's `data`. Panics when none comes.
+pub async fn read_data_part(raw: &mut Raw, mime: &str) -> Value {
+    for _ in 0..50 {
+        let Some(l) = raw.read().await else {
+            break;
+        };
+        let v: Value = serde_json::from_slice(&l).unwrap();
+        if v["t"] == "msg" {
+            if let Some(p) = v["parts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["mime"] == mime)
+            {
+                return p["data"].clone();
+            }
+        }
+    }
+    panic!("no {mime} part from the node");
+}
