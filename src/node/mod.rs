@@ -197,13 +197,29 @@ impl NodeHandle {
     pub async fn start(config: NodeConfig) -> Result<NodeHandle, StartError> {
         let home = config.home.clone();
         private_dir(&home).map_err(other("home"))?;
-        let lock = Lock::acquire(&home).map_err(|e| match e {
-            LockError::Held { pid, .. } => StartError::AlreadyRunning {
-                home: home.display().to_string(),
-                pid: pid.unwrap_or(0),
-            },
-            e => StartError::Other(format!("lock: {e}")),
-        })?;
+        // A lock held by this process (a node of it still letting go) or by a pid that is
+        // gone (a killed node's lock not yet released) is waited for, up to 2 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let lock = loop {
+            match Lock::acquire(&home) {
+                Ok(l) => break l,
+                Err(LockError::Held { pid, .. })
+                    if std::time::Instant::now() < deadline
+                        && pid.is_some_and(|p| {
+                            p == std::process::id() || !crate::daemon::pid_alive(p)
+                        }) =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(LockError::Held { pid, .. }) => {
+                    return Err(StartError::AlreadyRunning {
+                        home: home.display().to_string(),
+                        pid: pid.unwrap_or(0),
+                    })
+                }
+                Err(e) => return Err(StartError::Other(format!("lock: {e}"))),
+            }
+        };
         let identity = Arc::new(load_identity(&home)?);
         // The database directory is made 0700 before sled creates its files in it (their
         // own modes follow the umask; the directory keeps them private).
