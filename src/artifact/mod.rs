@@ -26,6 +26,8 @@ pub mod runs;
 pub mod state;
 
 #[cfg(test)]
+mod bounds_tests;
+#[cfg(test)]
 mod tests;
 
 pub use caps::CapSet;

@@ -30,10 +30,7 @@ pub fn on_peer_state(
     note: Option<&str>,
     ids: &mut dyn IdSource,
 ) -> Vec<KnownEvent> {
-    let open = st
-        .runs
-        .values()
-        .find(|r| &r.actor == party && r.thread_id == thread_id && r.state != RunState::Ended);
+    let open = st.open_run(party, thread_id);
     let note = note.filter(|n| !n.is_empty());
     let mut out = Vec::new();
     match state {

@@ -1,12 +1,17 @@
 //! Workspace state: threads (mode, focus, messages), artifacts with every version,
 //! proposals, runs; and the per-participant dedup memory of the host.
 //!
+//! An artifact keeps only its current data in full. Each older version keeps the recorded
+//! patch that produced it from the previous one (at most the event's own size), and every
+//! so often a full checkpoint ([`Artifact::data_at`], spec/artifact-threads.md §Versions):
+//! a tiny edit of a big artifact grows the state by the edit, not by the artifact.
+//!
 //! [`WorkspaceState`] is built only from events ([`WorkspaceState::apply_event`]): the host
 //! applies the events the engine produced, a replica applies the events it received, and
 //! [`Workspace::replay`] applies a stored log, so all three are equal by construction.
 //! [`DedupMemory`] is host-only (results are not events) and is kept in the snapshot.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -19,6 +24,15 @@ use super::patch;
 
 /// Most recent command results remembered per workspace (notes §7, §12).
 pub const DEDUP_CAPACITY: usize = 10_000;
+
+/// Longest run of patch versions between two full checkpoints of an artifact's data: a
+/// version is rebuilt by at most this many patch applications (fewer than the events a
+/// node replays after its last snapshot). Spec §Versions.
+pub const CHECKPOINT_EVERY: usize = 1024;
+
+/// Ended runs kept per workspace; past it the run that ended first is forgotten (its id
+/// then answers not_found `run`). Spec §Runs.
+pub const MAX_ENDED_RUNS: usize = 1000;
 
 /// A thread inside the workspace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,13 +62,12 @@ pub struct Message {
     pub seq: u64,
 }
 
-/// One version of an artifact.
+/// One version of an artifact: who made it and how its data is rebuilt. Its data is
+/// [`Artifact::data_at`]`(version)`; only checkpoints hold it in full.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Version {
     /// 1, 2, …
     pub version: u64,
-    /// The data at this version (normalized).
-    pub data: Map<String, Value>,
     /// The event's seq.
     pub seq: u64,
     /// Who committed it.
@@ -63,10 +76,27 @@ pub struct Version {
     pub summary: String,
     /// Accepted proposal that produced it.
     pub proposal_id: Option<String>,
+    /// Checkpoint: the full data at this version (always on version 1). Snapshots written
+    /// before versions were stored as patches have it on every version, and still load.
+    #[serde(default, rename = "data", skip_serializing_if = "Option::is_none")]
+    checkpoint: Option<Map<String, Value>>,
+    /// Otherwise the recorded patch from the previous version's data (none: the same data,
+    /// e.g. `archived`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    patch: Option<Patch>,
 }
 
-/// An artifact with every version.
+impl Version {
+    /// Whether this version holds its data in full.
+    pub fn is_checkpoint(&self) -> bool {
+        self.checkpoint.is_some()
+    }
+}
+
+/// An artifact: its current data in full and every version's metadata; older data is
+/// rebuilt on demand ([`Artifact::data_at`], [`Artifact::history`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "ArtifactRepr")]
 pub struct Artifact {
     /// Id.
     pub artifact_id: String,
@@ -76,20 +106,175 @@ pub struct Artifact {
     pub archived: bool,
     /// Versions, `versions[i].version == i + 1`.
     pub versions: Vec<Version>,
+    /// The current data (normalized).
+    #[serde(rename = "data")]
+    current: Map<String, Value>,
+    /// Patch versions since the last checkpoint, and their patches' JSON bytes.
+    #[serde(skip)]
+    chain_len: usize,
+    #[serde(skip)]
+    chain_bytes: usize,
+}
+
+/// The stored form of an [`Artifact`]; `data` (current) is absent in snapshots written
+/// before versions were stored as patches: then it is the last version's data.
+#[derive(Deserialize)]
+struct ArtifactRepr {
+    artifact_id: String,
+    kind: String,
+    archived: bool,
+    versions: Vec<Version>,
+    #[serde(default)]
+    data: Option<Map<String, Value>>,
+}
+
+impl TryFrom<ArtifactRepr> for Artifact {
+    type Error = String;
+    fn try_from(r: ArtifactRepr) -> Result<Self, String> {
+        let id = &r.artifact_id;
+        for (i, v) in r.versions.iter().enumerate() {
+            if v.version != i as u64 + 1 {
+                return Err(format!("artifact {id}: version {} at {}", v.version, i + 1));
+            }
+        }
+        if !r.versions.first().is_some_and(Version::is_checkpoint) {
+            return Err(format!("artifact {id}: version 1 has no data"));
+        }
+        let mut a = Artifact {
+            artifact_id: r.artifact_id,
+            kind: r.kind,
+            archived: r.archived,
+            versions: r.versions,
+            current: Map::new(),
+            chain_len: 0,
+            chain_bytes: 0,
+        };
+        a.current = match r.data {
+            Some(d) => d,
+            None => a
+                .data_at(a.head())
+                .ok_or_else(|| format!("artifact {}: versions do not rebuild", a.artifact_id))?,
+        };
+        for v in a.versions.iter().rev() {
+            if v.checkpoint.is_some() {
+                break;
+            }
+            if let Some(p) = &v.patch {
+                a.chain_len += 1;
+                a.chain_bytes += json_len(p);
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// Bytes of `v` as compact JSON, counted without building the text.
+fn json_len(v: &impl Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 impl Artifact {
+    fn created(id: &str, kind: &str, data: Map<String, Value>, first: Version) -> Self {
+        Artifact {
+            artifact_id: id.to_owned(),
+            kind: kind.to_owned(),
+            archived: false,
+            versions: vec![Version {
+                checkpoint: Some(data.clone()),
+                ..first
+            }],
+            current: data,
+            chain_len: 0,
+            chain_bytes: 0,
+        }
+    }
+
+    /// Append version `head + 1`, reached from the current data by the recorded patch `p`
+    /// giving `data` (None: the data is unchanged). It becomes a full checkpoint when the patches since the last
+    /// one reach the data's size in bytes or [`CHECKPOINT_EVERY`] in number; so the
+    /// checkpoints never take more bytes than the patches before them, plus
+    /// 1/[`CHECKPOINT_EVERY`] of the data per version.
+    fn push(&mut self, meta: Version, change: Option<(&Patch, Map<String, Value>)>) {
+        let mut v = Version {
+            checkpoint: None,
+            patch: None,
+            ..meta
+        };
+        if let Some((p, data)) = change {
+            let bytes = self.chain_bytes + json_len(p);
+            if bytes >= json_len(&data) || self.chain_len + 1 >= CHECKPOINT_EVERY {
+                v.checkpoint = Some(data.clone());
+                self.chain_len = 0;
+                self.chain_bytes = 0;
+            } else {
+                v.patch = Some(p.clone());
+                self.chain_len += 1;
+                self.chain_bytes = bytes;
+            }
+            self.current = data;
+        }
+        self.versions.push(v);
+    }
+
     /// The current version number.
     pub fn head(&self) -> u64 {
         self.versions.len() as u64
     }
+
     /// The current data.
     pub fn data(&self) -> &Map<String, Value> {
-        &self
-            .versions
-            .last()
-            .expect("an artifact has version 1")
-            .data
+        &self.current
+    }
+
+    /// The data at `version` (1..=head), rebuilt from the nearest checkpoint at or below it
+    /// (at most [`CHECKPOINT_EVERY`] patch applications). None for a version out of range,
+    /// or when a stored patch no longer applies (a corrupt snapshot).
+    pub fn data_at(&self, version: u64) -> Option<Map<String, Value>> {
+        if version == 0 || version > self.head() {
+            return None;
+        }
+        if version == self.head() && !self.current.is_empty() {
+            return Some(self.current.clone());
+        }
+        let idx = (version - 1) as usize;
+        let start = self.versions[..=idx]
+            .iter()
+            .rposition(Version::is_checkpoint)?;
+        let mut data = self.versions[start].checkpoint.clone()?;
+        for v in &self.versions[start + 1..=idx] {
+            if let Some(p) = &v.patch {
+                data = patch::apply(&data, p).ok()?;
+            }
+        }
+        Some(data)
+    }
+
+    /// Every version with its data, oldest first, each rebuilt from the one before (one
+    /// patch application per version). Stops early if a stored patch does not apply.
+    pub fn history(&self) -> impl Iterator<Item = (&Version, Map<String, Value>)> + '_ {
+        let mut data: Option<Map<String, Value>> = None;
+        self.versions.iter().map_while(move |v| {
+            let next = match (&v.checkpoint, &v.patch, data.take()) {
+                (Some(c), _, _) => c.clone(),
+                (None, Some(p), Some(d)) => patch::apply(&d, p).ok()?,
+                (None, None, Some(d)) => d,
+                (None, _, None) => return None,
+            };
+            data = Some(next.clone());
+            Some((v, next))
+        })
     }
 }
 
@@ -183,10 +368,17 @@ pub struct Run {
     pub ended: Option<super::frames::RunStatus>,
     /// Error of a failed run.
     pub error: Option<String>,
+    /// Seq of its `run_ended` (the order in which ended runs are forgotten); absent in
+    /// snapshots from before runs were pruned (then it counts as 0: forgotten first).
+    #[serde(default)]
+    pub ended_seq: Option<u64>,
 }
 
-/// Everything a replica knows, built only from events.
+/// Everything a replica knows, built only from events. Open runs are indexed by
+/// (participant, thread) and at most [`MAX_ENDED_RUNS`] ended runs are kept; the indexes
+/// are rebuilt when a snapshot loads.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "StateRepr")]
 pub struct WorkspaceState {
     /// The workspace id (= the AWP thread `th`).
     pub workspace_id: String,
@@ -198,10 +390,57 @@ pub struct WorkspaceState {
     pub artifacts: BTreeMap<String, Artifact>,
     /// Proposals by id.
     pub proposals: BTreeMap<String, Proposal>,
-    /// Runs by id.
+    /// Runs by id (those not ended, and the last [`MAX_ENDED_RUNS`] ended).
     pub runs: BTreeMap<String, Run>,
     /// Events of unknown types, kept opaque, by seq.
     pub unknown: BTreeMap<u64, Map<String, Value>>,
+    /// Runs not ended by (participant key, thread id).
+    #[serde(skip)]
+    open_runs: BTreeMap<(String, String), BTreeSet<String>>,
+    /// Ended runs by (ended_seq, run_id), the first to be forgotten first.
+    #[serde(skip)]
+    ended_runs: BTreeSet<(u64, String)>,
+}
+
+/// The stored form of a [`WorkspaceState`] (without the indexes).
+#[derive(Deserialize)]
+struct StateRepr {
+    workspace_id: String,
+    head_seq: u64,
+    threads: BTreeMap<String, Thread>,
+    artifacts: BTreeMap<String, Artifact>,
+    proposals: BTreeMap<String, Proposal>,
+    runs: BTreeMap<String, Run>,
+    unknown: BTreeMap<u64, Map<String, Value>>,
+}
+
+impl From<StateRepr> for WorkspaceState {
+    fn from(r: StateRepr) -> Self {
+        let mut st = WorkspaceState {
+            workspace_id: r.workspace_id,
+            head_seq: r.head_seq,
+            threads: r.threads,
+            artifacts: r.artifacts,
+            proposals: r.proposals,
+            runs: r.runs,
+            unknown: r.unknown,
+            open_runs: BTreeMap::new(),
+            ended_runs: BTreeSet::new(),
+        };
+        for run in st.runs.values() {
+            if run.state == RunState::Ended {
+                st.ended_runs
+                    .insert((run.ended_seq.unwrap_or(0), run.run_id.clone()));
+            } else {
+                st.open_runs
+                    .entry((run.actor.participant(), run.thread_id.clone()))
+                    .or_default()
+                    .insert(run.run_id.clone());
+            }
+        }
+        st.prune_ended_runs();
+        st
+    }
 }
 
 /// Why an event could not be applied to a state (a corrupt or foreign log).
@@ -244,6 +483,8 @@ impl WorkspaceState {
             proposals: BTreeMap::new(),
             runs: BTreeMap::new(),
             unknown: BTreeMap::new(),
+            open_runs: BTreeMap::new(),
+            ended_runs: BTreeSet::new(),
         }
     }
 
@@ -324,21 +565,18 @@ impl WorkspaceState {
                 if self.artifacts.contains_key(artifact_id) || *version != 1 {
                     return Err(bad(format!("artifact {artifact_id} cannot be created")));
                 }
+                let first = Version {
+                    version: 1,
+                    seq,
+                    actor: env.actor.clone(),
+                    summary: "created".into(),
+                    proposal_id: proposal_id.clone(),
+                    checkpoint: None,
+                    patch: None,
+                };
                 self.artifacts.insert(
                     artifact_id.clone(),
-                    Artifact {
-                        artifact_id: artifact_id.clone(),
-                        kind: kind.clone(),
-                        archived: false,
-                        versions: vec![Version {
-                            version: 1,
-                            data: data.clone(),
-                            seq,
-                            actor: env.actor.clone(),
-                            summary: "created".into(),
-                            proposal_id: proposal_id.clone(),
-                        }],
-                    },
+                    Artifact::created(artifact_id, kind, data.clone(), first),
                 );
             }
             KnownEvent::ArtifactChanged {
@@ -353,14 +591,16 @@ impl WorkspaceState {
                 let data = patch::apply(a.data(), p)
                     .map_err(|r| bad(format!("recorded patch does not apply: {r:?}")))?;
                 let a = self.artifacts.get_mut(artifact_id).expect("checked");
-                a.versions.push(Version {
+                let meta = Version {
                     version: *version,
-                    data,
                     seq,
                     actor: env.actor.clone(),
                     summary: summary.clone(),
                     proposal_id: proposal_id.clone(),
-                });
+                    checkpoint: None,
+                    patch: None,
+                };
+                a.push(meta, Some((p, data)));
             }
             KnownEvent::ArtifactArchived {
                 artifact_id,
@@ -368,21 +608,19 @@ impl WorkspaceState {
                 proposal_id,
                 ..
             } => {
-                let data = self
-                    .live_artifact(artifact_id, *version)
-                    .map_err(bad)?
-                    .data()
-                    .clone();
+                self.live_artifact(artifact_id, *version).map_err(bad)?;
                 let a = self.artifacts.get_mut(artifact_id).expect("checked");
                 a.archived = true;
-                a.versions.push(Version {
+                let meta = Version {
                     version: *version,
-                    data,
                     seq,
                     actor: env.actor.clone(),
                     summary: "archived".into(),
                     proposal_id: proposal_id.clone(),
-                });
+                    checkpoint: None,
+                    patch: None,
+                };
+                a.push(meta, None);
             }
             KnownEvent::ProposalCreated {
                 proposal_id,
@@ -442,6 +680,10 @@ impl WorkspaceState {
                 }
                 Some(_) => return Err(bad(format!("run {run_id} is not paused"))),
                 None => {
+                    self.open_runs
+                        .entry((env.actor.participant(), thread_id.clone()))
+                        .or_default()
+                        .insert(run_id.clone());
                     self.runs.insert(
                         run_id.clone(),
                         Run {
@@ -452,6 +694,7 @@ impl WorkspaceState {
                             requests: Vec::new(),
                             ended: None,
                             error: None,
+                            ended_seq: None,
                         },
                     );
                 }
@@ -460,6 +703,9 @@ impl WorkspaceState {
                 run_id, requests, ..
             } => {
                 let r = self.run_mut(run_id).map_err(bad)?;
+                if r.state == RunState::Ended {
+                    return Err(bad(format!("run {run_id} has ended")));
+                }
                 r.state = RunState::Paused;
                 r.requests = requests
                     .iter()
@@ -493,9 +739,25 @@ impl WorkspaceState {
                 ..
             } => {
                 let r = self.run_mut(run_id).map_err(bad)?;
+                let was_open = r.state != RunState::Ended;
                 r.state = RunState::Ended;
                 r.ended = Some(*status);
                 r.error = error.clone();
+                let key = (r.actor.participant(), r.thread_id.clone());
+                let before = r.ended_seq.replace(seq);
+                if was_open {
+                    if let Some(ids) = self.open_runs.get_mut(&key) {
+                        ids.remove(run_id);
+                        if ids.is_empty() {
+                            self.open_runs.remove(&key);
+                        }
+                    }
+                } else {
+                    self.ended_runs
+                        .remove(&(before.unwrap_or(0), run_id.clone()));
+                }
+                self.ended_runs.insert((seq, run_id.clone()));
+                self.prune_ended_runs();
             }
             KnownEvent::ToolCalled { .. }
             | KnownEvent::ToolReturned { .. }
@@ -513,6 +775,25 @@ impl WorkspaceState {
             .filter(|r| r.state == RunState::Running)
             .map(|r| (r.run_id.clone(), r.thread_id.clone()))
             .collect()
+    }
+
+    /// The run of `party` in `thread_id` that has not ended (the first by run id if a
+    /// host opened several), found through the index: no scan of the runs.
+    pub fn open_run(&self, party: &Actor, thread_id: &str) -> Option<&Run> {
+        self.open_runs
+            .get(&(party.participant(), thread_id.to_owned()))?
+            .iter()
+            .filter_map(|id| self.runs.get(id))
+            .find(|r| &r.actor == party && r.state != RunState::Ended)
+    }
+
+    /// Forget the runs that ended first beyond [`MAX_ENDED_RUNS`].
+    fn prune_ended_runs(&mut self) {
+        while self.ended_runs.len() > MAX_ENDED_RUNS {
+            if let Some((_, id)) = self.ended_runs.pop_first() {
+                self.runs.remove(&id);
+            }
+        }
     }
 
     fn thread_mut(&mut self, id: &str) -> Result<&mut Thread, String> {

@@ -546,6 +546,11 @@ impl Artifacts {
                     }
                 }
                 MIME_RESULT | MIME_ERROR => {
+                    if let Some(h) = artifact::replica::resend_beyond_head(data, rec.head_seq) {
+                        tracing::warn!(th = %rec.th, host_head = h, "host log behind ours: replica reset");
+                        tx.reset_replica(rec, h)?;
+                        ws = Workspace::new(&rec.th);
+                    }
                     notes.push(result_event(&rec.th, peer, data));
                 }
                 MIME_COMMAND if not_host.is_empty() => not_host.push(not_host_part(&rec.th)),

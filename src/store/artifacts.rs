@@ -9,14 +9,25 @@
 //! - `art_ws`: th → [`WsRecord`] (JSON).
 //! - `art_events`: th ‖ seq (u64 BE) → EventFrame (JSON). Host: the authoritative log from
 //!   seq 1. Replica: the host's events applied so far.
-//! - `art_dedup`: th ‖ participant ‖ 0x00 ‖ command_id → CommandResult (JSON).
-//! - `art_hold`: th ‖ seq → EventFrame received after a gap (replica).
-//! - `art_snap`: th → `{seq, state}`: the engine's state after event `seq`, written every
-//!   few hundred events; the state is that snapshot plus the events after it.
+//! - `art_dedup`: th ‖ participant ‖ 0x00 ‖ command_id → CommandResult (JSON); at most
+//!   [`DEDUP_CAPACITY`] per thread, the oldest forgotten first, in the order kept by
+//!   th ‖ 0xFE ‖ n (u64 BE) → that entry's key and th ‖ 0xFF → `{first, next}` (a
+//!   participant key is UTF-8, so never starts with 0xFE or 0xFF). Entries stored before
+//!   this order existed are never forgotten.
+//! - `art_hold`: th ‖ seq → EventFrame received after a gap (replica); th alone →
+//!   `{count, bytes}` of them, at most [`MAX_HELD`] events and [`MAX_HELD_BYTES`] bytes:
+//!   past that an event is not held (it comes back with the resend of the gap).
+//! - `art_snap`: th → `{seq, state, format}`: the engine's state after event `seq`,
+//!   written every few thousand events; the state is that snapshot plus the events after
+//!   it. `format` is [`SNAPSHOT_FORMAT`]; a snapshot without it (every artifact version
+//!   held its full data) is not read: the state is rebuilt from the log, which is
+//!   complete from seq 1, and the next snapshot has the compact form.
 
 use super::imp::Store;
 use super::tx::{db_err, Tx, T};
 use super::{LineBuilder, OutboxEntry, StoreError};
+pub use crate::artifact::replica::{MAX_HELD, MAX_HELD_BYTES};
+pub use crate::artifact::state::DEDUP_CAPACITY;
 use crate::wire::ids::IdGen;
 use crate::wire::{self, PeerKey};
 use serde::{Deserialize, Serialize};
@@ -97,6 +108,36 @@ fn dedup_key(th: &str, participant: &str, command_id: &str) -> Vec<u8> {
     k
 }
 
+/// Format of the snapshots written now (artifact versions as patches between checkpoints).
+pub const SNAPSHOT_FORMAT: u64 = 2;
+
+/// Order index of the dedup entries of `th`.
+fn dedup_order_key(th: &str, n: u64) -> Vec<u8> {
+    let mut k = thk(th);
+    k.push(0xFE);
+    k.extend_from_slice(&n.to_be_bytes());
+    k
+}
+
+/// `{first, next}` of the dedup order of `th`.
+fn dedup_meta_key(th: &str) -> Vec<u8> {
+    let mut k = thk(th);
+    k.push(0xFF);
+    k
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct DedupMeta {
+    first: u64,
+    next: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct HeldMeta {
+    count: u64,
+    bytes: u64,
+}
+
 fn json_dec<V: for<'de> Deserialize<'de>>(tree: &'static str, b: &[u8]) -> Result<V, StoreError> {
     serde_json::from_slice(b).map_err(|e| super::codec::corrupt(tree, e))
 }
@@ -167,7 +208,8 @@ impl<'a, 't> ArtTx<'a, 't> {
         }
     }
 
-    /// Remember a command's result.
+    /// Remember a command's result (the first one wins), forgetting the oldest remembered
+    /// result of `th` past [`DEDUP_CAPACITY`] (notes §7: 10,000 most recent).
     pub fn put_dedup(
         &mut self,
         th: &str,
@@ -175,18 +217,58 @@ impl<'a, 't> ArtTx<'a, 't> {
         command_id: &str,
         result: &Value,
     ) -> Result<(), StoreError> {
-        self.tx.put(
-            T::ArtDedup,
-            dedup_key(th, participant, command_id),
-            json_enc(result)?,
-        );
+        let key = dedup_key(th, participant, command_id);
+        if self.tx.get(T::ArtDedup, &key)?.is_some() {
+            return Ok(());
+        }
+        let meta_key = dedup_meta_key(th);
+        let mut meta: DedupMeta = match self.tx.get(T::ArtDedup, &meta_key)? {
+            Some(v) => json_dec("art_dedup", &v)?,
+            None => DedupMeta::default(),
+        };
+        self.tx.put(T::ArtDedup, key.clone(), json_enc(result)?);
+        self.tx
+            .put(T::ArtDedup, dedup_order_key(th, meta.next), key);
+        meta.next += 1;
+        while meta.next - meta.first > DEDUP_CAPACITY as u64 {
+            let ok = dedup_order_key(th, meta.first);
+            if let Some(old) = self.tx.get(T::ArtDedup, &ok)? {
+                self.tx.del(T::ArtDedup, old);
+            }
+            self.tx.del(T::ArtDedup, ok);
+            meta.first += 1;
+        }
+        self.tx.put(T::ArtDedup, meta_key, json_enc(&meta)?);
         Ok(())
     }
 
-    /// Hold back event `seq` (it arrived after a gap).
-    pub fn hold(&mut self, th: &str, seq: u64, ev: &Value) -> Result<(), StoreError> {
-        self.tx.put(T::ArtHold, seq_key(th, seq), json_enc(ev)?);
-        Ok(())
+    /// Hold back event `seq` (it arrived after a gap). False when it was not held: the
+    /// thread already holds [`MAX_HELD`] events or this one would pass
+    /// [`MAX_HELD_BYTES`] (the newest is dropped; the resend of the gap brings it back).
+    /// An event already held stays as it was (true).
+    pub fn hold(&mut self, th: &str, seq: u64, ev: &Value) -> Result<bool, StoreError> {
+        let k = seq_key(th, seq);
+        if self.tx.get(T::ArtHold, &k)?.is_some() {
+            return Ok(true);
+        }
+        let bytes = json_enc(ev)?;
+        let mut meta = self.held_meta(th)?;
+        if meta.count >= MAX_HELD as u64 || meta.bytes + bytes.len() as u64 > MAX_HELD_BYTES as u64
+        {
+            return Ok(false);
+        }
+        meta.count += 1;
+        meta.bytes += bytes.len() as u64;
+        self.tx.put(T::ArtHold, k, bytes);
+        self.tx.put(T::ArtHold, thk(th), json_enc(&meta)?);
+        Ok(true)
+    }
+
+    fn held_meta(&self, th: &str) -> Result<HeldMeta, StoreError> {
+        match self.tx.get(T::ArtHold, &thk(th))? {
+            Some(v) => json_dec("art_hold", &v),
+            None => Ok(HeldMeta::default()),
+        }
     }
 
     /// Take the held-back event `seq`, if any.
@@ -195,22 +277,57 @@ impl<'a, 't> ArtTx<'a, 't> {
         match self.tx.get(T::ArtHold, &k)? {
             Some(v) => {
                 self.tx.del(T::ArtHold, k);
+                let mut meta = self.held_meta(th)?;
+                meta.count = meta.count.saturating_sub(1);
+                meta.bytes = meta.bytes.saturating_sub(v.len() as u64);
+                self.tx.put(T::ArtHold, thk(th), json_enc(&meta)?);
                 Ok(Some(json_dec("art_hold", &v)?))
             }
             None => Ok(None),
         }
     }
 
-    /// Replace the snapshot of `th` (`{seq, state}`).
-    pub fn put_snapshot(&mut self, th: &str, snap: &Value) -> Result<(), StoreError> {
-        self.tx.put(T::ArtSnap, thk(th), json_enc(snap)?);
+    /// Replica whose host's log is behind it (the host answered a resend with its head
+    /// below ours, [`crate::artifact::replica::resend_beyond_head`]): forget its log,
+    /// snapshot and held events, and set `rec` to head 0 with `held_max = host_head`, so
+    /// that the caller asks for a resend from seq 0 and rebuilds from seq 1. The caller
+    /// also replaces its in-memory state with an empty one and writes `rec`.
+    pub fn reset_replica(&mut self, rec: &mut WsRecord, host_head: u64) -> Result<(), StoreError> {
+        let prefix = thk(&rec.th);
+        for s in 1..=rec.head_seq {
+            self.tx.del(T::ArtEvents, seq_key(&rec.th, s));
+        }
+        let window = rec.head_seq.saturating_add(MAX_HELD as u64);
+        for s in rec.head_seq.saturating_add(1)..=rec.held_max.min(window) {
+            self.tx.del(T::ArtHold, seq_key(&rec.th, s));
+        }
+        for kv in self.store.trees.t(T::ArtHold).scan_prefix(&prefix) {
+            let (k, _) = kv.map_err(db_err)?;
+            self.tx.del(T::ArtHold, k.to_vec());
+        }
+        self.tx.del(T::ArtSnap, prefix);
+        rec.head_seq = 0;
+        rec.resend_asked = 0;
+        rec.held_max = host_head;
         Ok(())
     }
 
-    /// The snapshot of `th`.
+    /// Replace the snapshot of `th` (`{seq, state}`; stored with `format` =
+    /// [`SNAPSHOT_FORMAT`]).
+    pub fn put_snapshot(&mut self, th: &str, snap: &Value) -> Result<(), StoreError> {
+        let mut snap = snap.clone();
+        if let Some(o) = snap.as_object_mut() {
+            o.insert("format".into(), SNAPSHOT_FORMAT.into());
+        }
+        self.tx.put(T::ArtSnap, thk(th), json_enc(&snap)?);
+        Ok(())
+    }
+
+    /// The snapshot of `th`; None when there is none or it predates [`SNAPSHOT_FORMAT`]
+    /// (then the state is rebuilt from the log).
     pub fn snapshot(&self, th: &str) -> Result<Option<Value>, StoreError> {
         match self.tx.get(T::ArtSnap, &thk(th))? {
-            Some(v) => Ok(Some(json_dec("art_snap", &v)?)),
+            Some(v) => Ok(current_snapshot(json_dec("art_snap", &v)?)),
             None => Ok(None),
         }
     }
@@ -323,16 +440,42 @@ impl Store {
         Ok(out)
     }
 
-    /// The snapshot of `th` (`{seq, state}`).
+    /// The snapshot of `th` (`{seq, state}`); None as in [`ArtTx::snapshot`].
     pub fn art_snapshot(&self, th: &str) -> Result<Option<Value>, StoreError> {
         match self.trees.t(T::ArtSnap).get(thk(th)).map_err(db_err)? {
-            Some(v) => Ok(Some(json_dec("art_snap", &v)?)),
+            Some(v) => Ok(current_snapshot(json_dec("art_snap", &v)?)),
             None => Ok(None),
         }
     }
 
     /// Number of held-back events of `th` (replica).
     pub fn art_held(&self, th: &str) -> Result<usize, StoreError> {
-        Ok(self.trees.t(T::ArtHold).scan_prefix(thk(th)).count())
+        let p = thk(th);
+        Ok(self
+            .trees
+            .t(T::ArtHold)
+            .scan_prefix(&p)
+            .filter(|kv| kv.as_ref().map_or(true, |(k, _)| k.len() > p.len()))
+            .count())
     }
+
+    /// Number of remembered command results of `th` (host), those stored before the
+    /// dedup order existed included.
+    pub fn art_dedup_len(&self, th: &str) -> Result<usize, StoreError> {
+        let p = thk(th);
+        Ok(self
+            .trees
+            .t(T::ArtDedup)
+            .scan_prefix(&p)
+            .filter(|kv| {
+                kv.as_ref()
+                    .map_or(true, |(k, _)| k.get(p.len()).is_some_and(|b| *b < 0xFE))
+            })
+            .count())
+    }
+}
+
+/// A snapshot of the current format, or None (older ones are rebuilt from the log).
+fn current_snapshot(v: Value) -> Option<Value> {
+    (v.get("format").and_then(Value::as_u64) == Some(SNAPSHOT_FORMAT)).then_some(v)
 }

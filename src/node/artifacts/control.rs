@@ -329,7 +329,7 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
                 "version": v.version,
                 "head": a.head(),
                 "archived": a.archived,
-                "data": v.data,
+                "data": a.data_at(v.version),
                 "summary": v.summary,
                 "actor": v.actor,
                 "proposal_id": v.proposal_id,
@@ -339,8 +339,9 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
                 args.get("diff_from").and_then(Value::as_u64),
                 args.get("diff_to").and_then(Value::as_u64),
             ) {
-                out["from"] = json!({"version": from, "data": pick(from)?.data});
-                out["to"] = json!({"version": to, "data": pick(to)?.data});
+                out["from"] =
+                    json!({"version": from, "data": pick(from).map(|v| a.data_at(v.version))?});
+                out["to"] = json!({"version": to, "data": pick(to).map(|v| a.data_at(v.version))?});
             }
             Ok(out)
         }

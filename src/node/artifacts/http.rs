@@ -313,16 +313,15 @@ async fn revisions(State(app): State<App>, Path((id, aid)): Path<(String, String
         return not_found("artifact", &aid).into_response();
     };
     let revs: Vec<Value> = a
-        .versions
-        .iter()
-        .map(|v| {
+        .history()
+        .map(|(v, data)| {
             json!({
                 "version": v.version,
                 "seq": v.seq,
                 "actor": v.actor,
                 "summary": v.summary,
                 "proposal_id": v.proposal_id,
-                "data": v.data,
+                "data": data,
             })
         })
         .collect();
