@@ -6,7 +6,7 @@ mod common;
 
 use awp_node::artifact::frames::Patch;
 use awp_node::artifact::kinds::MAX_DATA_BYTES;
-use awp_node::artifact::patch;
+use awp_node::artifact::{patch, EventEnvelope, WorkspaceState};
 use awp_node::control::{Request, Response};
 use common::*;
 use serde_json::{json, Map, Value};
@@ -44,6 +44,48 @@ fn json_patch_copy_doubling_is_refused_before_it_is_materialized() {
             );
         }
     }
+}
+
+const WS: &str = "thr_breaker";
+
+fn envelope(seq: u64, event: Value) -> EventEnvelope {
+    serde_json::from_value(
+        json!({"seq": seq, "id": format!("00000000-0000-4000-8000-{seq:012}"),
+        "ts": "2026-01-01T00:00:00Z", "workspace_id": WS, "thread_id": WS, "run_id": null,
+        "actor": {"kind": "user", "id": "raw", "name": null}, "traceparent": null,
+        "event": event, "type": "event"}),
+    )
+    .unwrap()
+}
+
+/// Any peer opens a replica on a victim by sending an event part in a fresh thread; then
+/// every ~300-byte `artifact_changed` event made the replica keep one more FULL copy of
+/// the artifact's data, in memory and in every snapshot (40 events here gave 2.7 MB of
+/// state from 85 KB of events). Versions are now recorded patches between checkpoints.
+#[test]
+fn replica_state_does_not_grow_by_a_full_copy_per_tiny_event() {
+    let big = "y".repeat(64 * 1024);
+    let mut st = WorkspaceState::new(WS);
+    let mut received = 0usize;
+    let created = json!({"type": "artifact_created", "artifact_id": "art_1", "kind": "markdown",
+        "version": 1, "data": {"text": format!("a{big}")}, "thread_id": WS, "proposal_id": null, "run_id": null});
+    let env = envelope(1, created);
+    received += serde_json::to_vec(&env).unwrap().len();
+    st.apply_event(&env).unwrap();
+    for i in 0..40u64 {
+        let (old, new) = if i % 2 == 0 { ("a", "b") } else { ("b", "a") };
+        let ev = json!({"type": "artifact_changed", "artifact_id": "art_1", "kind": "markdown",
+            "version": i + 2, "summary": "s", "thread_id": WS, "proposal_id": null, "run_id": null,
+            "patch": {"kind": "text_edits", "field": "text", "edits": [{"old": old, "new": new}]}});
+        let env = envelope(i + 2, ev);
+        received += serde_json::to_vec(&env).unwrap().len();
+        st.apply_event(&env).unwrap();
+    }
+    let held = serde_json::to_vec(&st).unwrap().len();
+    assert!(
+        held <= 4 * received,
+        "{received} bytes of events became {held} bytes of replica state"
+    );
 }
 
 // ------------------------------------------------------------------ node-level attacks

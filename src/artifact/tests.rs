@@ -1475,6 +1475,8 @@ proptest! {
         let mut replica = Replica::new(WS);
         for e in h.log.clone() { replica.receive(e).unwrap(); }
         let mut sent: Vec<(u8, CommandFrame)> = Vec::new();
+        // The data of every version, seen while it was the head.
+        let mut seen = std::collections::BTreeMap::new();
         for (i, op) in ops.iter().enumerate() {
             if let Op::AwpState { who, state, note } = *op {
                 // Run events the host commits for a peer's AWP state reach the replica too.
@@ -1513,6 +1515,7 @@ proptest! {
             }
             // Every version strictly increases by one.
             for (id, a) in &h.ws.state.artifacts {
+                seen.entry((id.clone(), a.head())).or_insert_with(|| a.data().clone());
                 for (k, v) in a.versions.iter().enumerate() {
                     prop_assert_eq!(v.version, k as u64 + 1, "{}", id);
                 }
@@ -1532,6 +1535,14 @@ proptest! {
         }
         prop_assert_eq!(&replica.state, &h.ws.state);
         prop_assert_eq!(&Workspace::replay(WS, &h.log).unwrap().state, &h.ws.state);
+        // Older versions rebuild to the data they had (versions are stored as patches).
+        for ((id, v), data) in &seen {
+            let a = &replica.state.artifacts[id];
+            let at = a.data_at(*v);
+            prop_assert_eq!(at.as_ref(), Some(data), "{} v{}", id, v);
+            let (hv, hd) = a.history().nth(*v as usize - 1).unwrap();
+            prop_assert_eq!((hv.version, &hd), (*v, data));
+        }
     }
 }
 

@@ -305,6 +305,7 @@ impl<'a, 't> ArtTx<'a, 't> {
             let (k, _) = kv.map_err(db_err)?;
             self.tx.del(T::ArtHold, k.to_vec());
         }
+        self.tx.del(T::ArtHold, prefix.clone());
         self.tx.del(T::ArtSnap, prefix);
         rec.head_seq = 0;
         rec.resend_asked = 0;
@@ -478,4 +479,177 @@ impl Store {
 /// A snapshot of the current format, or None (older ones are rebuilt from the log).
 fn current_snapshot(v: Value) -> Option<Value> {
     (v.get("format").and_then(Value::as_u64) == Some(SNAPSHOT_FORMAT)).then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn open() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Store::open(dir.path()).expect("open");
+        (dir, s)
+    }
+
+    fn peer() -> PeerKey {
+        let sk = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        PeerKey::from_bytes(&sk.verifying_key().to_bytes()).expect("valid test key")
+    }
+
+    fn rec(th: &str) -> WsRecord {
+        WsRecord {
+            th: th.into(),
+            role: WsRole::Replica,
+            peer: peer(),
+            head_seq: 0,
+            created_ms: 0,
+            resend_asked: 0,
+            held_max: 0,
+        }
+    }
+
+    /// 10,000 results are kept per thread; the next one forgets the oldest (across
+    /// participants, in the order remembered), one transaction or many alike.
+    #[test]
+    fn dedup_results_are_bounded_per_thread() {
+        let (_d, s) = open();
+        let r = json!({"ok": true});
+        s.art_tx(|tx| {
+            for i in 0..DEDUP_CAPACITY - 1 {
+                tx.put_dedup("thr_a", &format!("user:{}", i % 2), &format!("c{i}"), &r)?;
+            }
+            // The first result wins: a repeat neither replaces nor counts.
+            tx.put_dedup("thr_a", "user:0", "c0", &json!({"ok": false}))?;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(s.art_dedup_len("thr_a").unwrap(), DEDUP_CAPACITY - 1);
+        s.art_tx(|tx| {
+            tx.put_dedup("thr_b", "user:0", "c0", &r)?;
+            tx.put_dedup("thr_a", "user:1", "last", &r)
+        })
+        .unwrap();
+        assert_eq!(s.art_dedup_len("thr_a").unwrap(), DEDUP_CAPACITY);
+        s.art_tx(|tx| {
+            assert_eq!(tx.dedup("thr_a", "user:0", "c0")?, Some(r.clone()));
+            tx.put_dedup("thr_a", "user:0", "more", &r)?;
+            tx.put_dedup("thr_a", "user:0", "more2", &r)
+        })
+        .unwrap();
+        assert_eq!(s.art_dedup_len("thr_a").unwrap(), DEDUP_CAPACITY);
+        assert_eq!(s.art_dedup_len("thr_b").unwrap(), 1);
+        s.art_tx(|tx| {
+            assert_eq!(tx.dedup("thr_a", "user:0", "c0")?, None);
+            assert_eq!(tx.dedup("thr_a", "user:1", "c1")?, None);
+            assert_eq!(tx.dedup("thr_a", "user:0", "c2")?, Some(r.clone()));
+            assert_eq!(tx.dedup("thr_a", "user:0", "more2")?, Some(r.clone()));
+            assert_eq!(tx.dedup("thr_b", "user:0", "c0")?, Some(r.clone()));
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// Held-back events are bounded per thread in bytes (and count): the newest past the
+    /// bound is not held; taking one frees its bytes.
+    #[test]
+    fn held_events_are_bounded_in_count_and_bytes() {
+        let (_d, s) = open();
+        let ev = json!({"blob": "z".repeat(512 * 1024)});
+        let per = serde_json::to_vec(&ev).unwrap().len();
+        let fit = (MAX_HELD_BYTES / per) as u64;
+        let (refused, _) = s
+            .art_tx(|tx| {
+                for seq in 2..2 + fit {
+                    assert!(tx.hold("thr_h", seq, &ev)?, "seq {seq}");
+                }
+                // Already held: kept as it was, not counted twice.
+                assert!(tx.hold("thr_h", 2, &json!({"other": 1}))?);
+                Ok(tx.hold("thr_h", 2 + fit, &ev)?)
+            })
+            .unwrap();
+        assert!(!refused, "an event past {MAX_HELD_BYTES} bytes was held");
+        assert_eq!(s.art_held("thr_h").unwrap() as u64, fit);
+        s.art_tx(|tx| {
+            assert_eq!(tx.take_held("thr_h", 2)?, Some(ev.clone()));
+            assert!(tx.hold("thr_h", 2 + fit, &ev)?);
+            assert!(!tx.hold("thr_h", 3 + fit, &ev)?);
+            // Another thread has its own bound; small events are bounded in count.
+            for seq in 2..2 + MAX_HELD as u64 {
+                assert!(tx.hold("thr_n", seq, &json!(1))?);
+            }
+            assert!(!tx.hold("thr_n", 2 + MAX_HELD as u64, &json!(1))?);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(s.art_held("thr_h").unwrap() as u64, fit);
+        assert_eq!(s.art_held("thr_n").unwrap(), MAX_HELD);
+    }
+
+    /// A replica reset forgets its log, snapshot and held events and asks from seq 0.
+    #[test]
+    fn replica_reset_forgets_log_snapshot_and_held() {
+        let (_d, s) = open();
+        let mut r = rec("thr_r");
+        s.art_tx(|tx| {
+            for seq in 1..=3 {
+                tx.put_event("thr_r", seq, &json!({"seq": seq}))?;
+            }
+            tx.put_snapshot("thr_r", &json!({"seq": 3, "state": {}}))?;
+            tx.hold("thr_r", 5, &json!({"seq": 5}))?;
+            r.head_seq = 3;
+            r.held_max = 5;
+            r.resend_asked = 4;
+            tx.put_ws(&r)
+        })
+        .unwrap();
+        assert!(s.art_snapshot("thr_r").unwrap().is_some());
+        s.art_tx(|tx| {
+            // Held in this same transaction, before the reset.
+            tx.hold("thr_r", 4, &json!({"seq": 4}))?;
+            r.held_max = 5;
+            tx.reset_replica(&mut r, 2)?;
+            tx.put_ws(&r)
+        })
+        .unwrap();
+        assert_eq!((r.head_seq, r.resend_asked, r.held_max), (0, 0, 2));
+        assert!(s.art_events("thr_r", 0, 10).unwrap().is_empty());
+        assert!(s.art_snapshot("thr_r").unwrap().is_none());
+        assert_eq!(s.art_held("thr_r").unwrap(), 0);
+        s.art_tx(|tx| {
+            // The held meta is gone too: the full bound is available again.
+            assert!(tx.hold(
+                "thr_r",
+                2,
+                &json!({"blob": "z".repeat(MAX_HELD_BYTES - 64)})
+            )?);
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// Snapshots written before SNAPSHOT_FORMAT (full data per version) are not read:
+    /// the state is rebuilt from the log; new ones carry the format.
+    #[test]
+    fn snapshots_without_the_format_are_rebuilt_from_the_log() {
+        let (_d, s) = open();
+        s.art_tx(|tx| {
+            tx.tx.put(
+                T::ArtSnap,
+                thk("thr_old"),
+                json_enc(&json!({"seq": 9, "state": {}}))?,
+            );
+            tx.put_snapshot("thr_new", &json!({"seq": 9, "state": {}}))
+        })
+        .unwrap();
+        assert_eq!(s.art_snapshot("thr_old").unwrap(), None);
+        let new = s.art_snapshot("thr_new").unwrap().unwrap();
+        assert_eq!(new["format"], SNAPSHOT_FORMAT);
+        s.art_tx(|tx| {
+            assert_eq!(tx.snapshot("thr_old")?, None);
+            assert!(tx.snapshot("thr_new")?.is_some());
+            Ok(())
+        })
+        .unwrap();
+    }
 }
