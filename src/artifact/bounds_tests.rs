@@ -33,7 +33,7 @@ fn created(text: &str) -> EventEnvelope {
 
 /// Version `version` (≥ 2) of art_1 at seq `version`: flips the first letter a ↔ b.
 fn flip(version: u64) -> EventEnvelope {
-    let (old, new) = if version % 2 == 0 {
+    let (old, new) = if version.is_multiple_of(2) {
         ("a", "b")
     } else {
         ("b", "a")
@@ -59,7 +59,7 @@ fn text_at(st: &WorkspaceState, version: u64) -> String {
 
 /// Version v of the flipped text: odd versions start with `a`, even ones with `b`.
 fn expected(v: u64, tail: &str) -> String {
-    format!("{}{tail}", if v % 2 == 0 { "b" } else { "a" })
+    format!("{}{tail}", if v.is_multiple_of(2) { "b" } else { "a" })
 }
 
 /// 600 one-letter edits of a 16 KiB text: after every event the state (as the snapshot
