@@ -323,3 +323,69 @@ async fn one_peer_opens_a_bounded_number_of_replicas() {
         .map_or(0, |a| a.iter().filter(|w| w["role"] == "replica").count());
     assert_eq!(replicas, 256);
 }
+
+fn raw_event(th: &str, seq: u64, event: Value) -> Value {
+    json!({"seq": seq, "id": format!("00000000-0000-4000-8000-{seq:012}"),
+        "ts": "2026-01-01T00:00:00Z", "workspace_id": th, "thread_id": th, "run_id": null,
+        "actor": {"kind": "user", "id": "raw", "name": null}, "traceparent": null,
+        "type": "event", "event": event})
+}
+
+fn raw_created(th: &str, seq: u64, text: &str) -> Value {
+    raw_event(
+        th,
+        seq,
+        json!({"type": "artifact_created", "artifact_id": "art_1", "kind": "markdown",
+        "version": 1, "data": {"text": text}, "thread_id": th, "proposal_id": null, "run_id": null}),
+    )
+}
+
+/// The host's store was restored: its log is behind the replica. The replica's resend
+/// after its head is answered `resend after 3: head is 1`; the replica then forgets its
+/// state and log, asks again from 0, and rebuilds from the host's (new) seq 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_resets_when_its_host_log_is_behind_it() {
+    let node = TestNode::start("guest@test").await;
+    let mut host = RawGuest::new(&node, 47).await;
+    host.th = "thr_restored".into();
+    let th = host.th.clone();
+    let thread = |seq| {
+        raw_event(
+            &th,
+            seq,
+            json!({"type": "thread_created", "thread_id": th, "title": ""}),
+        )
+    };
+    let edit = json!({"type": "artifact_changed", "artifact_id": "art_1", "kind": "markdown",
+        "version": 2, "summary": "s", "thread_id": th, "proposal_id": null, "run_id": null,
+        "patch": {"kind": "text_edits", "field": "text", "edits": [{"old": "old", "new": "older"}]}});
+    // Seq 1..3, then 5: a gap at 4, so the replica asks for a resend after 3.
+    host.send(&[
+        (EV, thread(1)),
+        (EV, raw_created(&th, 2, "old")),
+        (EV, raw_event(&th, 3, edit)),
+        (EV, raw_event(&th, 5, json!({"type": "x_later"}))),
+    ])
+    .await;
+    assert_eq!(host.expect_part(RESEND).await["after_seq"], 3);
+    host.send(&[(
+        ERR,
+        json!({"type": "error", "message": "resend after 3: head is 1"}),
+    )])
+    .await;
+    assert_eq!(host.expect_part(RESEND).await["after_seq"], 0);
+    host.send(&[(EV, thread(1)), (EV, raw_created(&th, 2, "new"))])
+        .await;
+    let show = eventually(10, || async {
+        let r = node
+            .ctl(Request::Artifact {
+                action: "show".into(),
+                args: json!({"th": th, "artifact": "art_1"}),
+            })
+            .await;
+        (r.ok && r.body["data"]["text"] == "new").then_some(r.body)
+    })
+    .await;
+    assert_eq!(show["version"], 1);
+    assert_eq!(show["head"], 1);
+}
