@@ -165,7 +165,9 @@ pub enum Command {
         )]
         peer: Option<String>,
     },
-    /// Print unread inbound lines and mark them read.
+    /// Print unread inbound lines, oldest first, and mark them read. At most --limit
+    /// lines; when more are unread, the last output line says so (`--json`:
+    /// `{"more":true,"next":CURSOR}`), and `--after CURSOR` continues.
     Read {
         /// Only this thread.
         #[arg(allow_hyphen_values = true)]
@@ -173,10 +175,25 @@ pub enum Command {
         /// Leave them unread.
         #[arg(long)]
         no_mark: bool,
+        /// At most this many lines (default 1000).
+        #[arg(long, value_name = "N", default_value_t = READ_LIMIT, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "all")]
+        limit: u64,
+        /// Every unread line, however many.
+        #[arg(long)]
+        all: bool,
+        /// Only lines after this cursor (the `next` of an earlier `read`, or a line's
+        /// `seq`).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<u64>,
     },
     /// Wait for an inbound line (exit 0), or time out (exit 2). An unread matching line
-    /// that already arrived counts.
+    /// that already arrived counts. The line that ends the wait is printed and marked
+    /// read (unless --no-mark), so a following `awp read` does not print it again. A
+    /// peer's refusal (an `err` about one of our lines) ends it too, with exit 1.
     Wait {
+        /// Leave the line that ends the wait unread.
+        #[arg(long)]
+        no_mark: bool,
         /// Only this thread.
         #[arg(short = 't', long = "thread", value_name = "THREAD")]
         thread: Option<String>,
@@ -290,6 +307,9 @@ pub enum Command {
     /// Print the man page (roff) to stdout, e.g. `awp man | man -l -`.
     Man,
 }
+
+/// Default `awp read --limit`.
+pub const READ_LIMIT: u64 = 1000;
 
 /// `awp relay`.
 #[derive(Debug, Args)]

@@ -289,6 +289,9 @@ pub async fn run_with(
                     if let Some(key) = registered {
                         // A served request (durable and acked by now), if it is one.
                         super::serve::on_msg(&inner, key, &line);
+                        // The node answers a request itself (result or err): it is not
+                        // left unread for a later `read` or `wait` on this node.
+                        super::refusals::mark_answered(&inner, seq, &line);
                         // An artifact command's reply was queued with it: send it now.
                         super::artifacts::on_received(&inner, key, &line);
                         // Events are built only when someone listens (tail, wait, listen).
@@ -311,6 +314,10 @@ pub async fn run_with(
                 SessionEvent::PeerError(e) => {
                     tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
                     inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
+                    if let Some(key) = registered {
+                        super::refusals::on_peer_err(&inner, &key, peer_name.as_deref(), &e)
+                            .await;
+                    }
                 }
                 SessionEvent::BlobReceived(b) => {
                     tracing::info!(peer = %b.peer, path = %b.path.display(), size = b.size, "blob received");

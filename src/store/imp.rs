@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 const META_LAST_ID: &[u8] = b"last_id";
-const META_LOG_SEQ: &[u8] = b"log_seq";
+pub(super) const META_LOG_SEQ: &[u8] = b"log_seq";
 const META_USER_PREFIX: &[u8] = b"x/";
 /// Meta keys `intro/` ‖ introducer (32 raw bytes) ‖ introduced key (32 raw bytes) → empty:
 /// which keys each peer introduced (its quota, see [`Store::introduce`]).
@@ -1236,7 +1236,7 @@ fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
     })
 }
 
-fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
+pub(super) fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
     let seq = read_u64("log", k)?;
     let (l, line): (LogRec, Payload) = unpack("log", v)?;
     let line = line.get("log")?;
