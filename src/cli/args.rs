@@ -240,9 +240,14 @@ pub enum Command {
         /// The subject: a key, a key prefix (4+ characters) or a name.
         #[arg(allow_hyphen_values = true)]
         peer: String,
-        /// Capabilities (exec, fs:read, fs:write, introduce, admin, …).
+        /// Capabilities: exec, fs:read, fs:write, introduce, artifact:write,
+        /// artifact:resolve, artifact:admin (artifact caps also as CAP@thr_… for one
+        /// thread). Any other name needs --custom or the `custom:` prefix.
         #[arg(required = true, num_args = 1..)]
         caps: Vec<String>,
+        /// Allow capability names this version does not know (signed as given).
+        #[arg(long)]
+        custom: bool,
         /// Validity (e.g. 1h, 7d).
         #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1h")]
         ttl: Duration,
@@ -271,8 +276,11 @@ pub enum Command {
         /// Who is introduced.
         #[arg(allow_hyphen_values = true)]
         peer: String,
-        /// Capabilities for TO at PEER (optional).
+        /// Capabilities for TO at PEER (optional; checked as for `awp grant`).
         caps: Vec<String>,
+        /// Allow capability names this version does not know.
+        #[arg(long)]
+        custom: bool,
         /// Validity of the grant (e.g. 1h).
         #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1h")]
         ttl: Duration,

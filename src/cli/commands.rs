@@ -63,9 +63,13 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Grant {
             peer,
             caps,
+            custom,
             ttl,
             aud,
-        } => super::grants::grant(ctx, peer, caps, ttl, aud).await,
+        } => {
+            let caps = super::grants::checked_caps(&caps, custom)?;
+            super::grants::grant(ctx, peer, caps, ttl, aud).await
+        }
         Command::Grants => super::grants::grants(ctx).await,
         Command::Artifact(cmd) => super::artifacts::run(ctx, cmd).await,
         Command::Revoke { hash } => super::grants::revoke(ctx, hash).await,
@@ -73,9 +77,13 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
             to,
             peer,
             caps,
+            custom,
             ttl,
             thread,
-        } => super::grants::introduce(ctx, to, peer, caps, ttl, thread).await,
+        } => {
+            let caps = super::grants::checked_caps(&caps, custom)?;
+            super::grants::introduce(ctx, to, peer, caps, ttl, thread).await
+        }
         Command::Peers { action: None } => list(ctx, Request::Peers, "peers").await,
         Command::Peers {
             action: Some(PeersAction::Forget { peer }),

@@ -363,6 +363,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 .grant_revoke(&hash, wire::time::now_ms())
                 .map_err(internal)?;
             store.flush().await.map_err(internal)?;
+            inner.emit(json!({"event": "grant_revoked", "hash": hash, "role": rec.role}));
             Ok(json!({"hash": hash, "revoked": true, "role": rec.role}))
         }
         Request::Introduce {
