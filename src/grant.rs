@@ -73,9 +73,9 @@ pub fn check_cap(cap: &str, custom: bool) -> Result<String, String> {
         return Ok(cap.to_string());
     }
     Err(match scope {
-        Some(_) if KNOWN_CAPS.contains(&name) || artifact.contains(&name) => format!(
-            "{cap:?}: only artifact caps take an @THREAD scope, and it must name a thread"
-        ),
+        Some(_) if KNOWN_CAPS.contains(&name) || artifact.contains(&name) => {
+            format!("{cap:?}: only artifact caps take an @THREAD scope, and it must name a thread")
+        }
         _ => format!(
             "unknown capability {cap:?} (known: {}, each artifact cap also as CAP@thr_…)",
             KNOWN_CAPS.join(", ")
@@ -625,5 +625,31 @@ mod tests {
             honored_caps(&g, &p2, NOW),
             Err(GrantError::UntrustedIssuer { .. })
         ));
+    }
+
+    #[test]
+    fn unknown_caps_need_custom() {
+        for known in KNOWN_CAPS {
+            assert_eq!(check_cap(known, false).as_deref(), Ok(known));
+        }
+        assert_eq!(
+            check_cap("artifact:write@thr_01K", false).as_deref(),
+            Ok("artifact:write@thr_01K")
+        );
+        for bad in [
+            "nonsense-cap",
+            "exec@thr_1",
+            "artifact:write@",
+            "Exec",
+            "admin",
+        ] {
+            assert!(check_cap(bad, false).is_err(), "{bad}");
+        }
+        assert_eq!(
+            check_cap("nonsense-cap", true).as_deref(),
+            Ok("nonsense-cap")
+        );
+        assert_eq!(check_cap("custom:deploy", false).as_deref(), Ok("deploy"));
+        assert!(check_cap("custom:", false).is_err());
     }
 }

@@ -315,8 +315,7 @@ pub async fn run_with(
                     tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
                     inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
                     if let Some(key) = registered {
-                        super::refusals::on_peer_err(&inner, &key, peer_name.as_deref(), &e)
-                            .await;
+                        super::refusals::on_peer_err(&inner, &key, peer_name.as_deref(), &e).await;
                     }
                 }
                 SessionEvent::BlobReceived(b) => {

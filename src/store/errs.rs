@@ -44,13 +44,23 @@ impl Store {
         peer: &PeerKey,
         err: &wire::ErrLine,
     ) -> Result<ErrRecorded, StoreError> {
+        self.record_peer_err_within(peer, err, ERR_SCAN_MAX)
+    }
+
+    /// [`Store::record_peer_err`] looking at most `scan_max` log entries.
+    fn record_peer_err_within(
+        &self,
+        peer: &PeerKey,
+        err: &wire::ErrLine,
+        scan_max: usize,
+    ) -> Result<ErrRecorded, StoreError> {
         let Some(re) = err.re.as_deref() else {
             return Ok(ErrRecorded::NotOurs);
         };
         let mut w = self.writer();
         let id_ms = ulid::Ulid::from_string(re).ok().map(|u| u.timestamp_ms());
         let mut th = None;
-        for kv in self.trees.t(T::Log).iter().rev().take(ERR_SCAN_MAX) {
+        for kv in self.trees.t(T::Log).iter().rev().take(scan_max) {
             let (k, v) = kv.map_err(db_err)?;
             let e = log_entry(&k, &v)?;
             if id_ms.is_some_and(|t| e.at_ms.saturating_add(ID_TIME_SLACK_MS) < t) {
@@ -123,5 +133,182 @@ impl Store {
             read: false,
             acked: true,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Msg, Part, TextPart};
+
+    fn key(n: u8) -> PeerKey {
+        crate::identity::Identity::from_seed(&[n; 32]).key()
+    }
+
+    fn open() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Store::open(dir.path()).expect("open");
+        (dir, s)
+    }
+
+    /// Queue a msg to `p` in `th`; its id.
+    fn send(s: &Store, p: &PeerKey, th: &str) -> String {
+        let b = |id: &str, ts: &str| {
+            Line::Msg(Msg {
+                id: id.into(),
+                ts: ts.into(),
+                th: th.into(),
+                re: None,
+                subject: None,
+                parts: vec![Part::Text(TextPart { text: "hi".into() })],
+            })
+        };
+        s.enqueue(p, &[&b]).expect("enqueue")[0].id.clone()
+    }
+
+    fn err(id: &str, th: Option<&str>, re: Option<&str>, detail: &str) -> wire::ErrLine {
+        wire::ErrLine {
+            id: id.into(),
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            th: th.map(Into::into),
+            re: re.map(Into::into),
+            code: "forbidden".into(),
+            detail: Some(detail.into()),
+            blob_ref: None,
+        }
+    }
+
+    fn unread(s: &Store, th: &str) -> u64 {
+        s.thread(th).unwrap().map(|t| t.unread).unwrap_or(0)
+    }
+
+    #[test]
+    fn an_err_about_our_line_is_stored_unread_in_its_thread() {
+        let (_d, s) = open();
+        let bob = key(2);
+        let id = send(&s, &bob, "thr_a");
+        // The err's own `th` is not trusted: the thread comes from our line.
+        let r = s
+            .record_peer_err(
+                &bob,
+                &err(
+                    "01K0000000000000000000000E",
+                    Some("thr_other"),
+                    Some(&id),
+                    "no grant",
+                ),
+            )
+            .unwrap();
+        let ErrRecorded::Stored(e) = r else {
+            panic!("not stored: {r:?}")
+        };
+        assert_eq!(e.th.as_deref(), Some("thr_a"));
+        assert_eq!(e.kind, "err");
+        let unread_lines = s.log(0, Some("thr_a"), true, 10).unwrap();
+        assert_eq!(unread_lines.len(), 1);
+        let Ok(Line::Err(stored)) = wire::parse_line(&unread_lines[0].line) else {
+            panic!("not an err line")
+        };
+        assert_eq!(stored.re.as_deref(), Some(id.as_str()));
+        assert_eq!(stored.th.as_deref(), Some("thr_a"));
+        assert_eq!(unread(&s, "thr_a"), 1);
+        assert!(s.thread("thr_other").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_second_err_about_the_same_line_is_not_stored() {
+        let (_d, s) = open();
+        let bob = key(2);
+        let id = send(&s, &bob, "thr_a");
+        let first = s
+            .record_peer_err(
+                &bob,
+                &err("01K0000000000000000000000E", None, Some(&id), "x"),
+            )
+            .unwrap();
+        assert!(matches!(first, ErrRecorded::Stored(_)));
+        for n in 0..3 {
+            let again = s
+                .record_peer_err(
+                    &bob,
+                    &err(
+                        &format!("01K000000000000000000000F{n}"),
+                        None,
+                        Some(&id),
+                        "y",
+                    ),
+                )
+                .unwrap();
+            assert_eq!(again, ErrRecorded::Duplicate);
+        }
+        assert_eq!(s.log(0, Some("thr_a"), true, 10).unwrap().len(), 1);
+        assert_eq!(unread(&s, "thr_a"), 1);
+    }
+
+    #[test]
+    fn an_err_without_re_or_about_a_line_that_is_not_ours_is_not_stored() {
+        let (_d, s) = open();
+        let (bob, carol) = (key(2), key(3));
+        let to_carol = send(&s, &carol, "thr_c");
+        let cases = [
+            ("no re", None),
+            ("unknown id", Some("01K00000000000000000000ZZZ")),
+            ("not an id", Some("hello")),
+            // Our line to another peer: bob cannot refuse it.
+            ("another peer's line", Some(to_carol.as_str())),
+        ];
+        for (what, re) in cases {
+            let r = s
+                .record_peer_err(
+                    &bob,
+                    &err("01K0000000000000000000000E", Some("thr_c"), re, "x"),
+                )
+                .unwrap();
+            assert_eq!(r, ErrRecorded::NotOurs, "{what}");
+        }
+        assert!(s.log(0, None, true, 10).unwrap().is_empty());
+        assert_eq!(unread(&s, "thr_c"), 0);
+    }
+
+    #[test]
+    fn a_long_detail_is_cut() {
+        let (_d, s) = open();
+        let bob = key(2);
+        let id = send(&s, &bob, "thr_a");
+        let long = "é".repeat(MAX_ERR_DETAIL);
+        let ErrRecorded::Stored(e) = s
+            .record_peer_err(
+                &bob,
+                &err("01K0000000000000000000000E", None, Some(&id), &long),
+            )
+            .unwrap()
+        else {
+            panic!("not stored")
+        };
+        let Ok(Line::Err(stored)) = wire::parse_line(&e.line) else {
+            panic!("not an err line")
+        };
+        let d = stored.detail.unwrap();
+        assert!(
+            d.len() <= MAX_ERR_DETAIL && d.len() >= MAX_ERR_DETAIL - 1,
+            "{}",
+            d.len()
+        );
+    }
+
+    #[test]
+    fn the_scan_for_our_line_is_bounded() {
+        let (_d, s) = open();
+        let bob = key(2);
+        let old = send(&s, &bob, "thr_a");
+        for _ in 0..20 {
+            send(&s, &bob, "thr_b");
+        }
+        let e = err("01K0000000000000000000000E", None, Some(&old), "x");
+        let r = s.record_peer_err_within(&bob, &e, 20).unwrap();
+        assert_eq!(r, ErrRecorded::NotOurs);
+        // One entry further back, it is found.
+        let r = s.record_peer_err_within(&bob, &e, 21).unwrap();
+        assert!(matches!(r, ErrRecorded::Stored(_)), "{r:?}");
     }
 }
