@@ -51,7 +51,8 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         files: Vec<String>,
         /// Wait up to this long for the peer's ack; the response says `delivered` or
-        /// `queued`.
+        /// `queued`, or `refused` with `refusal: {code, detail}` when the peer answered the
+        /// msg with an `err` (for a served request, up to 0.5 s after the ack).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wait_ack_ms: Option<u64>,
     },

@@ -450,7 +450,7 @@ pub fn refused_failure(body: &Map<String, Value>) -> Option<Failure> {
     }
     let id = str_field(body, &["id"]).unwrap_or("?");
     let th = str_field(body, &["th"]).unwrap_or("?");
-    let err = body.get("error").and_then(Value::as_object);
+    let err = body.get("refusal").and_then(Value::as_object);
     let code = err
         .and_then(|e| str_field(e, &["code"]))
         .unwrap_or("refused");

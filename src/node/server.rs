@@ -595,7 +595,7 @@ struct AckWait {
 /// reply (and `wait`) is about. `blobs`: the files whose chunks come first.
 ///
 /// Reply `status`: `queued`, `delivered` (acked within the wait), or `refused` (the peer
-/// answered the line with an `err`, given as `error: {code, detail}`).
+/// answered the line with an `err`, given as `refusal: {code, detail}`).
 async fn queue(
     inner: &Arc<Inner>,
     key: PeerKey,
@@ -702,7 +702,7 @@ async fn queue(
         reply["blobs"] = b;
     }
     if let Some(r) = refusal {
-        reply["error"] = r;
+        reply["refusal"] = r;
     }
     Ok(reply)
 }
