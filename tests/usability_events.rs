@@ -406,3 +406,76 @@ async fn json_errors_are_one_object_on_stdout() {
     assert_eq!(v["pid"], std::process::id(), "{v}");
     node.stop().await;
 }
+
+/// #3 bounds, from a hostile peer: an err about a line that is not ours is not stored, a
+/// second err about the same line is not stored, and after 64 such misses in one session
+/// the peer's errs are no longer looked up at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_cannot_store_errs_beyond_one_per_line_of_ours() {
+    use awp_node::wire::{ErrLine, Line};
+    let node = TestNode::start("target").await;
+    let home = node.path();
+    let mut raw = common::Raw::dial(&node.address(), 77).await;
+    raw.handshake().await;
+    raw.write(br#"{"t":"resume","id":"01K000000000000000000000FF","ts":"2026-01-01T00:00:00.000Z","seen":{}}"#).await;
+    let raw_key = raw.identity.key().to_string();
+    // Two lines of ours to the raw peer.
+    let first = node.send(Some(&raw_key), None, "one").await;
+    let th = first["th"].as_str().unwrap().to_string();
+    let second = node.send(None, Some(&th), "two").await;
+    let ids = [
+        first["id"].as_str().unwrap(),
+        second["id"].as_str().unwrap(),
+    ];
+    let err = |n: u32, re: &str| {
+        Line::Err(ErrLine {
+            id: format!("01K0000000000000000000{n:04}"),
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            th: Some(th.clone()),
+            re: Some(re.to_string()),
+            code: "forbidden".into(),
+            detail: Some("no".into()),
+            blob_ref: None,
+        })
+        .encode()
+    };
+    let stored = |home: std::path::PathBuf| async move {
+        let o = awp(&home, &["--json", "read", "--no-mark"]).await;
+        json_lines(&o)
+            .into_iter()
+            .filter(|l| l["t"] == "err")
+            .count()
+    };
+    // About our first line: stored; twice more about it: not.
+    for n in 0..3 {
+        raw.write(&err(n, ids[0])).await;
+    }
+    // 64 misses: ids that are not ours (one is a duplicate above, so 62 more).
+    let now = awp_node::wire::time::now_ms();
+    for n in 0..62u32 {
+        let fake = ulid::Ulid::from_parts(now, u128::from(n)).to_string();
+        raw.write(&err(100 + n, &fake)).await;
+    }
+    // Now even an err about our second line is not looked up.
+    raw.write(&err(999, ids[1])).await;
+    // A msg after them: once it is stored, every err before it was handled.
+    raw.write(
+        common::data_msg_line(
+            "01K0000000000000000000ZZZZ",
+            &th,
+            &[("application/json", serde_json::json!(1))],
+        )
+        .as_bytes(),
+    )
+    .await;
+    eventually(10, || {
+        let home = home.clone();
+        async move {
+            let o = awp(&home, &["--json", "read", "--no-mark"]).await;
+            json_lines(&o).iter().any(|l| l["t"] == "msg").then_some(())
+        }
+    })
+    .await;
+    assert_eq!(stored(home.clone()).await, 1);
+    node.stop().await;
+}

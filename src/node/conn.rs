@@ -217,6 +217,8 @@ pub async fn run_with(
     let mut up = false;
     let mut pending: Vec<u8> = Vec::new();
     let mut write_failed = false;
+    // Errs of this peer that named none of our lines (see refusals::MAX_ERR_MISSES).
+    let mut err_misses = 0u32;
 
     loop {
         // Handle events first: they may refuse the peer before anything queued goes out.
@@ -315,7 +317,8 @@ pub async fn run_with(
                     tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
                     inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
                     if let Some(key) = registered {
-                        super::refusals::on_peer_err(&inner, &key, peer_name.as_deref(), &e).await;
+                        let name = peer_name.as_deref();
+                        super::refusals::on_peer_err(&inner, &key, name, &e, &mut err_misses).await;
                     }
                 }
                 SessionEvent::BlobReceived(b) => {

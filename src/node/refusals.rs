@@ -11,16 +11,30 @@ use serde_json::Value;
 /// peer's refusal (`err forbidden` / `err busy` follow the ack at once), ms.
 pub(super) const REFUSAL_GRACE_MS: u64 = 500;
 
+/// Errs of one session that named none of our recent lines (or a line already refused)
+/// after which that session's errs are no longer looked up, only logged: each lookup may
+/// scan up to [`crate::store::ERR_SCAN_MAX`] log entries.
+pub(super) const MAX_ERR_MISSES: u32 = 64;
+
 /// Store `e` (from `peer`, named `name`) against our line it names and emit its `line`
 /// event; an err about anything else is only logged (by the caller) and emitted as
-/// `peer_err`.
+/// `peer_err`. `misses` counts this session's errs that were not stored (see
+/// [`MAX_ERR_MISSES`]).
 pub(super) async fn on_peer_err(
     inner: &Inner,
     peer: &PeerKey,
     name: Option<&str>,
     e: &wire::ErrLine,
+    misses: &mut u32,
 ) {
-    match inner.store.record_peer_err(peer, e) {
+    if e.re.is_none() || *misses >= MAX_ERR_MISSES {
+        return;
+    }
+    let outcome = inner.store.record_peer_err(peer, e);
+    if !matches!(outcome, Ok(ErrRecorded::Stored(_))) {
+        *misses += 1;
+    }
+    match outcome {
         Ok(ErrRecorded::Stored(entry)) => {
             if let Err(err) = inner.store.flush().await {
                 tracing::warn!(%peer, "storing a peer's err: {err}");

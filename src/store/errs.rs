@@ -1,8 +1,8 @@
 //! Refusals from peers: an `err` whose `re` names one of our lines is stored in that
 //! line's thread, so `read`, `tail` and `wait` show it (issue 9, case 3).
 
-use super::codec::{dec, enc, hex, pack, u64_be, LogRec, ThreadRec};
-use super::imp::{log_entry, META_LOG_SEQ};
+use super::codec::{dec, enc, hex, pack, u64_be, unpack, LogRec, Payload, ThreadRec};
+use super::imp::META_LOG_SEQ;
 use super::tx::{db_err, Tx, T};
 use super::{Dir, LogEntry, Store, StoreError};
 use crate::wire::{self, Line, PeerKey};
@@ -34,8 +34,9 @@ impl Store {
     /// inbound log entry of kind `err` (`detail` cut to [`MAX_ERR_DETAIL`] bytes; the
     /// thread's unread count and updated time move). Not durable until [`Store::flush`].
     ///
-    /// Bounds (peer input): only an err whose `re` is the id of one of our lines to this
-    /// same peer among the newest [`ERR_SCAN_MAX`] log entries counts, and at most one err
+    /// Bounds (peer input): only an err whose `re` is the id (a ULID, not from the future)
+    /// of one of our lines to this same peer among the newest [`ERR_SCAN_MAX`] log entries
+    /// logged since the id's time counts, and at most one err
     /// per such line is stored ([`ErrRecorded::Duplicate`] after that), so a peer can store
     /// no more errs than we sent it lines. The thread is taken from our line, never from
     /// the err's `th`.
@@ -57,29 +58,40 @@ impl Store {
         let Some(re) = err.re.as_deref() else {
             return Ok(ErrRecorded::NotOurs);
         };
+        // Our ids are ULIDs: anything else, or one from the future, is not ours (and costs
+        // no scan).
+        let Ok(id) = ulid::Ulid::from_string(re) else {
+            return Ok(ErrRecorded::NotOurs);
+        };
+        let id_ms = id.timestamp_ms();
+        if id_ms > wire::time::now_ms().saturating_add(ID_TIME_SLACK_MS) {
+            return Ok(ErrRecorded::NotOurs);
+        }
         let mut w = self.writer();
-        let id_ms = ulid::Ulid::from_string(re).ok().map(|u| u.timestamp_ms());
+        let peer_hex = hex(peer.as_bytes());
         let mut th = None;
+        // Newest first, back to the id's time: headers only, a line is read only for an
+        // err of this peer.
         for kv in self.trees.t(T::Log).iter().rev().take(scan_max) {
-            let (k, v) = kv.map_err(db_err)?;
-            let e = log_entry(&k, &v)?;
-            if id_ms.is_some_and(|t| e.at_ms.saturating_add(ID_TIME_SLACK_MS) < t) {
+            let (_, v) = kv.map_err(db_err)?;
+            let (l, payload): (LogRec, Payload) = unpack("log", &v)?;
+            if l.at.saturating_add(ID_TIME_SLACK_MS) < id_ms {
                 break;
             }
-            if e.peer != *peer {
+            if l.peer != peer_hex {
                 continue;
             }
-            match e.dir {
-                Dir::In if e.kind == "err" => {
-                    let same = wire::parse_line(&e.line)
-                        .ok()
-                        .is_some_and(|l| matches!(l, Line::Err(x) if x.re.as_deref() == Some(re)));
+            match l.dir {
+                Dir::In if l.kind == "err" => {
+                    let line = payload.get("log")?;
+                    let same = matches!(wire::parse_line(&line),
+                        Ok(Line::Err(x)) if x.re.as_deref() == Some(re));
                     if same {
                         return Ok(ErrRecorded::Duplicate);
                     }
                 }
-                Dir::Out if e.id == re => {
-                    th = e.th;
+                Dir::Out if l.id == re => {
+                    th = l.th;
                     break;
                 }
                 _ => {}
@@ -96,7 +108,6 @@ impl Store {
         let line = Line::Err(stored).encode();
         let now = wire::time::now_ms();
         let seq = w.log_seq_value() + 1;
-        let peer_hex = hex(peer.as_bytes());
         let mut tx = Tx::new(&self.trees);
         let rec = LogRec {
             dir: Dir::In,
@@ -254,6 +265,7 @@ mod tests {
             ("no re", None),
             ("unknown id", Some("01K00000000000000000000ZZZ")),
             ("not an id", Some("hello")),
+            ("an id from the future", Some("7ZZZZZZZZZZZZZZZZZZZZZZZZZ")),
             // Our line to another peer: bob cannot refuse it.
             ("another peer's line", Some(to_carol.as_str())),
         ];

@@ -1236,7 +1236,7 @@ fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
     })
 }
 
-pub(super) fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
+fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
     let seq = read_u64("log", k)?;
     let (l, line): (LogRec, Payload) = unpack("log", v)?;
     let line = line.get("log")?;
