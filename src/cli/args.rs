@@ -11,6 +11,8 @@ Exit codes:
   1  the operation failed (peer refused, connect failed, node error)
   2  usage error, bad input, or `awp wait` timed out
   3  no node running (`awp status` only)
+With --json, a failure is also one JSON object on stdout: {\"error\":{\"code\",
+\"message\", \"hint\"}} (see the README).
 
 Peers are named by full key, by name, or by a unique key prefix of at least 4 characters.
 A peer argument that starts with `-` is accepted as is; when it consists only of option
