@@ -635,17 +635,10 @@ async fn queue(
     if let Some(AckWait { ms, request }) = wait {
         let want = entry.id.clone();
         let mut acked = false;
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
+        let mut until = tokio::time::Instant::now() + Duration::from_millis(ms);
+        // After the ack of a request, only a short while more for its refusal.
+        let grace = Duration::from_millis(super::refusals::REFUSAL_GRACE_MS);
         loop {
-            // After the ack of a request, only a short while more for its refusal.
-            let until = if acked {
-                deadline.min(
-                    tokio::time::Instant::now()
-                        + Duration::from_millis(super::refusals::REFUSAL_GRACE_MS),
-                )
-            } else {
-                deadline
-            };
             let ev = match tokio::time::timeout_at(until, events.recv()).await {
                 Err(_) => break,
                 Ok(ev) => ev,
@@ -659,11 +652,12 @@ async fn queue(
                         refusal = Some(json!({"code": ev.get("code"), "detail": ev.get("detail")}));
                         break;
                     }
-                    if is("ack") && about_it {
+                    if is("ack") && about_it && !acked {
                         acked = true;
                         if !request {
                             break;
                         }
+                        until = until.min(tokio::time::Instant::now() + grace);
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
@@ -673,11 +667,13 @@ async fn queue(
                         .outbox_after(&key, None, usize::MAX)
                         .map(|o| o.iter().any(|e| e.id == want))
                         .unwrap_or(true)
+                        && !acked
                     {
                         acked = true;
                         if !request {
                             break;
                         }
+                        until = until.min(tokio::time::Instant::now() + grace);
                     }
                 }
                 Err(_) => break,
