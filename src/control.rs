@@ -51,7 +51,8 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         files: Vec<String>,
         /// Wait up to this long for the peer's ack; the response says `delivered` or
-        /// `queued`.
+        /// `queued`, or `refused` with `refusal: {code, detail}` when the peer answered the
+        /// msg with an `err` (for a served request, up to 0.5 s after the ack).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wait_ack_ms: Option<u64>,
     },
@@ -87,6 +88,10 @@ pub enum Request {
         #[serde(default = "yes")]
         mark: bool,
     },
+    /// Mark inbound log entries read by their `seq` (as in `line` events), at most
+    /// [`MAX_MARK_SEQS`]; unknown, outbound and already read entries are skipped. Answers
+    /// `{"marked": N}` once the marks are on disk. `awp wait` marks the line it reports.
+    MarkRead { seqs: Vec<u64> },
     /// Stream events. `from_seq`: first replay log entries with seq > from_seq (tail's
     /// history), then live events. Filters: thread, peer.
     Subscribe {
@@ -297,6 +302,9 @@ pub struct ControlError {
 /// - `{"event":"listening","address":ADDR,"addresses":[ADDR…],"key":KEY,"name":NAME}`
 ///   (first line of `awp listen`).
 pub type Event = serde_json::Map<String, Value>;
+
+/// Most seqs one [`Request::MarkRead`] may name.
+pub const MAX_MARK_SEQS: usize = 1000;
 
 impl Response {
     /// A success with `body` fields (must be a JSON object; other values go under `result`).

@@ -28,6 +28,61 @@ pub const MAX_CAP_LEN: usize = 64;
 /// The capability that lets its holder introduce others (one level).
 pub const INTRODUCE: &str = "introduce";
 
+/// Capabilities this version acts on (README "Grants"): served requests (`exec`,
+/// `fs:read`, `fs:write`), [`INTRODUCE`], and the artifact-thread caps
+/// (`artifact:write`, `artifact:resolve`, `artifact:admin`, each also as `CAP@thr_…` for
+/// one thread; see [`crate::artifact::caps`]).
+pub const KNOWN_CAPS: [&str; 7] = [
+    "exec",
+    "fs:read",
+    "fs:write",
+    INTRODUCE,
+    crate::artifact::caps::WRITE,
+    crate::artifact::caps::RESOLVE,
+    crate::artifact::caps::ADMIN,
+];
+
+/// Prefix marking a capability as deliberately custom (`custom:deploy` grants `deploy`).
+pub const CUSTOM_PREFIX: &str = "custom:";
+
+/// A capability as the user typed it, checked against [`KNOWN_CAPS`]: a known cap is
+/// returned as is (an artifact cap may carry `@THREAD`, a thread id or unique prefix the
+/// node resolves); `custom:NAME` gives `NAME`; any other name is accepted only when
+/// `custom` is true. Errors say which name is unknown and what is known.
+pub fn check_cap(cap: &str, custom: bool) -> Result<String, String> {
+    if let Some(name) = cap.strip_prefix(CUSTOM_PREFIX) {
+        if name.is_empty() {
+            return Err(format!("{cap:?} names no capability"));
+        }
+        return Ok(name.to_string());
+    }
+    let (name, scope) = match cap.split_once('@') {
+        Some((n, s)) => (n, Some(s)),
+        None => (cap, None),
+    };
+    let artifact = [
+        crate::artifact::caps::WRITE,
+        crate::artifact::caps::RESOLVE,
+        crate::artifact::caps::ADMIN,
+    ];
+    let known = match scope {
+        None => KNOWN_CAPS.contains(&name),
+        Some(th) => artifact.contains(&name) && !th.is_empty(),
+    };
+    if known || custom {
+        return Ok(cap.to_string());
+    }
+    Err(match scope {
+        Some(_) if KNOWN_CAPS.contains(&name) || artifact.contains(&name) => {
+            format!("{cap:?}: only artifact caps take an @THREAD scope, and it must name a thread")
+        }
+        _ => format!(
+            "unknown capability {cap:?} (known: {}, each artifact cap also as CAP@thr_…)",
+            KNOWN_CAPS.join(", ")
+        ),
+    })
+}
+
 /// Why a grant is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GrantError {
@@ -570,5 +625,31 @@ mod tests {
             honored_caps(&g, &p2, NOW),
             Err(GrantError::UntrustedIssuer { .. })
         ));
+    }
+
+    #[test]
+    fn unknown_caps_need_custom() {
+        for known in KNOWN_CAPS {
+            assert_eq!(check_cap(known, false).as_deref(), Ok(known));
+        }
+        assert_eq!(
+            check_cap("artifact:write@thr_01K", false).as_deref(),
+            Ok("artifact:write@thr_01K")
+        );
+        for bad in [
+            "nonsense-cap",
+            "exec@thr_1",
+            "artifact:write@",
+            "Exec",
+            "admin",
+        ] {
+            assert!(check_cap(bad, false).is_err(), "{bad}");
+        }
+        assert_eq!(
+            check_cap("nonsense-cap", true).as_deref(),
+            Ok("nonsense-cap")
+        );
+        assert_eq!(check_cap("custom:deploy", false).as_deref(), Ok("deploy"));
+        assert!(check_cap("custom:", false).is_err());
     }
 }

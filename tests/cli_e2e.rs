@@ -128,8 +128,9 @@ fn two_homes_hold_a_thread_through_the_cli() {
         .iter()
         .any(|p| p["k"] == "code" && p["text"] == "print('hi')\n" && p["lang"] == "python"));
 
-    // wait returns for the unread line; read marks it; a second read is empty.
-    ok(b, &["wait", "-t", &th, "--timeout", "5s"]);
+    // wait --no-mark returns for the unread line and leaves it; read marks it; a second
+    // read is empty. (A plain `wait` marks the line it reports: see usability_events.)
+    ok(b, &["wait", "-t", &th, "--timeout", "5s", "--no-mark"]);
     let read = json_lines(b, &["read", &th]);
     assert_eq!(read.len(), 1);
     assert!(json_lines(b, &["read", &th]).is_empty());

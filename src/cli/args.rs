@@ -11,6 +11,8 @@ Exit codes:
   1  the operation failed (peer refused, connect failed, node error)
   2  usage error, bad input, or `awp wait` timed out
   3  no node running (`awp status` only)
+With --json, a failure is also one JSON object on stdout: {\"error\":{\"code\",
+\"message\", \"hint\"}} (see the README).
 
 Peers are named by full key, by name, or by a unique key prefix of at least 4 characters.
 A peer argument that starts with `-` is accepted as is; when it consists only of option
@@ -165,7 +167,9 @@ pub enum Command {
         )]
         peer: Option<String>,
     },
-    /// Print unread inbound lines and mark them read.
+    /// Print unread inbound lines, oldest first, and mark them read. At most --limit
+    /// lines; when more are unread, the last output line says so (`--json`:
+    /// `{"more":true,"next":CURSOR}`), and `--after CURSOR` continues.
     Read {
         /// Only this thread.
         #[arg(allow_hyphen_values = true)]
@@ -173,10 +177,25 @@ pub enum Command {
         /// Leave them unread.
         #[arg(long)]
         no_mark: bool,
+        /// At most this many lines (default 1000).
+        #[arg(long, value_name = "N", default_value_t = READ_LIMIT, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "all")]
+        limit: u64,
+        /// Every unread line, however many.
+        #[arg(long)]
+        all: bool,
+        /// Only lines after this cursor (the `next` of an earlier `read`, or a line's
+        /// `seq`).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<u64>,
     },
     /// Wait for an inbound line (exit 0), or time out (exit 2). An unread matching line
-    /// that already arrived counts.
+    /// that already arrived counts. The line that ends the wait is printed and marked
+    /// read (unless --no-mark), so a following `awp read` does not print it again. A
+    /// peer's refusal (an `err` about one of our lines) ends it too, with exit 1.
     Wait {
+        /// Leave the line that ends the wait unread.
+        #[arg(long)]
+        no_mark: bool,
         /// Only this thread.
         #[arg(short = 't', long = "thread", value_name = "THREAD")]
         thread: Option<String>,
@@ -223,9 +242,14 @@ pub enum Command {
         /// The subject: a key, a key prefix (4+ characters) or a name.
         #[arg(allow_hyphen_values = true)]
         peer: String,
-        /// Capabilities (exec, fs:read, fs:write, introduce, admin, …).
+        /// Capabilities: exec, fs:read, fs:write, introduce, artifact:write,
+        /// artifact:resolve, artifact:admin (artifact caps also as CAP@thr_… for one
+        /// thread). Any other name needs --custom or the `custom:` prefix.
         #[arg(required = true, num_args = 1..)]
         caps: Vec<String>,
+        /// Allow capability names this version does not know (signed as given).
+        #[arg(long)]
+        custom: bool,
         /// Validity (e.g. 1h, 7d).
         #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1h")]
         ttl: Duration,
@@ -254,8 +278,11 @@ pub enum Command {
         /// Who is introduced.
         #[arg(allow_hyphen_values = true)]
         peer: String,
-        /// Capabilities for TO at PEER (optional).
+        /// Capabilities for TO at PEER (optional; checked as for `awp grant`).
         caps: Vec<String>,
+        /// Allow capability names this version does not know.
+        #[arg(long)]
+        custom: bool,
         /// Validity of the grant (e.g. 1h).
         #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1h")]
         ttl: Duration,
@@ -290,6 +317,9 @@ pub enum Command {
     /// Print the man page (roff) to stdout, e.g. `awp man | man -l -`.
     Man,
 }
+
+/// Default `awp read --limit`.
+pub const READ_LIMIT: u64 = 1000;
 
 /// `awp relay`.
 #[derive(Debug, Args)]

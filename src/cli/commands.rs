@@ -39,19 +39,37 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Send(args) => send(ctx, &args).await,
         Command::State(args) => state(ctx, &args).await,
         Command::Tail { once, thread, peer } => tail(ctx, once, thread, peer).await,
-        Command::Read { thread, no_mark } => read(ctx, thread, !no_mark).await,
+        Command::Read {
+            thread,
+            no_mark,
+            limit,
+            all,
+            after,
+        } => {
+            let opts = ReadOpts {
+                mark: !no_mark,
+                limit: (!all).then_some(limit),
+                after,
+            };
+            read(ctx, thread, opts).await
+        }
         Command::Wait {
+            no_mark,
             thread,
             state,
             timeout,
-        } => wait(ctx, thread, state, timeout).await,
+        } => wait(ctx, thread, state, timeout, !no_mark).await,
         Command::Threads => list(ctx, Request::Threads, "threads").await,
         Command::Grant {
             peer,
             caps,
+            custom,
             ttl,
             aud,
-        } => super::grants::grant(ctx, peer, caps, ttl, aud).await,
+        } => {
+            let caps = super::grants::checked_caps(&caps, custom)?;
+            super::grants::grant(ctx, peer, caps, ttl, aud).await
+        }
         Command::Grants => super::grants::grants(ctx).await,
         Command::Artifact(cmd) => super::artifacts::run(ctx, cmd).await,
         Command::Revoke { hash } => super::grants::revoke(ctx, hash).await,
@@ -59,9 +77,13 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
             to,
             peer,
             caps,
+            custom,
             ttl,
             thread,
-        } => super::grants::introduce(ctx, to, peer, caps, ttl, thread).await,
+        } => {
+            let caps = super::grants::checked_caps(&caps, custom)?;
+            super::grants::introduce(ctx, to, peer, caps, ttl, thread).await
+        }
         Command::Peers { action: None } => list(ctx, Request::Peers, "peers").await,
         Command::Peers {
             action: Some(PeersAction::Forget { peer }),
@@ -177,12 +199,21 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
         .or(str_field(&status, &["name"]))
         .unwrap_or("?");
     if ctx.json {
+        // Whether this call started the node or found it running (then options given
+        // here were not applied).
+        let (already, pid) = match running {
+            Running::Started { pid } => (false, Some(json!(pid))),
+            Running::Already => (true, field(&status, &["pid"]).cloned()),
+        };
         return out_json(&json!({
             "event": "listening",
             "address": addresses.first(),
             "addresses": addresses,
             "key": key,
             "name": name,
+            "already_running": already,
+            "pid": pid,
+            "options_ignored": already && *args != StartArgs::default(),
         }));
     }
     match running {
@@ -411,9 +442,42 @@ pub fn delivery_line(body: &Map<String, Value>) -> String {
     }
 }
 
+/// The failure for a reply whose `status` is `refused` (the peer answered our line with an
+/// `err` while `--wait-ack` waited): exit 1, the peer's err code as the code.
+pub fn refused_failure(body: &Map<String, Value>) -> Option<Failure> {
+    if str_field(body, &["status"]) != Some("refused") {
+        return None;
+    }
+    let id = str_field(body, &["id"]).unwrap_or("?");
+    let th = str_field(body, &["th"]).unwrap_or("?");
+    let err = body.get("refusal").and_then(Value::as_object);
+    let code = err
+        .and_then(|e| str_field(e, &["code"]))
+        .unwrap_or("refused");
+    let who = str_field(body, &["peer_name", "peer"]).unwrap_or("the peer");
+    let what = match err.and_then(|e| str_field(e, &["detail"])) {
+        Some(d) => format!("{who} refused {id} in {th}: {code}: {d}"),
+        None => format!("{who} refused {id} in {th}: {code}"),
+    };
+    Some(
+        Failure::new(
+            Exit::Failed,
+            what,
+            format!("the refusal is stored in the thread (`awp read {th}`)"),
+        )
+        .with_code(code),
+    )
+}
+
 async fn send(ctx: &Ctx, args: &SendArgs) -> Result<(), Failure> {
     let req = send_request(args)?;
     let body = ctx.call(&req).await?;
+    if let Some(f) = refused_failure(&body) {
+        if !ctx.json {
+            out(&delivery_line(&body))?;
+        }
+        return Err(f);
+    }
     if ctx.json {
         out_json(&Value::Object(body.clone()))?;
     } else {
@@ -432,6 +496,12 @@ async fn state(ctx: &Ctx, args: &StateArgs) -> Result<(), Failure> {
         wait_ack_ms: millis(args.wait_ack),
     };
     let body = ctx.call(&req).await?;
+    if let Some(f) = refused_failure(&body) {
+        if !ctx.json {
+            out(&delivery_line(&body))?;
+        }
+        return Err(f);
+    }
     if ctx.json {
         out_json(&Value::Object(body))
     } else {
@@ -493,13 +563,34 @@ async fn tail(
     }
 }
 
-async fn read(ctx: &Ctx, th: Option<String>, mark: bool) -> Result<(), Failure> {
+/// How `awp read` pages: mark what it prints read, print at most `limit` lines (None:
+/// all), start after the log seq `after`.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadOpts {
+    pub mark: bool,
+    pub limit: Option<u64>,
+    pub after: Option<u64>,
+}
+
+async fn read(ctx: &Ctx, th: Option<String>, opts: ReadOpts) -> Result<(), Failure> {
     // The node answers in pages and marks read only what it returned; ask again after its
-    // `next` cursor while it says `more` (bounded, in case a peer keeps sending).
+    // `next` cursor while it says `more` (bounded, in case a peer keeps sending), asking
+    // for no more lines than are left to print.
     ctx.ensure_node(&StartArgs::default()).await?;
-    let req = Request::Read { th, mark };
-    let mut page = control::Page::first();
-    let mut shown = 0usize;
+    let req = Request::Read {
+        th: th.clone(),
+        mark: opts.mark,
+    };
+    let left = |shown: u64| -> Option<usize> {
+        opts.limit
+            .map(|l| l.saturating_sub(shown).min(control::PAGE_ITEMS as u64) as usize)
+    };
+    let mut page = control::Page {
+        cursor: opts.after.map(|a| a.to_string()),
+        limit: left(0),
+    };
+    let mut shown = 0u64;
+    let mut more_after = None;
     for _ in 0..MAX_PAGES {
         let resp = control::request_page(&ctx.socket(), &req, &page)
             .await
@@ -523,9 +614,28 @@ async fn read(ctx: &Ctx, th: Option<String>, mark: bool) -> Result<(), Failure> 
         }
         let more = body.get("more").and_then(Value::as_bool) == Some(true);
         match str_field(&body, &["next"]) {
-            Some(n) if more && page.cursor.as_deref() != Some(n) => page = control::Page::after(n),
+            Some(n) if more && page.cursor.as_deref() != Some(n) => {
+                if opts.limit.is_some_and(|l| shown >= l) {
+                    more_after = Some(n.to_string());
+                    break;
+                }
+                page = control::Page {
+                    cursor: Some(n.to_string()),
+                    limit: left(shown),
+                };
+            }
             _ => break,
         }
+    }
+    if let Some(next) = more_after {
+        return if ctx.json {
+            out_json(&json!({"more": true, "next": next}))
+        } else {
+            let th = th.map(|t| format!(" {t}")).unwrap_or_default();
+            out(&format!(
+                "… more unread lines: `awp read{th} --after {next}` (or --all)"
+            ))
+        };
     }
     if shown == 0 && !ctx.json {
         return out("no unread lines");
@@ -534,7 +644,8 @@ async fn read(ctx: &Ctx, th: Option<String>, mark: bool) -> Result<(), Failure> 
 }
 
 /// Whether an event ends `awp wait`: an inbound line (in `th` when given); with
-/// `states`, an inbound state line whose state is listed.
+/// `states`, an inbound state line whose state is listed. A peer's refusal stored in the
+/// thread (`t` = `err`) always ends it (and `wait` then exits 1).
 pub fn wait_matches(ev: &Event, th: Option<&str>, states: &[String]) -> bool {
     if str_field(ev, &["event"]) != Some("line") || str_field(ev, &["dir"]) != Some("in") {
         return false;
@@ -542,7 +653,7 @@ pub fn wait_matches(ev: &Event, th: Option<&str>, states: &[String]) -> bool {
     if th.is_some() && str_field(ev, &["th"]) != th {
         return false;
     }
-    if states.is_empty() {
+    if states.is_empty() || str_field(ev, &["t"]) == Some("err") {
         return true;
     }
     let line = ev.get("line").and_then(Value::as_object);
@@ -557,6 +668,7 @@ async fn wait(
     th: Option<String>,
     states: Vec<String>,
     timeout: Option<Duration>,
+    mark: bool,
 ) -> Result<(), Failure> {
     let mut sub = ctx
         .subscribe(&Request::Subscribe {
@@ -599,7 +711,33 @@ async fn wait(
             }
         },
     };
-    print_event(ctx, &ev)
+    // The line is consumed: a following `awp read` (or `awp wait`) does not see it again.
+    if let (true, Some(seq)) = (mark, ev.get("seq").and_then(Value::as_u64)) {
+        ctx.call_running(&Request::MarkRead { seqs: vec![seq] })
+            .await?;
+    }
+    print_event(ctx, &ev)?;
+    if str_field(&ev, &["t"]) == Some("err") {
+        return Err(peer_err_failure(&ev));
+    }
+    Ok(())
+}
+
+/// The failure of `awp wait` ended by a peer's refusal (a `line` event with `t` = `err`):
+/// exit 1, the peer's err code as the code.
+fn peer_err_failure(ev: &Event) -> Failure {
+    let line = ev.get("line").and_then(Value::as_object);
+    let get = |k: &str| line.and_then(|l| str_field(l, &[k]));
+    let code = get("code").unwrap_or("refused");
+    let re = get("re").unwrap_or("?");
+    let th = str_field(ev, &["th"]).unwrap_or("?");
+    let who = str_field(ev, &["peer_name", "peer"]).unwrap_or("the peer");
+    let what = match get("detail") {
+        Some(d) => format!("{who} refused {re} in {th}: {code}: {d}"),
+        None => format!("{who} refused {re} in {th}: {code}"),
+    };
+    let hint = format!("see the thread with `awp tail --once -t {th}`");
+    Failure::new(Exit::Failed, what, hint).with_code(code)
 }
 
 async fn list(ctx: &Ctx, req: Request, key: &str) -> Result<(), Failure> {

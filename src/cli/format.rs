@@ -331,6 +331,15 @@ pub fn line_summary(line: &Value) -> String {
                 None => format!("state → {st}"),
             }
         }
+        Some("err") => {
+            // A peer's refusal of one of our lines (stored in its thread).
+            let code = str_field(l, &["code"]).unwrap_or("?");
+            let re = str_field(l, &["re"]).unwrap_or("?");
+            match str_field(l, &["detail"]) {
+                Some(d) => format!("ERROR {code} (re {re}): {d}"),
+                None => format!("ERROR {code} (re {re})"),
+            }
+        }
         Some(t) => format!("[{t}]"),
         None => String::new(),
     }

@@ -6,6 +6,23 @@ use crate::control::Request;
 use serde_json::Value;
 use std::time::Duration;
 
+/// The capabilities of `awp grant` / `awp introduce` checked before anything is signed
+/// ([`crate::grant::check_cap`]): an unknown name without `--custom` is a usage error
+/// (exit 2).
+pub fn checked_caps(caps: &[String], custom: bool) -> Result<Vec<String>, Failure> {
+    caps.iter()
+        .map(|c| {
+            crate::grant::check_cap(c, custom).map_err(|e| {
+                Failure::usage(
+                    e,
+                    "check the spelling; for a capability of your own use --custom or custom:NAME",
+                )
+                .with_code("unknown_cap")
+            })
+        })
+        .collect()
+}
+
 /// `awp grant PEER CAP… [--ttl DUR] [--aud PEER]`: prints the grant and its hash.
 pub async fn grant(
     ctx: &Ctx,

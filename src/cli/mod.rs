@@ -2,7 +2,9 @@
 //! client commands ([`commands`]) and the foreground node ([`foreground`]).
 //!
 //! [`run`] returns the process exit code (see [`Exit`]); every failure is reported as one
-//! line on stderr: `awp: <what went wrong>; <what to do>`.
+//! line on stderr: `awp: <what went wrong>; <what to do>`. Under `--json` the same failure
+//! is also one JSON object on stdout, `{"error":{"code","message","hint"}}` (see
+//! [`Failure::json`]), with the same exit code.
 
 pub mod args;
 pub mod artifacts;
@@ -52,6 +54,9 @@ pub struct Failure {
     pub what: String,
     /// What to do about it.
     pub hint: String,
+    /// A machine-readable code (`--json`): the node's error code, or one set with
+    /// [`Failure::with_code`]; None means the default for the exit code ([`Failure::code`]).
+    pub code: Option<String>,
 }
 
 impl Failure {
@@ -61,7 +66,36 @@ impl Failure {
             exit,
             what: what.into(),
             hint: hint.into(),
+            code: None,
         }
+    }
+    /// The same failure with a machine-readable code.
+    pub fn with_code(mut self, code: impl Into<String>) -> Failure {
+        self.code = Some(code.into());
+        self
+    }
+    /// The machine-readable code: the one set, else by exit code `usage` (2), `no_node`
+    /// (3) or `failed` (1).
+    pub fn code(&self) -> &str {
+        match (&self.code, self.exit) {
+            (Some(c), _) => c,
+            (None, Exit::Usage) => "usage",
+            (None, Exit::NoNode) => "no_node",
+            (None, _) => "failed",
+        }
+    }
+    /// The failure as printed on stdout under `--json`:
+    /// `{"error":{"code":STR,"message":STR,"hint":STR}}` (`hint` may be empty), or `None`
+    /// for a silent exit.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        if self.what.is_empty() {
+            return None;
+        }
+        Some(serde_json::json!({"error": {
+            "code": self.code(),
+            "message": self.what,
+            "hint": self.hint,
+        }}))
     }
     /// Usage / bad input (exit 2).
     pub fn usage(what: impl Into<String>, hint: impl Into<String>) -> Failure {
@@ -73,6 +107,7 @@ impl Failure {
             exit,
             what: String::new(),
             hint: String::new(),
+            code: None,
         }
     }
     /// The stderr line, or `None` for a silent exit.
@@ -109,7 +144,8 @@ pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
             exit_for_node_error(&err.code),
             err.message.clone(),
             hint.clone(),
-        );
+        )
+        .with_code(err.code.clone());
     }
     let hint = match err.code.as_str() {
         "no_such_peer" => {
@@ -126,6 +162,7 @@ pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
         _ => format!("see {}", home.join(crate::daemon::LOG_FILE).display()),
     };
     Failure::new(exit_for_node_error(&err.code), err.message.clone(), hint)
+        .with_code(err.code.clone())
 }
 
 /// A failure for a control request that got no answer.
@@ -134,6 +171,7 @@ pub fn client_failure(err: &ClientError, home: &Path) -> Failure {
     match err {
         ClientError::NotRunning { .. } => {
             Failure::new(Exit::Failed, "no node running", "start one with `awp up`")
+                .with_code("no_node")
         }
         ClientError::Refused(e) => node_failure(e, home),
         other => Failure::new(
@@ -155,6 +193,13 @@ where
     T: Into<OsString> + Clone,
 {
     use clap::Parser;
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    // `--json` before a `--`: a grammar error is reported as JSON on stdout too.
+    let json = args
+        .iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--json");
     Cli::try_parse_from(args).map_err(|e| {
         use clap::error::ErrorKind;
         match e.kind() {
@@ -165,7 +210,8 @@ where
                 e.exit_code()
             }
             _ => {
-                eprintln!("{}", clap_error_line(&e));
+                let f = clap_failure(&e);
+                report(&f, json);
                 Exit::Usage.code()
             }
         }
@@ -174,6 +220,25 @@ where
 
 /// A clap error as one line: `awp: <problem>; see `awp help``.
 pub fn clap_error_line(e: &clap::Error) -> String {
+    clap_failure(e).message().unwrap_or_default()
+}
+
+/// Print a failure: its line on stderr and, with `json`, its [`Failure::json`] object on
+/// stdout.
+pub fn report(f: &Failure, json: bool) {
+    if let Some(m) = f.message() {
+        eprintln!("{m}");
+    }
+    if json {
+        if let Some(v) = f.json() {
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "{v}").and_then(|()| stdout.flush());
+        }
+    }
+}
+
+/// A clap error as a usage [`Failure`] (code `usage`).
+fn clap_failure(e: &clap::Error) -> Failure {
     let text = e.render().to_string();
     // The first paragraph, e.g. "the following required arguments were not provided:" and
     // the indented list under it, joined into one line.
@@ -196,7 +261,7 @@ pub fn clap_error_line(e: &clap::Error) -> String {
             break;
         }
     }
-    Failure::usage(first, hint).message().unwrap_or_default()
+    Failure::usage(first, hint)
 }
 
 /// Run a parsed command; returns the exit code.
@@ -208,7 +273,7 @@ pub fn run(cli: Cli) -> i32 {
                 format!("cannot use the home directory: {e}"),
                 "pass --home DIR or set AWP_HOME",
             );
-            eprintln!("{}", f.message().unwrap_or_default());
+            report(&f, cli.json);
             return f.exit.code();
         }
     };
@@ -232,17 +297,20 @@ pub fn run(cli: Cli) -> i32 {
     let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("awp: cannot start the async runtime: {e}; check system limits");
-            return Exit::Failed.code();
+            let f = Failure::new(
+                Exit::Failed,
+                format!("cannot start the async runtime: {e}"),
+                "check system limits",
+            );
+            report(&f, ctx.json);
+            return f.exit.code();
         }
     };
     let result = runtime.block_on(commands::dispatch(&ctx, cli.command));
     match result {
         Ok(()) => Exit::Ok.code(),
         Err(f) => {
-            if let Some(m) = f.message() {
-                eprintln!("{m}");
-            }
+            report(&f, ctx.json);
             f.exit.code()
         }
     }

@@ -213,20 +213,41 @@ fn tail_read_wait() {
     assert!(once);
     assert_eq!(thread.as_deref(), Some("thr_1"));
     assert_eq!(peer.as_deref(), Some("-AbC"));
-    let Command::Read { thread, no_mark } = parse_ok(&["read", "thr_9", "--no-mark"]).command
+    let Command::Read {
+        thread, no_mark, ..
+    } = parse_ok(&["read", "thr_9", "--no-mark"]).command
     else {
         panic!()
     };
     assert_eq!(thread.as_deref(), Some("thr_9"));
     assert!(no_mark);
-    let Command::Read { thread, no_mark } = parse_ok(&["read"]).command else {
+    let Command::Read {
+        thread,
+        no_mark,
+        limit,
+        all,
+        after,
+    } = parse_ok(&["read"]).command
+    else {
         panic!()
     };
     assert_eq!((thread, no_mark), (None, false));
+    assert_eq!((limit, all, after), (super::args::READ_LIMIT, false, None));
+    let Command::Read {
+        limit, all, after, ..
+    } = parse_ok(&["read", "--limit", "5", "--after", "42"]).command
+    else {
+        panic!()
+    };
+    assert_eq!((limit, all, after), (5, false, Some(42)));
+    parse_err(&["read", "--limit", "0"]);
+    parse_err(&["read", "--limit", "5", "--all"]);
+    parse_err(&["read", "--after", "next"]);
     let Command::Wait {
         thread,
         state,
         timeout,
+        no_mark,
     } = parse_ok(&[
         "wait",
         "-t",
@@ -243,6 +264,7 @@ fn tail_read_wait() {
     assert_eq!(thread.as_deref(), Some("thr_1"));
     assert_eq!(state, ["done", "failed"]);
     assert_eq!(timeout, Some(Duration::from_secs(30)));
+    assert!(!no_mark);
 }
 
 #[test]

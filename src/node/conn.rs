@@ -217,6 +217,8 @@ pub async fn run_with(
     let mut up = false;
     let mut pending: Vec<u8> = Vec::new();
     let mut write_failed = false;
+    // Errs of this peer that named none of our lines (see refusals::MAX_ERR_MISSES).
+    let mut err_misses = 0u32;
 
     loop {
         // Handle events first: they may refuse the peer before anything queued goes out.
@@ -289,6 +291,9 @@ pub async fn run_with(
                     if let Some(key) = registered {
                         // A served request (durable and acked by now), if it is one.
                         super::serve::on_msg(&inner, key, &line);
+                        // The node answers a request itself (result or err): it is not
+                        // left unread for a later `read` or `wait` on this node.
+                        super::refusals::mark_answered(&inner, seq, &line);
                         // An artifact command's reply was queued with it: send it now.
                         super::artifacts::on_received(&inner, key, &line);
                         // Events are built only when someone listens (tail, wait, listen).
@@ -311,6 +316,10 @@ pub async fn run_with(
                 SessionEvent::PeerError(e) => {
                     tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
                     inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
+                    if let Some(key) = registered {
+                        let name = peer_name.as_deref();
+                        super::refusals::on_peer_err(&inner, &key, name, &e, &mut err_misses).await;
+                    }
                 }
                 SessionEvent::BlobReceived(b) => {
                     tracing::info!(peer = %b.peer, path = %b.path.display(), size = b.size, "blob received");

@@ -13,6 +13,7 @@ use crate::config::Accept;
 use crate::grant::{self, GrantError, Policy, Verified};
 use crate::store::{AddrSource, GrantRecord, GrantRole, Introduced};
 use crate::wire::{self, Line, PeerKey};
+use serde_json::json;
 use std::sync::Arc;
 
 /// Most grants taken from one auth or grant line.
@@ -132,7 +133,19 @@ pub(super) fn on_received(inner: &Inner, from: &PeerKey, grants: Vec<wire::Grant
         };
         if let Err(e) = inner.store.grant_put(&rec) {
             tracing::warn!("storing a grant: {e}");
+            continue;
         }
+        inner.emit(json!({
+            "event": "grant",
+            "role": match role { GrantRole::Held => "held", _ => "presented" },
+            "peer": from.to_string(),
+            "peer_name": inner.peer_name(from),
+            "hash": v.hash,
+            "iss": v.iss.to_string(),
+            "sub": v.sub.to_string(),
+            "caps": v.caps,
+            "exp": v.exp,
+        }));
     }
 }
 
@@ -322,7 +335,17 @@ pub(super) fn on_introduce(inner: &Inner, from: &PeerKey, i: wire::Introduce) {
         wire::time::now_ms(),
     );
     match outcome {
-        Ok(Introduced::Added) | Ok(Introduced::Again) => {}
+        Ok(Introduced::Added) => inner.emit(json!({
+            "event": "introduced",
+            "by": from.to_string(),
+            "by_name": inner.peer_name(from),
+            "peer": key.to_string(),
+            "peer_name": name.map(crate::control::shown),
+            "address": address,
+            "th": i.th,
+            "grant": i.grant.is_some(),
+        })),
+        Ok(Introduced::Again) => {}
         Ok(Introduced::OverQuota) => {
             tracing::warn!(introducer = %from, peer = %key, max = MAX_INTRODUCED_PER_INTRODUCER, "introduction dropped: the introducer is at its quota");
             return;

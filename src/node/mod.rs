@@ -20,6 +20,7 @@ mod dialer;
 pub(crate) mod grants;
 mod lists;
 mod presence;
+mod refusals;
 pub mod serve;
 pub mod served_fs;
 mod server;

@@ -143,6 +143,18 @@ pub(crate) fn received(inner: &Inner, from: PeerKey, msg: PresenceMsg) {
     let raw = msg
         .doc_raw
         .unwrap_or_else(|| serde_json::to_string(&msg.doc).unwrap_or_default());
+    // An origin not held before is an agent newly present: announced as an event.
+    let origin = msg
+        .doc
+        .get("origin")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|o| PeerKey::parse(o).ok());
+    let name = msg
+        .doc
+        .get("name")
+        .and_then(serde_json::Value::as_str)
+        .map(crate::control::shown);
+    let new_origin = origin.is_some_and(|o| inner.presence.table().get(&o, now).is_none());
     let outcome =
         inner
             .presence
@@ -151,6 +163,15 @@ pub(crate) fn received(inner: &Inner, from: PeerKey, msg: PresenceMsg) {
     match outcome {
         Ok(a) => {
             tracing::debug!(origin = %a.origin, seq = a.seq, hops = msg.hops, via = %from, "presence accepted");
+            if new_origin {
+                inner.emit(serde_json::json!({
+                    "event": "presence",
+                    "origin": a.origin.to_string(),
+                    "name": name,
+                    "via": from.to_string(),
+                    "hops": msg.hops,
+                }));
+            }
             if let Some(hops) = a.forward_to_hops {
                 if let Some(line) = presence_line(inner, &raw, hops) {
                     let n = broadcast(inner, &line, &[from, a.origin]);

@@ -89,7 +89,7 @@ impl Served {
             .into_iter()
             .find(|s| s.cap() == c)
     }
-    fn from_mime(m: &str) -> Option<Served> {
+    pub(crate) fn from_mime(m: &str) -> Option<Served> {
         [Served::Exec, Served::FsRead, Served::FsWrite]
             .into_iter()
             .find(|s| s.request_mime() == m)

@@ -214,6 +214,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
             wait_ack_ms,
         } => {
             refuse_in_relay_mode(inner)?;
+            let request = super::refusals::is_request(&parts);
             let mut parts: Vec<Part> = parts
                 .into_iter()
                 .map(serde_json::from_value)
@@ -244,7 +245,8 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 .map(|b| b.as_ref() as LineBuilder<'_>)
                 .collect();
             builders.push(&build);
-            queue(inner, key, &builders, &blobs, wait_ack_ms, new_thread).await
+            let wait = wait_ack_ms.map(|ms| AckWait { ms, request });
+            queue(inner, key, &builders, &blobs, wait, new_thread).await
         }
         Request::State {
             peer,
@@ -268,7 +270,8 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                     note: note.clone(),
                 })
             };
-            queue(inner, key, &[&build], &[], wait_ack_ms, false).await
+            let wait = wait_ack_ms.map(|ms| AckWait { ms, request: false });
+            queue(inner, key, &[&build], &[], wait, false).await
         }
         Request::Threads => super::lists::threads(inner, page),
         Request::Peers => super::lists::peers(inner, page),
@@ -317,6 +320,17 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
             }
             Ok(reply)
         }
+        Request::MarkRead { seqs } => {
+            if seqs.len() > crate::control::MAX_MARK_SEQS {
+                return Err(Fail::new(
+                    "bad_request",
+                    format!("at most {} seqs", crate::control::MAX_MARK_SEQS),
+                ));
+            }
+            let marked = store.mark_read(&seqs).map_err(internal)?;
+            store.flush().await.map_err(internal)?;
+            Ok(json!({ "marked": marked }))
+        }
         Request::Subscribe { .. } => {
             Err(Fail::new("bad_request", "subscribe is handled separately"))
         }
@@ -349,6 +363,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 .grant_revoke(&hash, wire::time::now_ms())
                 .map_err(internal)?;
             store.flush().await.map_err(internal)?;
+            inner.emit(json!({"event": "grant_revoked", "hash": hash, "role": rec.role}));
             Ok(json!({"hash": hash, "revoked": true, "role": rec.role}))
         }
         Request::Introduce {
@@ -568,14 +583,25 @@ fn thread_and_peer(
     }
 }
 
+/// `--wait-ack`: how long to wait for the ack (ms), and whether the line is a served
+/// request (then a refusal that follows the ack is waited for too, up to
+/// [`super::refusals::REFUSAL_GRACE_MS`]).
+struct AckWait {
+    ms: u64,
+    request: bool,
+}
+
 /// Queue `builders`' lines for `key` in one transaction; the last one is the line the
-/// reply (and `wait_ack_ms`) is about. `blobs`: the files whose chunks come first.
+/// reply (and `wait`) is about. `blobs`: the files whose chunks come first.
+///
+/// Reply `status`: `queued`, `delivered` (acked within the wait), or `refused` (the peer
+/// answered the line with an `err`, given as `refusal: {code, detail}`).
 async fn queue(
     inner: &Arc<Inner>,
     key: PeerKey,
     builders: &[LineBuilder<'_>],
     blobs: &[crate::blob::Outgoing],
-    wait_ack_ms: Option<u64>,
+    wait: Option<AckWait>,
     new_thread: bool,
 ) -> Reply {
     // Subscribe before queueing so the ack cannot slip past.
@@ -605,35 +631,57 @@ async fn queue(
     }
     inner.outbox_changed(&key);
     let mut status = "queued";
-    if let Some(ms) = wait_ack_ms {
+    let mut refusal = None;
+    if let Some(AckWait { ms, request }) = wait {
         let want = entry.id.clone();
-        let waited = tokio::time::timeout(Duration::from_millis(ms), async {
-            loop {
-                match events.recv().await {
-                    Ok(ev) => {
-                        if ev.get("event").and_then(Value::as_str) == Some("ack")
-                            && ev.get("re").and_then(Value::as_str) == Some(want.as_str())
-                        {
-                            return true;
-                        }
+        let mut acked = false;
+        let mut until = tokio::time::Instant::now() + Duration::from_millis(ms);
+        // After the ack of a request, only a short while more for its refusal.
+        let grace = Duration::from_millis(super::refusals::REFUSAL_GRACE_MS);
+        loop {
+            let ev = match tokio::time::timeout_at(until, events.recv()).await {
+                Err(_) => break,
+                Ok(ev) => ev,
+            };
+            match ev {
+                Ok(ev) => {
+                    let is = |name: &str| ev.get("event").and_then(Value::as_str) == Some(name);
+                    let about_it = ev.get("re").and_then(Value::as_str) == Some(want.as_str())
+                        && ev.get("peer").and_then(Value::as_str) == Some(&key.to_string());
+                    if is("peer_err") && about_it {
+                        refusal = Some(json!({"code": ev.get("code"), "detail": ev.get("detail")}));
+                        break;
                     }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        // Fall back to the store: acked lines leave the outbox.
-                        if !inner
-                            .store
-                            .outbox_after(&key, None, usize::MAX)
-                            .map(|o| o.iter().any(|e| e.id == want))
-                            .unwrap_or(true)
-                        {
-                            return true;
+                    if is("ack") && about_it && !acked {
+                        acked = true;
+                        if !request {
+                            break;
                         }
+                        until = until.min(tokio::time::Instant::now() + grace);
                     }
-                    Err(_) => return false,
                 }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    // Fall back to the store: acked lines leave the outbox.
+                    if !inner
+                        .store
+                        .outbox_after(&key, None, usize::MAX)
+                        .map(|o| o.iter().any(|e| e.id == want))
+                        .unwrap_or(true)
+                        && !acked
+                    {
+                        acked = true;
+                        if !request {
+                            break;
+                        }
+                        until = until.min(tokio::time::Instant::now() + grace);
+                    }
+                }
+                Err(_) => break,
             }
-        })
-        .await;
-        if waited == Ok(true) {
+        }
+        if refusal.is_some() {
+            status = "refused";
+        } else if acked {
             status = "delivered";
         }
     }
@@ -648,6 +696,9 @@ async fn queue(
     });
     if let Some(b) = blob_info {
         reply["blobs"] = b;
+    }
+    if let Some(r) = refusal {
+        reply["refusal"] = r;
     }
     Ok(reply)
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 const META_LAST_ID: &[u8] = b"last_id";
-const META_LOG_SEQ: &[u8] = b"log_seq";
+pub(super) const META_LOG_SEQ: &[u8] = b"log_seq";
 const META_USER_PREFIX: &[u8] = b"x/";
 /// Meta keys `intro/` ‖ introducer (32 raw bytes) ‖ introduced key (32 raw bytes) → empty:
 /// which keys each peer introduced (its quota, see [`Store::introduce`]).

@@ -28,6 +28,7 @@ use crate::wire::{Line, PeerKey};
 mod artifacts;
 mod blobs;
 mod codec;
+mod errs;
 pub mod files;
 mod forget;
 mod grants;
@@ -39,6 +40,7 @@ mod tx;
 
 pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};
 pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
+pub use errs::{ErrRecorded, ERR_SCAN_MAX, MAX_ERR_DETAIL};
 pub use forget::Forgotten;
 pub use grants::{GrantRecord, GrantRole};
 pub use imp::Store;
