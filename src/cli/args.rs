@@ -10,13 +10,13 @@ Exit codes:
   0  success
   1  the operation failed (peer refused, connect failed, node error)
   2  usage error, bad input, or `awp wait` timed out
-  3  no node running (`awp status` only)
+  3  no node running (start one with `awp up`)
 
 Peers are named by full key, by name, or by a unique key prefix of at least 4 characters.
 A peer argument that starts with `-` is accepted as is; when it consists only of option
 letters (e.g. `-ts`), put it after `--`.
 
-Commands that need the node start it in the background when it is not running.
+Only `awp up` starts a node; other commands that need one exit 3 when none runs.
 Environment: AWP_HOME (default ~/.awp), RUST_LOG (log filter, default info for the node).";
 
 /// `awp`: a peer-to-peer node for the Agent Wire Protocol.

@@ -1,5 +1,6 @@
-//! The client commands: each talks to the node over the control socket (starting it in
-//! the background when needed), or works on the home alone (`whoami`, `schema`).
+//! The client commands: each talks to the node over the control socket, or works on the
+//! home alone (`whoami`, `schema`). Only `awp up` starts a node: every other command that
+//! needs one fails with exit 3 when none runs (never a listening node as a side effect).
 
 use super::args::PeersAction;
 use super::args::{Command, SendArgs, StateArgs};
@@ -85,7 +86,7 @@ impl Ctx {
         daemon::socket_path(&self.home)
     }
 
-    /// Start the node in the background unless it answers.
+    /// Start the node in the background unless it answers (`awp up` only).
     async fn ensure_node(&self, args: &StartArgs) -> Result<Running, Failure> {
         daemon::ensure_running(&self.home, args).await.map_err(|e| {
             Failure::new(
@@ -99,9 +100,9 @@ impl Ctx {
         })
     }
 
-    /// One request to the node (starting it when needed); the body of an `ok` response.
+    /// One request to the running node (never starts one: no node is exit 3, see
+    /// [`super::client_failure`]); the body of an `ok` response.
     pub(super) async fn call(&self, req: &Request) -> Result<Map<String, Value>, Failure> {
-        self.ensure_node(&StartArgs::default()).await?;
         self.call_running(req).await
     }
 
@@ -129,7 +130,6 @@ impl Ctx {
     /// Every item of a listing answered as `{KEY: [items], "next"?}`: page after page
     /// ([`control::Page`]) until the node gives no `next` (at most [`MAX_PAGES`] pages).
     pub(super) async fn call_all(&self, req: &Request, key: &str) -> Result<Vec<Value>, Failure> {
-        self.ensure_node(&StartArgs::default()).await?;
         let mut page = control::Page::first();
         let mut items = Vec::new();
         for _ in 0..MAX_PAGES {
@@ -154,7 +154,6 @@ impl Ctx {
     }
 
     pub(super) async fn subscribe(&self, req: &Request) -> Result<control::Subscription, Failure> {
-        self.ensure_node(&StartArgs::default()).await?;
         control::subscribe(&self.socket(), req)
             .await
             .map_err(|e| client_failure(&e, &self.home))
@@ -176,6 +175,19 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
     let name = str_field(&who, &["name"])
         .or(str_field(&status, &["name"]))
         .unwrap_or("?");
+    // E.g. it did not get port 7700 (usability #1): said on stderr, and in the JSON.
+    let notices: Vec<String> = status
+        .get("notices")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    for n in &notices {
+        eprintln!("awp: note: {}", format::printable(n));
+    }
     if ctx.json {
         return out_json(&json!({
             "event": "listening",
@@ -183,6 +195,7 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
             "addresses": addresses,
             "key": key,
             "name": name,
+            "notices": notices,
         }));
     }
     match running {
@@ -496,7 +509,6 @@ async fn tail(
 async fn read(ctx: &Ctx, th: Option<String>, mark: bool) -> Result<(), Failure> {
     // The node answers in pages and marks read only what it returned; ask again after its
     // `next` cursor while it says `more` (bounded, in case a peer keeps sending).
-    ctx.ensure_node(&StartArgs::default()).await?;
     let req = Request::Read { th, mark };
     let mut page = control::Page::first();
     let mut shown = 0usize;

@@ -280,7 +280,7 @@ fn exit_codes() {
         path: "/h/awp.sock".into(),
         source: std::io::Error::from(std::io::ErrorKind::NotFound),
     };
-    assert_eq!(client_failure(&not_running, home).exit, Exit::Failed);
+    assert_eq!(client_failure(&not_running, home).exit, Exit::NoNode);
 }
 
 #[test]

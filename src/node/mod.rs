@@ -19,6 +19,7 @@ mod conn;
 mod dialer;
 pub(crate) mod grants;
 mod lists;
+mod port;
 mod presence;
 pub mod serve;
 pub mod served_fs;
@@ -151,6 +152,9 @@ pub(crate) struct Inner {
     pub about: Option<String>,
     pub dial_opts: DialOptions,
     pub addresses: Mutex<Vec<Address>>,
+    /// What the user should know about how the node started (e.g. it did not get port
+    /// 7700): shown by `awp up` and `awp status`.
+    pub notices: Mutex<Vec<String>>,
     pub events: broadcast::Sender<Event>,
     pub conns: Mutex<HashMap<PeerKey, ConnEntry>>,
     pub dialers: Mutex<HashMap<PeerKey, Arc<dialer::Wake>>>,
@@ -274,6 +278,7 @@ impl NodeHandle {
             about,
             dial_opts,
             addresses: Mutex::new(Vec::new()),
+            notices: Mutex::new(Vec::new()),
             events,
             conns: Mutex::new(HashMap::new()),
             dialers: Mutex::new(HashMap::new()),
@@ -312,30 +317,32 @@ impl NodeHandle {
             Err(e) => tracing::warn!("blob recovery: {e}"),
         }
 
-        // Listeners.
+        // Listeners (a port the node picks is kept across restarts: `port`).
         let mut listeners = Vec::new();
-        if settings.listen.is_empty() {
-            let want: Address = format!("tls:0.0.0.0:{DEFAULT_PORT}")
-                .parse()
-                .map_err(other("listen"))?;
-            let l = match net::Listener::bind(&want, &inner.tls, &inner.dial_opts).await {
-                Ok(l) => l,
-                Err(_) => {
-                    let any: Address = "tls:0.0.0.0:0".parse().map_err(other("listen"))?;
-                    net::Listener::bind(&any, &inner.tls, &inner.dial_opts)
-                        .await
-                        .map_err(other("listen"))?
-                }
-            };
-            listeners.push(l);
+        let mut notices = Vec::new();
+        let default = port::default_listen();
+        let specs: Vec<Option<&Address>> = if settings.listen.is_empty() {
+            vec![None]
         } else {
-            for a in &settings.listen {
-                let l = net::Listener::bind(a, &inner.tls, &inner.dial_opts)
-                    .await
-                    .map_err(|e| StartError::Other(format!("listen on {a}: {e}")))?;
-                listeners.push(l);
+            settings.listen.iter().map(Some).collect()
+        };
+        for (i, spec) in specs.into_iter().enumerate() {
+            let b = port::bind(
+                &inner.store,
+                i,
+                spec,
+                &default,
+                &inner.tls,
+                &inner.dial_opts,
+            )
+            .await?;
+            if let Some(n) = b.notice {
+                tracing::warn!("{n}");
+                notices.push(n);
             }
+            listeners.push(b.listener);
         }
+        *inner.notices.lock().unwrap_or_else(|p| p.into_inner()) = notices.clone();
         let key = inner.identity.key();
         let mut addrs = Vec::new();
         for l in &listeners {
@@ -384,6 +391,9 @@ impl NodeHandle {
             "pid": std::process::id(),
         });
         let mut listening = listening;
+        if !notices.is_empty() {
+            listening["notices"] = json!(notices);
+        }
         if let Some(a) = artifactr {
             listening["artifactr"] = json!(a.to_string());
         }

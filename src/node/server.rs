@@ -187,6 +187,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 "outbox": outbox,
                 "artifactr": inner.artifactr.get().map(|a| a.to_string()),
                 "version": env!("CARGO_PKG_VERSION"),
+                "notices": inner.notices.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             }))
         }
         Request::Artifact { action, args } => super::artifacts::control(inner, &action, args).await,
@@ -827,36 +828,52 @@ async fn introduce(
 }
 
 async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> Reply {
-    // An address, or a known peer (dialed at its best known tls: address).
-    let addr: Address = match address.parse::<Address>() {
-        Ok(a) => a,
+    let timeout = Duration::from_millis(timeout_ms.unwrap_or(15_000));
+    let deadline = tokio::time::Instant::now() + timeout.min(super::HANDSHAKE_TIMEOUT);
+    // An address, or a known peer: its known addresses freshest first (usability #1: a
+    // peer that moved is dialed where it said it is now, then where it was), until one
+    // comes up or the time is out.
+    let addrs: Vec<Address> = match address.parse::<Address>() {
+        Ok(a) => vec![a],
         Err(parse_err) => {
             let Ok(key) = resolve_peer(inner, address) else {
                 return Err(Fail::new("bad_request", parse_err.to_string()));
             };
-            let best = inner
+            let known: Vec<Address> = inner
                 .store
                 .addresses(&key)
                 .map_err(internal)?
                 .into_iter()
-                .find_map(|a| a.address.parse::<Address>().ok());
-            match best {
-                Some(a) => a.with_pin(key),
-                None => {
-                    return Err(Fail::new(
-                        "connect_failed",
-                        format!("no known address for {address}"),
-                    )
-                    .hint(format!("give one: awp connect tls:HOST:PORT#{key}")))
-                }
+                .filter_map(|a| a.address.parse::<Address>().ok())
+                .map(|a| a.with_pin(key))
+                .collect();
+            if known.is_empty() {
+                return Err(
+                    Fail::new("connect_failed", format!("no known address for {address}"))
+                        .hint(format!("give one: awp connect tls:HOST:PORT#{key}")),
+                );
             }
+            known
         }
     };
+    let mut last = None;
+    for addr in addrs {
+        match connect_at(inner, &addr, deadline).await {
+            Ok(v) => return Ok(v),
+            Err(f) => last = Some(f),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+    }
+    Err(last.unwrap_or_else(|| Fail::new("connect_failed", format!("{address}: timed out"))))
+}
+
+/// Dial `addr` once and wait (until `deadline`) for the handshake.
+async fn connect_at(inner: &Arc<Inner>, addr: &Address, deadline: tokio::time::Instant) -> Reply {
     let address = addr.to_string();
     let address = address.as_str();
-    let timeout = Duration::from_millis(timeout_ms.unwrap_or(15_000));
-    let deadline = tokio::time::Instant::now() + timeout.min(super::HANDSHAKE_TIMEOUT);
-    let c = match tokio::time::timeout_at(deadline, net::dial(&addr, &inner.tls, &inner.dial_opts))
+    let c = match tokio::time::timeout_at(deadline, net::dial(addr, &inner.tls, &inner.dial_opts))
         .await
     {
         Ok(Ok(c)) => c,
