@@ -176,6 +176,16 @@ pub enum Request {
     /// Answers `{key, removed: {peer, addresses, threads, log, outbox, seen}}` (counts);
     /// `no_such_peer` when nothing is known about it, `bad_request` while it is connected.
     ForgetPeer { peer: String },
+    /// Say bye to one peer (`awp disconnect`): park it (no redial until the next `connect`
+    /// to it or a line queued for it), then close its connection, if any, with a `bye`
+    /// carrying `reason` (cut to [`crate::node::MAX_BYE_REASON`] bytes). Answers
+    /// `{key, peer_name, was_connected, parked: true}`; `no_such_peer` / `ambiguous_peer`
+    /// when `peer` names no single peer.
+    Disconnect {
+        peer: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
 }
 
 fn yes() -> bool {

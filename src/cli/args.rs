@@ -40,7 +40,7 @@ pub struct NodeArgs {
     /// Default tls:0.0.0.0:7700 (or a free port when taken).
     #[arg(long = "listen", value_name = "ADDR")]
     pub listen: Vec<String>,
-    /// Name announced to peers (default awp@<hostname>).
+    /// Name announced to peers (default USER@HOST~KEYPREFIX, e.g. alice@laptop~A6EHv_).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
     /// About text announced to peers.
@@ -136,11 +136,23 @@ pub enum Command {
     Down,
     /// Dial a peer now and wait for the handshake.
     Connect {
-        /// tls:HOST:PORT[#ed25519:KEY], tcp:HOST:PORT or unix:/path.
+        /// tls:HOST:PORT[#ed25519:KEY], tcp:HOST:PORT, unix:/path, or a known peer (its
+        /// key, a key prefix of 4+ characters, or its name).
+        #[arg(value_name = "ADDRESS|PEER", allow_hyphen_values = true)]
         address: String,
         /// How long to wait for the handshake (e.g. 10s).
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
         timeout: Option<Duration>,
+    },
+    /// Say bye to one peer: close its connection with a `bye` and park it (not redialed
+    /// until the next `awp connect` to it or a line sent to it).
+    Disconnect {
+        /// Its key, a key prefix (4+ characters) or its name.
+        #[arg(allow_hyphen_values = true)]
+        peer: String,
+        /// The reason sent in the bye.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
     },
     /// Print the addresses other hosts can dial.
     Address,

@@ -36,6 +36,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         }
         Command::Down => down(ctx).await,
         Command::Connect { address, timeout } => connect(ctx, address, timeout).await,
+        Command::Disconnect { peer, reason } => super::peers::disconnect(ctx, peer, reason).await,
         Command::Address => address(ctx).await,
         Command::Send(args) => send(ctx, &args).await,
         Command::State(args) => state(ctx, &args).await,

@@ -1,4 +1,4 @@
-//! `awp peers forget PEER`.
+//! `awp peers forget PEER`, `awp disconnect PEER`.
 
 use super::format::str_field;
 use super::{out, out_json, Ctx, Failure};
@@ -26,5 +26,29 @@ pub async fn forget(ctx: &Ctx, peer: String) -> Result<(), Failure> {
         n("log"),
         n("outbox"),
         n("addresses"),
+    ))
+}
+
+/// `awp disconnect PEER [--reason TEXT]`: prints `disconnected NAME (KEY); not redialed
+/// until `awp connect` or a send` (or `… was not connected; parked …`); with `--json`, the
+/// node's answer `{key, peer_name, was_connected, parked}`.
+pub async fn disconnect(ctx: &Ctx, peer: String, reason: Option<String>) -> Result<(), Failure> {
+    let body = ctx.call(&Request::Disconnect { peer, reason }).await?;
+    if ctx.json {
+        return out_json(&Value::Object(body));
+    }
+    let key = str_field(&body, &["key"]).unwrap_or("?");
+    let who = match str_field(&body, &["peer_name"]) {
+        Some(name) => format!("{name} ({key})"),
+        None => key.to_string(),
+    };
+    let was = body.get("was_connected").and_then(Value::as_bool) == Some(true);
+    let what = if was {
+        format!("disconnected {who}")
+    } else {
+        format!("{who} was not connected")
+    };
+    out(&format!(
+        "{what}; parked: not redialed until `awp connect` to it or a send"
     ))
 }

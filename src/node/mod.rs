@@ -17,6 +17,7 @@ mod artifacts;
 mod blobs;
 mod conn;
 mod dialer;
+mod disconnect;
 pub(crate) mod grants;
 mod lists;
 mod port;
@@ -27,6 +28,7 @@ mod server;
 pub mod workers;
 
 pub use dialer::{DestLimiter, DialFacts, DialReason, DialTiming, Redial, MAX_DIAL_FAILURES};
+pub use disconnect::MAX_BYE_REASON;
 pub use grants::MAX_INTRODUCED_PER_INTRODUCER;
 pub use presence::PresenceTiming;
 
@@ -74,7 +76,7 @@ pub struct NodeConfig {
     pub listen: Vec<Address>,
     /// Allow plaintext tcp to/from public addresses.
     pub allow_plaintext: bool,
-    /// Name in hello (default `awp@<hostname>`).
+    /// Name in hello (default [`default_name`]: `USER@HOST~KEYPREFIX`).
     pub name: Option<String>,
     /// About text in hello.
     pub about: Option<String>,
@@ -258,8 +260,8 @@ impl NodeHandle {
         let serve = serve_config(&config, &settings)?;
         // A name or about given once is remembered in the home, so a node started later
         // without them (e.g. in the background by another command) keeps them.
-        let name =
-            remembered(&store, "name", settings.name.as_deref())?.unwrap_or_else(default_name);
+        let name = remembered(&store, "name", settings.name.as_deref())?
+            .unwrap_or_else(|| default_name(&identity.key()));
         let about = remembered(&store, "about", settings.about.as_deref())?;
         warn_if_open(&home);
         let (events, _) = broadcast::channel(4096);
@@ -568,14 +570,54 @@ fn warn_if_open(home: &std::path::Path) {
     }
 }
 
-fn default_name() -> String {
+/// Characters of the key in a default name.
+pub const DEFAULT_NAME_KEY_CHARS: usize = 6;
+
+/// The name of a node given none (usability #12): `USER@HOST~KEYPREFIX`, e.g.
+/// `alice@laptop~A6EHv_`. The key prefix ([`DEFAULT_NAME_KEY_CHARS`] characters of the
+/// base64 key) keeps two homes on one host (same user, same host) apart; USER is `$USER`
+/// (else `$LOGNAME`, else `awp`), HOST the kernel host name (else `$HOSTNAME`, else
+/// `localhost`).
+pub fn default_name(key: &PeerKey) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".into());
-    format!("awp@{host}")
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .map(|u| u.trim().to_string())
+        .find(|u| !u.is_empty() && !u.contains(['@', '~']) && !u.chars().any(char::is_control))
+        .unwrap_or_else(|| "awp".into());
+    let k = key.to_string();
+    let b64 = &k[wire::key::PREFIX.len()..];
+    format!("{user}@{host}~{}", &b64[..DEFAULT_NAME_KEY_CHARS])
+}
+
+#[cfg(test)]
+mod default_name_tests {
+    use super::*;
+
+    /// Usability #12: two homes on one host no longer share `awp@HOST`.
+    #[test]
+    fn default_names_differ_per_key_and_end_with_a_key_prefix() {
+        let a = Identity::generate().key();
+        let b = Identity::generate().key();
+        let (na, nb) = (default_name(&a), default_name(&b));
+        assert_ne!(na, nb);
+        assert!(
+            !na.starts_with("awp@") || std::env::var("USER").is_err(),
+            "{na}"
+        );
+        let (_, tail) = na.rsplit_once('~').unwrap();
+        assert_eq!(
+            tail,
+            &a.to_string()["ed25519:".len()..][..DEFAULT_NAME_KEY_CHARS]
+        );
+        assert!(na.contains('@'), "{na}");
+    }
 }
 
 async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {

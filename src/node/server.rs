@@ -131,7 +131,7 @@ async fn handle(inner: &Arc<Inner>, req: Request, page: &Page) -> Response {
     }
 }
 
-type Reply = Result<Value, Fail>;
+pub(super) type Reply = Result<Value, Fail>;
 
 /// A failed control request: an error code of [`crate::control::ControlError`], a message
 /// saying what went wrong (no advice in it), and at most one hint.
@@ -364,6 +364,9 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
         }
         Request::Shutdown => Ok(json!({"stopping": true})),
         Request::ForgetPeer { peer } => forget_peer(inner, &peer).await,
+        Request::Disconnect { peer, reason } => {
+            super::disconnect::disconnect(inner, &peer, reason.as_deref()).await
+        }
     }
 }
 
@@ -430,7 +433,7 @@ async fn forget_peer(inner: &Arc<Inner>, peer: &str) -> Reply {
         .is_some_and(|c| c.up);
     if connected {
         return Err(Fail::new("bad_request", format!("{key} is connected"))
-            .hint("forget it once it has disconnected"));
+            .hint(format!("say bye first: `awp disconnect {key}`")));
     }
     let removed = inner.store.forget_peer(&key).map_err(internal)?;
     if !removed.any() {
@@ -877,7 +880,13 @@ async fn connect_at(inner: &Arc<Inner>, addr: &Address, deadline: tokio::time::I
         .await
     {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(Fail::new("connect_failed", format!("{address}: {e}"))),
+        Ok(Err(e)) => {
+            let text = e.to_string();
+            return Err(match (addr.pin(), presented_key(&text)) {
+                (Some(want), Some(got)) if got != want => pin_mismatch(address, want, got),
+                _ => Fail::new("connect_failed", format!("{address}: {text}")),
+            });
+        }
         Err(_) => return Err(Fail::new("connect_failed", format!("{address}: timed out"))),
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -907,6 +916,30 @@ async fn connect_at(inner: &Arc<Inner>, addr: &Address, deadline: tokio::time::I
             format!("{address}: handshake timed out"),
         )),
     }
+}
+
+/// The key a refused certificate presented, from the dial error's text (`certificate key
+/// KEY does not match the pinned …`, see [`crate::net::dial`]).
+fn presented_key(text: &str) -> Option<PeerKey> {
+    let rest = &text[text.find("certificate key ")? + "certificate key ".len()..];
+    PeerKey::parse(rest.split_whitespace().next()?).ok()
+}
+
+/// Usability #7: the node at the address answered with another key than the pinned one.
+/// Not "is the peer up" (it is): the key differs; say which one it has and how to check.
+fn pin_mismatch(address: &str, want: PeerKey, got: PeerKey) -> Fail {
+    Fail::new(
+        "connect_failed",
+        format!(
+            "{address}: the node there has key {got} (fingerprint {}), not the pinned {want}",
+            got.fingerprint()
+        ),
+    )
+    .hint(format!(
+        "the key after `#` differs from the peer's: compare with the key and fingerprint \
+         `awp whoami` prints on the peer's host (pinned fingerprint {})",
+        want.fingerprint()
+    ))
 }
 
 fn entry_event(inner: &Inner, e: &LogEntry) -> Value {
