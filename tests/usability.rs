@@ -278,3 +278,246 @@ async fn each_error_gives_one_hint() {
     drop(twins);
     node.stop().await;
 }
+
+/// `awp down` on every home given, when dropped (a failed assertion leaves no daemon).
+struct Downs(Vec<std::path::PathBuf>);
+
+impl Drop for Downs {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            let _ = std::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+                .arg("--home")
+                .arg(h)
+                .arg("down")
+                .env_remove("AWP_HOME")
+                .output();
+        }
+    }
+}
+
+/// The one JSON object `awp --json …` printed.
+fn json_out(o: &Output) -> Value {
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+    serde_json::from_str(stdout(o).trim()).expect("one JSON object")
+}
+
+/// The port of `tls:HOST:PORT#…`.
+fn port_of(address: &str) -> u16 {
+    let hostport = address.trim_start_matches("tls:");
+    let hostport = hostport.split('#').next().unwrap();
+    hostport.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// #1, end to end as the README runs two homes on one host (`up --listen
+/// tls:127.0.0.1:0`): a restart keeps the port (the peer's address stays good); when the
+/// port is taken while the node is down, `up` says so, and the peer — told the new
+/// address by the node's hello — lists it and `connect NAME` dials it, not the dead one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_is_never_left_at_a_stale_address() {
+    let (a, b) = (
+        tempfile::TempDir::new().unwrap(),
+        tempfile::TempDir::new().unwrap(),
+    );
+    let (a, b) = (a.path(), b.path());
+    let _downs = Downs(vec![a.to_path_buf(), b.to_path_buf()]);
+    let up = |home: &Path, name: &str| {
+        let (home, name) = (home.to_path_buf(), name.to_string());
+        async move {
+            let o = awp(
+                &home,
+                &[
+                    "--json",
+                    "up",
+                    "--listen",
+                    "tls:127.0.0.1:0",
+                    "--name",
+                    &name,
+                ],
+            )
+            .await;
+            (json_out(&o), stderr(&o))
+        }
+    };
+    let (ua, _) = up(a, "alice").await;
+    let (ub, _) = up(b, "bob").await;
+    let a1 = ua["address"].as_str().unwrap().to_string();
+    assert!(ub["address"].is_string());
+    let o = awp(b, &["connect", &a1, "--timeout", "10s"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+
+    // A restart with the same command keeps the address bob holds.
+    assert_eq!(awp(a, &["down"]).await.status.code(), Some(0));
+    let (ua, err) = up(a, "alice").await;
+    assert_eq!(ua["address"].as_str().unwrap(), a1, "{err}");
+    assert_eq!(ua["notices"], serde_json::json!([]));
+    let o = awp(b, &["--json", "connect", "alice", "--timeout", "10s"]).await;
+    assert_eq!(json_out(&o)["address"].as_str().unwrap(), a1);
+
+    // The port is taken while alice is down: she gets another, and says so.
+    assert_eq!(awp(a, &["down"]).await.status.code(), Some(0));
+    let holder = std::net::TcpListener::bind(("127.0.0.1", port_of(&a1)))
+        .expect("alice's old port is free after down");
+    let (ua, err) = up(a, "alice").await;
+    let a2 = ua["address"].as_str().unwrap().to_string();
+    assert_ne!(port_of(&a2), port_of(&a1));
+    let said = format!("port {} ", port_of(&a1));
+    assert!(
+        err.contains(&said) && err.contains("is taken") && err.contains(&port_of(&a2).to_string()),
+        "up says the port changed: {err}"
+    );
+    assert!(ua["notices"][0].as_str().unwrap().contains("is taken"));
+
+    // Alice reaches bob (her hello carries her new address) ...
+    let o = awp(a, &["connect", "bob", "--timeout", "10s"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // ... so bob lists it, and dials it first.
+    let listed = eventually(10, || {
+        let b = b.to_path_buf();
+        let a2 = a2.clone();
+        async move {
+            let ps = peers(&b).await;
+            let alice = ps.into_iter().find(|p| p["name"] == "alice")?;
+            (alice["address"] == a2.as_str()).then_some(alice)
+        }
+    })
+    .await;
+    assert!(listed["addresses_total"].as_u64().unwrap() >= 2, "{listed}");
+    // Apart again (a second connection now would meet the first in a tie break).
+    let o = awp(a, &["disconnect", "bob"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = awp(b, &["--json", "connect", "alice", "--timeout", "10s"]).await;
+    assert_eq!(json_out(&o)["address"].as_str().unwrap(), a2);
+    drop(holder);
+}
+
+/// #2: a command other than `up` never starts a node: it says so and exits 3, and nothing
+/// listens afterwards.
+#[tokio::test]
+async fn commands_never_start_a_node() {
+    let home = tempfile::TempDir::new().unwrap();
+    let h = home.path();
+    let cases: [&[&str]; 12] = [
+        &["connect", "tls:127.0.0.1:1"],
+        &["send", "alice", "hi"],
+        &["peers"],
+        &["threads"],
+        &["address"],
+        &["read"],
+        &["tail", "--once"],
+        &["wait", "--timeout", "1s"],
+        &["disconnect", "alice"],
+        &["grants"],
+        &["blobs"],
+        &["peers", "forget", "alice"],
+    ];
+    for args in cases {
+        let o = awp(h, args).await;
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {}", stderr(&o));
+        assert_eq!(
+            error_line(&o),
+            "awp: no node running; start one with `awp up`",
+            "{args:?}"
+        );
+        for f in ["awp.sock", "node.lock", "node.log"] {
+            assert!(!h.join(f).exists(), "{args:?} left {f}");
+        }
+    }
+}
+
+/// #16: `awp disconnect PEER --reason TEXT` says bye with the reason and parks the peer:
+/// no redial (though it was dialed with `connect`, a lasting reason to redial), until the
+/// next `connect`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_says_bye_and_parks_until_the_next_connect() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    a.connect(&b).await;
+    let mut events = b.handle.subscribe();
+    let o = awp(
+        &a.path(),
+        &["disconnect", "bob", "--reason", "done for today"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).starts_with(&format!("disconnected bob@test ({})", b.key())),
+        "{}",
+        stdout(&o)
+    );
+    // Bob heard the bye and its reason.
+    let down = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let ev = events.recv().await.expect("event stream");
+            if ev.get("event").and_then(Value::as_str) == Some("peer_down") {
+                return ev;
+            }
+        }
+    })
+    .await
+    .expect("bob sees alice go");
+    assert!(
+        down.get("reason")
+            .map(|r| r.to_string())
+            .unwrap_or_default()
+            .contains("done for today"),
+        "{down:?}"
+    );
+    let bob = |ps: Vec<Value>| ps.into_iter().find(|p| p["name"] == "bob@test").unwrap();
+    let rec = bob(peers(&a.path()).await);
+    assert_eq!(rec["parked"], true, "{rec}");
+    assert_eq!(rec["connected"], false, "{rec}");
+    // Not redialed: still apart a while later (a dialer redials a `connect`ed peer at once).
+    for _ in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(bob(peers(&a.path()).await)["connected"], false);
+    }
+    // The next connect unparks it.
+    let o = awp(&a.path(), &["connect", "bob", "--timeout", "10s"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rec = bob(peers(&a.path()).await);
+    assert_eq!(rec["parked"], false, "{rec}");
+    // Disconnecting an unknown peer names the problem.
+    let o = awp(&a.path(), &["disconnect", "nosuchpeer"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    a.stop().await;
+    b.stop().await;
+}
+
+/// #7: a pinned key that is not the peer's says the key differs (and what the peer's is),
+/// not "check that the peer's node is up"; a pinned key with its last character changed
+/// is "not a valid key (non-canonical encoding)", not "not base64".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_pinned_key_is_named_as_such() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    let other = awp_node::identity::Identity::generate().key();
+    let addr = b.address();
+    let base = addr.split('#').next().unwrap();
+    let o = awp(&a.path(), &["connect", &format!("{base}#{other}")]).await;
+    assert_eq!(o.status.code(), Some(1));
+    let line = error_line(&o);
+    assert!(!line.contains("is up"), "{line}");
+    let real = awp_node::wire::PeerKey::parse(&b.key()).unwrap();
+    assert!(
+        line.contains(&b.key())
+            && line.contains(&real.fingerprint())
+            && line.contains("awp whoami"),
+        "{line}"
+    );
+    // Last character changed: `g` ends a key; `h` sets a bit beyond its 32 bytes.
+    let key = b.key();
+    assert!(key.ends_with(['A', 'Q', 'g', 'w']), "{key}");
+    let bad = format!(
+        "{base}#{}{}",
+        &key[..key.len() - 1],
+        if key.ends_with('A') { 'B' } else { 'h' }
+    );
+    let line = error_line(&awp(&a.path(), &["connect", &bad]).await);
+    assert!(
+        line.contains("not a valid key") && line.contains("non-canonical"),
+        "{line}"
+    );
+    assert!(!line.contains("not base64"), "{line}");
+    a.stop().await;
+    b.stop().await;
+}
