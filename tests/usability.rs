@@ -521,3 +521,21 @@ async fn a_wrong_pinned_key_is_named_as_such() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Minor: `awp doctor --fix` prints its report and nothing else (no raw log line on
+/// stderr about the file it moved).
+#[tokio::test]
+async fn doctor_fix_prints_only_its_report() {
+    let home = tempfile::TempDir::new().unwrap();
+    // A home as a stopped node leaves it: identity and database.
+    let node = TestNode::start_in(home, "doc@test").await;
+    let home = node.stop().await;
+    let db = home.path().join("db");
+    let leftover = db.join("snap.00000000FFFFFFFF.generating");
+    std::fs::write(&leftover, b"partial snapshot").unwrap();
+    let o = awp(home.path(), &["doctor", "--fix"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(!leftover.exists(), "fixed");
+    assert!(stdout(&o).contains("quarantine"), "{}", stdout(&o));
+    assert_eq!(stderr(&o), "", "only the report");
+}
