@@ -539,3 +539,21 @@ async fn doctor_fix_prints_only_its_report() {
     assert!(stdout(&o).contains("quarantine"), "{}", stdout(&o));
     assert_eq!(stderr(&o), "", "only the report");
 }
+
+/// Minor: the man page named sub-pages (`awp-up(1)`, …) that nothing generates; it is one
+/// page that lists every command (nested ones too) with its usage instead.
+#[tokio::test]
+async fn the_man_page_names_no_pages_that_do_not_exist() {
+    let home = tempfile::TempDir::new().unwrap();
+    let o = awp(home.path(), &["man"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let page = stdout(&o);
+    assert!(!page.contains("(1)"), "names another page: {page}");
+    for usage in [
+        r"\fBawp up [OPTIONS]\fR",
+        r"\fBawp peers forget [OPTIONS] <PEER>\fR",
+        r"\fBawp disconnect [OPTIONS] <PEER>\fR",
+    ] {
+        assert!(page.contains(usage), "{usage} missing");
+    }
+}
