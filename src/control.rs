@@ -173,7 +173,8 @@ pub enum Request {
     Shutdown,
     /// Forget a peer (`awp peers forget`): remove its peer record, addresses, threads,
     /// log entries, queued lines and `seen` entries (see [`crate::store::Store::forget_peer`]).
-    /// Answers `{key, removed: {peer, addresses, threads, log, outbox, seen}}` (counts);
+    /// Answers `{key, removed: {peer, addresses, threads, log, outbox, seen}, kept: {blobs,
+    /// artifact_threads, grants}}` (counts; `kept` is what stays about it);
     /// `no_such_peer` when nothing is known about it, `bad_request` while it is connected.
     ForgetPeer { peer: String },
     /// Say bye to one peer (`awp disconnect`): park it (no redial until the next `connect`

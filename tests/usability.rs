@@ -557,3 +557,33 @@ async fn the_man_page_names_no_pages_that_do_not_exist() {
         assert!(page.contains(usage), "{usage} missing");
     }
 }
+
+/// Minor: `awp peers forget` removes the peer's records but not its blobs, artifact
+/// threads or grants; the output says what was kept and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_forget_says_what_it_kept_and_why() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    a.connect(&b).await;
+    let file = a.path().join("notes.txt");
+    std::fs::write(&file, b"hello").unwrap();
+    let o = awp(&a.path(), &["send", "bob", "-f", file.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = awp(&a.path(), &["grant", "bob", "exec"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = awp(&a.path(), &["disconnect", "bob"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = awp(&a.path(), &["peers", "forget", "bob"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    let kept = text.lines().nth(1).unwrap_or_default();
+    assert!(kept.starts_with("kept: 1 blob records"), "{text}");
+    assert!(
+        kept.contains("1 grants") && kept.contains("awp revoke"),
+        "{text}"
+    );
+    let o = awp(&a.path(), &["--json", "peers", "forget", &b.key()]).await;
+    assert_ne!(o.status.code(), Some(0), "nothing left to forget");
+    a.stop().await;
+    b.stop().await;
+}

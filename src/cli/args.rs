@@ -321,7 +321,8 @@ pub struct RelayArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum PeersAction {
     /// Forget a peer: its record, addresses, threads, log entries, queued lines and seen
-    /// entries (not while it is connected). The dedup index, blobs and grants stay.
+    /// entries (not while it is connected). The dedup index, blobs, artifact threads and
+    /// grants stay (the output says which, and why).
     Forget {
         /// Its key, a key prefix (4+ characters) or its name.
         #[arg(allow_hyphen_values = true)]

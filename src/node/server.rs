@@ -443,7 +443,34 @@ async fn forget_peer(inner: &Arc<Inner>, peer: &str) -> Reply {
         ));
     }
     inner.store.flush().await.map_err(internal)?;
-    Ok(json!({"key": key.to_string(), "removed": removed}))
+    Ok(json!({"key": key.to_string(), "removed": removed, "kept": kept_after_forget(inner, &key)?}))
+}
+
+/// What `forget` leaves about `key`, as counts (the CLI says why): blob records (their
+/// files are the user's data, under `blobs/`), artifact threads (shared documents that
+/// hold our own work too), grants issued to it (revoked explicitly with `awp revoke`).
+fn kept_after_forget(inner: &Inner, key: &PeerKey) -> Result<Value, Fail> {
+    let store = &inner.store;
+    let blobs = store
+        .blobs_in()
+        .map_err(internal)?
+        .iter()
+        .filter(|b| b.peer == *key)
+        .count()
+        + store
+            .blobs_out()
+            .map_err(internal)?
+            .iter()
+            .filter(|b| b.peer == *key)
+            .count();
+    let artifact_threads = store
+        .art_workspaces()
+        .map_err(internal)?
+        .iter()
+        .filter(|w| w.peer == *key)
+        .count();
+    let grants = store.grants_by_sub(key).map_err(internal)?.len();
+    Ok(json!({"blobs": blobs, "artifact_threads": artifact_threads, "grants": grants}))
 }
 
 /// A relay queues nothing for peers: msgs and states are refused.
