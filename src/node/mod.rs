@@ -596,30 +596,6 @@ pub fn default_name(key: &PeerKey) -> String {
     format!("{user}@{host}~{}", &b64[..DEFAULT_NAME_KEY_CHARS])
 }
 
-#[cfg(test)]
-mod default_name_tests {
-    use super::*;
-
-    /// Usability #12: two homes on one host no longer share `awp@HOST`.
-    #[test]
-    fn default_names_differ_per_key_and_end_with_a_key_prefix() {
-        let a = Identity::generate().key();
-        let b = Identity::generate().key();
-        let (na, nb) = (default_name(&a), default_name(&b));
-        assert_ne!(na, nb);
-        assert!(
-            !na.starts_with("awp@") || std::env::var("USER").is_err(),
-            "{na}"
-        );
-        let (_, tail) = na.rsplit_once('~').unwrap();
-        assert_eq!(
-            tail,
-            &a.to_string()["ed25519:".len()..][..DEFAULT_NAME_KEY_CHARS]
-        );
-        assert!(na.contains('@'), "{na}");
-    }
-}
-
 async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
     loop {
         let incoming = tokio::select! {
@@ -758,5 +734,29 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+#[cfg(test)]
+mod default_name_tests {
+    use super::*;
+
+    /// Usability #12: two homes on one host no longer share `awp@HOST`.
+    #[test]
+    fn default_names_differ_per_key_and_end_with_a_key_prefix() {
+        let a = Identity::generate().key();
+        let b = Identity::generate().key();
+        let (na, nb) = (default_name(&a), default_name(&b));
+        assert_ne!(na, nb);
+        assert!(
+            !na.starts_with("awp@") || std::env::var("USER").is_err(),
+            "{na}"
+        );
+        let (_, tail) = na.rsplit_once('~').unwrap();
+        assert_eq!(
+            tail,
+            &a.to_string()["ed25519:".len()..][..DEFAULT_NAME_KEY_CHARS]
+        );
+        assert!(na.contains('@'), "{na}");
     }
 }
