@@ -74,8 +74,9 @@ pub enum Request {
     /// `{"peers":[{key, name, about, caps, caps_total, fingerprint, first_seen, last_seen,
     /// last_seen_ms, parked, connected, remote, address, outbox, addresses,
     /// addresses_total}…], "next"?}`. At most [`MAX_SHOWN_ITEMS`] caps and addresses per
-    /// peer (best addresses first; the `_total` fields count all), text cut to
-    /// [`MAX_SHOWN_CHARS`].
+    /// peer (freshest first, as dialed, see [`crate::store::Store::addresses`]; `address`
+    /// is the first; each `{address, source, last_ok, last_heard, last_err}`; the `_total`
+    /// fields count all), text cut to [`MAX_SHOWN_CHARS`].
     Peers,
     /// Unread inbound entries (of one thread when `th`), marking them read unless `mark`
     /// is false: `{"entries":[event…], "more":bool, "next"?}`, at most 1 MiB of lines (at

@@ -590,3 +590,66 @@ async fn peers_forget_says_what_it_kept_and_why() {
     a.stop().await;
     b.stop().await;
 }
+
+/// #1: `awp connect NAME` tries the peer's addresses freshest first and falls back to an
+/// older one when the freshest is dead, recording the failure on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_by_name_falls_back_to_an_older_address() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    a.connect(&b).await;
+    let b1 = b.address();
+    // Bob restarts while his port is held: he gets another, and tells alice in his hello.
+    let home = b.stop().await;
+    let holder = std::net::TcpListener::bind(("127.0.0.1", port_of(&b1))).unwrap();
+    let b = TestNode::start_in(home, "bob@test").await;
+    let b2 = b.address();
+    assert_ne!(b2, b1);
+    let o = awp(&b.path(), &["connect", "alice", "--timeout", "10s"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    eventually(10, || {
+        let (home, b2) = (a.path(), b2.clone());
+        async move {
+            let ps = peers(&home).await;
+            (ps.iter().any(|p| p["address"] == b2.as_str())).then_some(())
+        }
+    })
+    .await;
+    // Bob comes back on his first port: the freshest address alice holds is dead now.
+    let home = b.stop().await;
+    drop(holder);
+    let b = TestNode {
+        handle: awp_node::node::NodeHandle::start(awp_node::node::NodeConfig {
+            home: home.path().to_path_buf(),
+            listen: vec![b1.split('#').next().unwrap().parse().unwrap()],
+            name: Some("bob@test".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap(),
+        home,
+    };
+    assert_eq!(b.address(), b1);
+    let o = awp(&a.path(), &["--json", "connect", "bob", "--timeout", "10s"]).await;
+    assert_eq!(json_out(&o)["address"].as_str().unwrap(), b1);
+    let bob = peers(&a.path())
+        .await
+        .into_iter()
+        .find(|p| p["name"] == "bob@test")
+        .unwrap();
+    let dead = bob["addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["address"] == b2.as_str())
+        .unwrap()
+        .clone();
+    assert!(dead["last_err"].is_string(), "{bob}");
+    assert_eq!(
+        bob["address"],
+        b1.as_str(),
+        "the one that worked last first"
+    );
+    a.stop().await;
+    b.stop().await;
+}

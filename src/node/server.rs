@@ -861,21 +861,25 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
     let timeout = Duration::from_millis(timeout_ms.unwrap_or(15_000));
     let deadline = tokio::time::Instant::now() + timeout.min(super::HANDSHAKE_TIMEOUT);
     // An address, or a known peer: its known addresses freshest first (usability #1: a
-    // peer that moved is dialed where it said it is now, then where it was), until one
-    // comes up or the time is out.
-    let addrs: Vec<Address> = match address.parse::<Address>() {
-        Ok(a) => vec![a],
+    // peer that moved is dialed where it said it is now, then where it was), each with a
+    // fair share of the time left, until one comes up. A failure is recorded on the
+    // address, so the next dial (ours or the dialer's) tries it later.
+    let (known, addrs): (Option<PeerKey>, Vec<(String, Address)>) = match address.parse::<Address>()
+    {
+        Ok(a) => (None, vec![(a.to_string(), a)]),
         Err(parse_err) => {
             let Ok(key) = resolve_peer(inner, address) else {
                 return Err(Fail::new("bad_request", parse_err.to_string()));
             };
-            let known: Vec<Address> = inner
+            let known: Vec<(String, Address)> = inner
                 .store
                 .addresses(&key)
                 .map_err(internal)?
                 .into_iter()
-                .filter_map(|a| a.address.parse::<Address>().ok())
-                .map(|a| a.with_pin(key))
+                .filter_map(|a| {
+                    let parsed = a.address.parse::<Address>().ok()?.with_pin(key);
+                    Some((a.address, parsed))
+                })
                 .collect();
             if known.is_empty() {
                 return Err(
@@ -883,21 +887,42 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
                         .hint(format!("give one: awp connect tls:HOST:PORT#{key}")),
                 );
             }
-            known
+            (Some(key), known)
         }
     };
     let mut last = None;
-    for addr in addrs {
-        match connect_at(inner, &addr, deadline).await {
-            Ok(v) => return Ok(v),
-            Err(f) => last = Some(f),
-        }
-        if tokio::time::Instant::now() >= deadline {
+    let total = addrs.len();
+    for (i, (stored, addr)) in addrs.into_iter().enumerate() {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
             break;
+        }
+        let share = (deadline - now) / (total - i) as u32;
+        let until = if i + 1 == total {
+            deadline
+        } else {
+            (now + share.max(MIN_CONNECT_SHARE)).min(deadline)
+        };
+        match connect_at(inner, &addr, until).await {
+            Ok(v) => return Ok(v),
+            Err(f) => {
+                if let Some(key) = known {
+                    let _ = inner.store.address_result(
+                        &key,
+                        &stored,
+                        Err(&f.0 .1),
+                        wire::time::now_ms(),
+                    );
+                }
+                last = Some(f);
+            }
         }
     }
     Err(last.unwrap_or_else(|| Fail::new("connect_failed", format!("{address}: timed out"))))
 }
+
+/// The least time `connect PEER` gives one of several addresses.
+const MIN_CONNECT_SHARE: Duration = Duration::from_secs(2);
 
 /// Dial `addr` once and wait (until `deadline`) for the handshake.
 async fn connect_at(inner: &Arc<Inner>, addr: &Address, deadline: tokio::time::Instant) -> Reply {
