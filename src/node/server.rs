@@ -871,10 +871,14 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
             let Ok(key) = resolve_peer(inner, address) else {
                 return Err(Fail::new("bad_request", parse_err.to_string()));
             };
-            let known: Vec<(String, Address)> = inner
-                .store
-                .addresses(&key)
-                .map_err(internal)?
+            let mut recs = inner.store.addresses(&key).map_err(internal)?;
+            // Introduced hints that never worked are dialed only when nothing better is
+            // known: an introducer never steers a connect away from the peer's own address
+            // (spec/security.md: introductions are hints).
+            if recs.iter().any(|a| a.fresh_ms().is_some()) {
+                recs.retain(|a| a.fresh_ms().is_some());
+            }
+            let known: Vec<(String, Address)> = recs
                 .into_iter()
                 .filter_map(|a| {
                     let parsed = a.address.parse::<Address>().ok()?.with_pin(key);
