@@ -75,8 +75,9 @@ pub enum Request {
     /// `{"peers":[{key, name, about, caps, caps_total, fingerprint, first_seen, last_seen,
     /// last_seen_ms, parked, connected, remote, address, outbox, addresses,
     /// addresses_total}…], "next"?}`. At most [`MAX_SHOWN_ITEMS`] caps and addresses per
-    /// peer (best addresses first; the `_total` fields count all), text cut to
-    /// [`MAX_SHOWN_CHARS`].
+    /// peer (freshest first, as dialed, see [`crate::store::Store::addresses`]; `address`
+    /// is the first; each `{address, source, last_ok, last_heard, last_err}`; the `_total`
+    /// fields count all), text cut to [`MAX_SHOWN_CHARS`].
     Peers,
     /// Unread inbound entries (of one thread when `th`), marking them read unless `mark`
     /// is false: `{"entries":[event…], "more":bool, "next"?}`, at most 1 MiB of lines (at
@@ -178,9 +179,20 @@ pub enum Request {
     Shutdown,
     /// Forget a peer (`awp peers forget`): remove its peer record, addresses, threads,
     /// log entries, queued lines and `seen` entries (see [`crate::store::Store::forget_peer`]).
-    /// Answers `{key, removed: {peer, addresses, threads, log, outbox, seen}}` (counts);
+    /// Answers `{key, removed: {peer, addresses, threads, log, outbox, seen}, kept: {blobs,
+    /// artifact_threads, grants}}` (counts; `kept` is what stays about it);
     /// `no_such_peer` when nothing is known about it, `bad_request` while it is connected.
     ForgetPeer { peer: String },
+    /// Say bye to one peer (`awp disconnect`): park it (no redial until the next `connect`
+    /// to it or a line queued for it), then close its connection, if any, with a `bye`
+    /// carrying `reason` (cut to [`crate::node::MAX_BYE_REASON`] bytes). Answers
+    /// `{key, peer_name, was_connected, parked: true}`; `no_such_peer` / `ambiguous_peer`
+    /// when `peer` names no single peer.
+    Disconnect {
+        peer: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
 }
 
 fn yes() -> bool {

@@ -278,3 +278,378 @@ async fn each_error_gives_one_hint() {
     drop(twins);
     node.stop().await;
 }
+
+/// `awp down` on every home given, when dropped (a failed assertion leaves no daemon).
+struct Downs(Vec<std::path::PathBuf>);
+
+impl Drop for Downs {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            let _ = std::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+                .arg("--home")
+                .arg(h)
+                .arg("down")
+                .env_remove("AWP_HOME")
+                .output();
+        }
+    }
+}
+
+/// The one JSON object `awp --json …` printed.
+fn json_out(o: &Output) -> Value {
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+    serde_json::from_str(stdout(o).trim()).expect("one JSON object")
+}
+
+/// The port of `tls:HOST:PORT#…`.
+fn port_of(address: &str) -> u16 {
+    let hostport = address.trim_start_matches("tls:");
+    let hostport = hostport.split('#').next().unwrap();
+    hostport.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// #1, end to end as the README runs two homes on one host (`up --listen
+/// tls:127.0.0.1:0`): a restart keeps the port (the peer's address stays good); when the
+/// port is taken while the node is down, `up` says so, and the peer — told the new
+/// address by the node's hello — lists it and `connect NAME` dials it, not the dead one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_is_never_left_at_a_stale_address() {
+    let (a, b) = (
+        tempfile::TempDir::new().unwrap(),
+        tempfile::TempDir::new().unwrap(),
+    );
+    let (a, b) = (a.path(), b.path());
+    let _downs = Downs(vec![a.to_path_buf(), b.to_path_buf()]);
+    let up = |home: &Path, name: &str| {
+        let (home, name) = (home.to_path_buf(), name.to_string());
+        async move {
+            let o = awp(
+                &home,
+                &[
+                    "--json",
+                    "up",
+                    "--listen",
+                    "tls:127.0.0.1:0",
+                    "--name",
+                    &name,
+                ],
+            )
+            .await;
+            (json_out(&o), stderr(&o))
+        }
+    };
+    let (ua, _) = up(a, "alice").await;
+    let (ub, _) = up(b, "bob").await;
+    let a1 = ua["address"].as_str().unwrap().to_string();
+    assert!(ub["address"].is_string());
+    let o = awp(b, &["connect", &a1, "--timeout", "10s"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+
+    // A restart with the same command keeps the address bob holds.
+    assert_eq!(awp(a, &["down"]).await.status.code(), Some(0));
+    let (ua, err) = up(a, "alice").await;
+    assert_eq!(ua["address"].as_str().unwrap(), a1, "{err}");
+    assert_eq!(ua["notices"], serde_json::json!([]));
+    let o = awp(b, &["--json", "connect", "alice", "--timeout", "10s"]).await;
+    assert_eq!(json_out(&o)["address"].as_str().unwrap(), a1);
+
+    // The port is taken while alice is down: she gets another, and says so.
+    assert_eq!(awp(a, &["down"]).await.status.code(), Some(0));
+    let holder = std::net::TcpListener::bind(("127.0.0.1", port_of(&a1)))
+        .expect("alice's old port is free after down");
+    let (ua, err) = up(a, "alice").await;
+    let a2 = ua["address"].as_str().unwrap().to_string();
+    assert_ne!(port_of(&a2), port_of(&a1));
+    let said = format!("port {} ", port_of(&a1));
+    assert!(
+        err.contains(&said) && err.contains("is taken") && err.contains(&port_of(&a2).to_string()),
+        "up says the port changed: {err}"
+    );
+    assert!(ua["notices"][0].as_str().unwrap().contains("is taken"));
+
+    // Alice reaches bob (her hello carries her new address) ...
+    let o = awp(a, &["connect", "bob", "--timeout", "10s"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // ... so bob lists it, and dials it first.
+    let listed = eventually(10, || {
+        let b = b.to_path_buf();
+        let a2 = a2.clone();
+        async move {
+            let ps = peers(&b).await;
+            let alice = ps.into_iter().find(|p| p["name"] == "alice")?;
+            (alice["address"] == a2.as_str()).then_some(alice)
+        }
+    })
+    .await;
+    assert!(listed["addresses_total"].as_u64().unwrap() >= 2, "{listed}");
+    // Apart again (a second connection now would meet the first in a tie break).
+    let o = awp(a, &["disconnect", "bob"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = awp(b, &["--json", "connect", "alice", "--timeout", "10s"]).await;
+    assert_eq!(json_out(&o)["address"].as_str().unwrap(), a2);
+    drop(holder);
+}
+
+/// #2: a command other than `up` never starts a node: it says so and exits 3, and nothing
+/// listens afterwards.
+#[tokio::test]
+async fn commands_never_start_a_node() {
+    let home = tempfile::TempDir::new().unwrap();
+    let h = home.path();
+    let cases: [&[&str]; 12] = [
+        &["connect", "tls:127.0.0.1:1"],
+        &["send", "alice", "hi"],
+        &["peers"],
+        &["threads"],
+        &["address"],
+        &["read"],
+        &["tail", "--once"],
+        &["wait", "--timeout", "1s"],
+        &["disconnect", "alice"],
+        &["grants"],
+        &["blobs"],
+        &["peers", "forget", "alice"],
+    ];
+    for args in cases {
+        let o = awp(h, args).await;
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {}", stderr(&o));
+        assert_eq!(
+            error_line(&o),
+            "awp: no node running; start one with `awp up`",
+            "{args:?}"
+        );
+        for f in ["awp.sock", "node.lock", "node.log"] {
+            assert!(!h.join(f).exists(), "{args:?} left {f}");
+        }
+    }
+}
+
+/// #16: `awp disconnect PEER --reason TEXT` says bye with the reason and parks the peer:
+/// no redial (though it was dialed with `connect`, a lasting reason to redial), until the
+/// next `connect`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_says_bye_and_parks_until_the_next_connect() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    a.connect(&b).await;
+    let mut events = b.handle.subscribe();
+    let o = awp(
+        &a.path(),
+        &["disconnect", "bob", "--reason", "done for today"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).starts_with(&format!("disconnected bob@test ({})", b.key())),
+        "{}",
+        stdout(&o)
+    );
+    // Bob heard the bye and its reason.
+    let down = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let ev = events.recv().await.expect("event stream");
+            if ev.get("event").and_then(Value::as_str) == Some("peer_down") {
+                return ev;
+            }
+        }
+    })
+    .await
+    .expect("bob sees alice go");
+    assert!(
+        down.get("reason")
+            .map(|r| r.to_string())
+            .unwrap_or_default()
+            .contains("done for today"),
+        "{down:?}"
+    );
+    let bob = |ps: Vec<Value>| ps.into_iter().find(|p| p["name"] == "bob@test").unwrap();
+    let rec = bob(peers(&a.path()).await);
+    assert_eq!(rec["parked"], true, "{rec}");
+    assert_eq!(rec["connected"], false, "{rec}");
+    // Not redialed: still apart a while later (a dialer redials a `connect`ed peer at once).
+    for _ in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(bob(peers(&a.path()).await)["connected"], false);
+    }
+    // The next connect unparks it.
+    let o = awp(&a.path(), &["connect", "bob", "--timeout", "10s"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rec = bob(peers(&a.path()).await);
+    assert_eq!(rec["parked"], false, "{rec}");
+    // Disconnecting an unknown peer names the problem.
+    let o = awp(&a.path(), &["disconnect", "nosuchpeer"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    a.stop().await;
+    b.stop().await;
+}
+
+/// #7: a pinned key that is not the peer's says the key differs (and what the peer's is),
+/// not "check that the peer's node is up"; a pinned key with its last character changed
+/// is "not a valid key (non-canonical encoding)", not "not base64".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_pinned_key_is_named_as_such() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    let other = awp_node::identity::Identity::generate().key();
+    let addr = b.address();
+    let base = addr.split('#').next().unwrap();
+    let o = awp(&a.path(), &["connect", &format!("{base}#{other}")]).await;
+    assert_eq!(o.status.code(), Some(1));
+    let line = error_line(&o);
+    assert!(!line.contains("is up"), "{line}");
+    let real = awp_node::wire::PeerKey::parse(&b.key()).unwrap();
+    assert!(
+        line.contains(&b.key())
+            && line.contains(&real.fingerprint())
+            && line.contains("awp whoami"),
+        "{line}"
+    );
+    // Last character changed: it carries 4 bits of the key and 2 zero bits; the next
+    // character of the alphabet sets one of those zero bits.
+    let key = b.key();
+    const URL: &str = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let last = URL.find(key.chars().last().unwrap()).unwrap();
+    assert_eq!(last % 4, 0, "{key}");
+    let bad = format!(
+        "{base}#{}{}",
+        &key[..key.len() - 1],
+        &URL[last + 1..last + 2]
+    );
+    let line = error_line(&awp(&a.path(), &["connect", &bad]).await);
+    assert!(
+        line.contains("not a valid key") && line.contains("non-canonical"),
+        "{line}"
+    );
+    assert!(!line.contains("not base64"), "{line}");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Minor: `awp doctor --fix` prints its report and nothing else (no raw log line on
+/// stderr about the file it moved).
+#[tokio::test]
+async fn doctor_fix_prints_only_its_report() {
+    let home = tempfile::TempDir::new().unwrap();
+    // A home as a stopped node leaves it: identity and database.
+    let node = TestNode::start_in(home, "doc@test").await;
+    let home = node.stop().await;
+    let db = home.path().join("db");
+    let leftover = db.join("snap.00000000FFFFFFFF.generating");
+    std::fs::write(&leftover, b"partial snapshot").unwrap();
+    let o = awp(home.path(), &["doctor", "--fix"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(!leftover.exists(), "fixed");
+    assert!(stdout(&o).contains("quarantine"), "{}", stdout(&o));
+    assert_eq!(stderr(&o), "", "only the report");
+}
+
+/// Minor: the man page named sub-pages (`awp-up(1)`, …) that nothing generates; it is one
+/// page that lists every command (nested ones too) with its usage instead.
+#[tokio::test]
+async fn the_man_page_names_no_pages_that_do_not_exist() {
+    let home = tempfile::TempDir::new().unwrap();
+    let o = awp(home.path(), &["man"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let page = stdout(&o);
+    assert!(!page.contains("(1)"), "names another page: {page}");
+    for usage in [
+        r"\fBawp up [OPTIONS]\fR",
+        r"\fBawp peers forget [OPTIONS] <PEER>\fR",
+        r"\fBawp disconnect [OPTIONS] <PEER>\fR",
+    ] {
+        assert!(page.contains(usage), "{usage} missing");
+    }
+}
+
+/// Minor: `awp peers forget` removes the peer's records but not its blobs, artifact
+/// threads or grants; the output says what was kept and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_forget_says_what_it_kept_and_why() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    a.connect(&b).await;
+    let file = a.path().join("notes.txt");
+    std::fs::write(&file, b"hello").unwrap();
+    let o = awp(&a.path(), &["send", "bob", "-f", file.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = awp(&a.path(), &["grant", "bob", "exec"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = awp(&a.path(), &["disconnect", "bob"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = awp(&a.path(), &["peers", "forget", "bob"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    let kept = text.lines().nth(1).unwrap_or_default();
+    assert!(kept.starts_with("kept: 1 blob records"), "{text}");
+    assert!(
+        kept.contains("1 grants") && kept.contains("awp revoke"),
+        "{text}"
+    );
+    let o = awp(&a.path(), &["--json", "peers", "forget", &b.key()]).await;
+    assert_ne!(o.status.code(), Some(0), "nothing left to forget");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// #1: `awp connect NAME` tries the peer's addresses freshest first and falls back to an
+/// older one when the freshest is dead, recording the failure on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_by_name_falls_back_to_an_older_address() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    a.connect(&b).await;
+    let b1 = b.address();
+    // Bob restarts while his port is held: he gets another, and tells alice in his hello.
+    let home = b.stop().await;
+    let holder = std::net::TcpListener::bind(("127.0.0.1", port_of(&b1))).unwrap();
+    let b = TestNode::start_in(home, "bob@test").await;
+    let b2 = b.address();
+    assert_ne!(b2, b1);
+    let o = awp(&b.path(), &["connect", "alice", "--timeout", "10s"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    eventually(10, || {
+        let (home, b2) = (a.path(), b2.clone());
+        async move {
+            let ps = peers(&home).await;
+            (ps.iter().any(|p| p["address"] == b2.as_str())).then_some(())
+        }
+    })
+    .await;
+    // Bob comes back on his first port: the freshest address alice holds is dead now.
+    let home = b.stop().await;
+    drop(holder);
+    let b = TestNode {
+        handle: awp_node::node::NodeHandle::start(awp_node::node::NodeConfig {
+            home: home.path().to_path_buf(),
+            listen: vec![b1.split('#').next().unwrap().parse().unwrap()],
+            name: Some("bob@test".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap(),
+        home,
+    };
+    assert_eq!(b.address(), b1);
+    let o = awp(&a.path(), &["--json", "connect", "bob", "--timeout", "10s"]).await;
+    assert_eq!(json_out(&o)["address"].as_str().unwrap(), b1);
+    let bob = peers(&a.path())
+        .await
+        .into_iter()
+        .find(|p| p["name"] == "bob@test")
+        .unwrap();
+    let dead = bob["addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["address"] == b2.as_str())
+        .unwrap()
+        .clone();
+    assert!(dead["last_err"].is_string(), "{bob}");
+    assert_eq!(
+        bob["address"],
+        b1.as_str(),
+        "the one that worked last first"
+    );
+    a.stop().await;
+    b.stop().await;
+}

@@ -10,7 +10,7 @@ Exit codes:
   0  success
   1  the operation failed (peer refused, connect failed, node error)
   2  usage error, bad input, or `awp wait` timed out
-  3  no node running (`awp status` only)
+  3  no node running (start one with `awp up`)
 With --json, a failure is also one JSON object on stdout: {\"error\":{\"code\",
 \"message\", \"hint\"}} (see the README).
 
@@ -18,7 +18,7 @@ Peers are named by full key, by name, or by a unique key prefix of at least 4 ch
 A peer argument that starts with `-` is accepted as is; when it consists only of option
 letters (e.g. `-ts`), put it after `--`.
 
-Commands that need the node start it in the background when it is not running.
+Only `awp up` starts a node; other commands that need one exit 3 when none runs.
 Environment: AWP_HOME (default ~/.awp), RUST_LOG (log filter, default info for the node).";
 
 /// `awp`: a peer-to-peer node for the Agent Wire Protocol.
@@ -42,7 +42,7 @@ pub struct NodeArgs {
     /// Default tls:0.0.0.0:7700 (or a free port when taken).
     #[arg(long = "listen", value_name = "ADDR")]
     pub listen: Vec<String>,
-    /// Name announced to peers (default awp@<hostname>).
+    /// Name announced to peers (default USER@HOST~KEYPREFIX, e.g. alice@laptop~A6EHv_).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
     /// About text announced to peers.
@@ -138,11 +138,23 @@ pub enum Command {
     Down,
     /// Dial a peer now and wait for the handshake.
     Connect {
-        /// tls:HOST:PORT[#ed25519:KEY], tcp:HOST:PORT or unix:/path.
+        /// tls:HOST:PORT[#ed25519:KEY], tcp:HOST:PORT, unix:/path, or a known peer (its
+        /// key, a key prefix of 4+ characters, or its name).
+        #[arg(value_name = "ADDRESS|PEER", allow_hyphen_values = true)]
         address: String,
         /// How long to wait for the handshake (e.g. 10s).
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
         timeout: Option<Duration>,
+    },
+    /// Say bye to one peer: close its connection with a `bye` and park it (not redialed
+    /// until the next `awp connect` to it or a line sent to it).
+    Disconnect {
+        /// Its key, a key prefix (4+ characters) or its name.
+        #[arg(allow_hyphen_values = true)]
+        peer: String,
+        /// The reason sent in the bye.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
     },
     /// Print the addresses other hosts can dial.
     Address,
@@ -339,7 +351,8 @@ pub struct RelayArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum PeersAction {
     /// Forget a peer: its record, addresses, threads, log entries, queued lines and seen
-    /// entries (not while it is connected). The dedup index, blobs and grants stay.
+    /// entries (not while it is connected). The dedup index, blobs, artifact threads and
+    /// grants stay (the output says which, and why).
     Forget {
         /// Its key, a key prefix (4+ characters) or its name.
         #[arg(allow_hyphen_values = true)]

@@ -1,5 +1,6 @@
-//! The client commands: each talks to the node over the control socket (starting it in
-//! the background when needed), or works on the home alone (`whoami`, `schema`).
+//! The client commands: each talks to the node over the control socket, or works on the
+//! home alone (`whoami`, `schema`). Only `awp up` starts a node: every other command that
+//! needs one fails with exit 3 when none runs (never a listening node as a side effect).
 
 use super::args::PeersAction;
 use super::args::{Command, SendArgs, StateArgs};
@@ -35,6 +36,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         }
         Command::Down => down(ctx).await,
         Command::Connect { address, timeout } => connect(ctx, address, timeout).await,
+        Command::Disconnect { peer, reason } => super::peers::disconnect(ctx, peer, reason).await,
         Command::Address => address(ctx).await,
         Command::Send(args) => send(ctx, &args).await,
         Command::State(args) => state(ctx, &args).await,
@@ -107,7 +109,7 @@ impl Ctx {
         daemon::socket_path(&self.home)
     }
 
-    /// Start the node in the background unless it answers.
+    /// Start the node in the background unless it answers (`awp up` only).
     async fn ensure_node(&self, args: &StartArgs) -> Result<Running, Failure> {
         daemon::ensure_running(&self.home, args).await.map_err(|e| {
             Failure::new(
@@ -121,9 +123,9 @@ impl Ctx {
         })
     }
 
-    /// One request to the node (starting it when needed); the body of an `ok` response.
+    /// One request to the running node (never starts one: no node is exit 3, see
+    /// [`super::client_failure`]); the body of an `ok` response.
     pub(super) async fn call(&self, req: &Request) -> Result<Map<String, Value>, Failure> {
-        self.ensure_node(&StartArgs::default()).await?;
         self.call_running(req).await
     }
 
@@ -151,7 +153,6 @@ impl Ctx {
     /// Every item of a listing answered as `{KEY: [items], "next"?}`: page after page
     /// ([`control::Page`]) until the node gives no `next` (at most [`MAX_PAGES`] pages).
     pub(super) async fn call_all(&self, req: &Request, key: &str) -> Result<Vec<Value>, Failure> {
-        self.ensure_node(&StartArgs::default()).await?;
         let mut page = control::Page::first();
         let mut items = Vec::new();
         for _ in 0..MAX_PAGES {
@@ -176,7 +177,6 @@ impl Ctx {
     }
 
     pub(super) async fn subscribe(&self, req: &Request) -> Result<control::Subscription, Failure> {
-        self.ensure_node(&StartArgs::default()).await?;
         control::subscribe(&self.socket(), req)
             .await
             .map_err(|e| client_failure(&e, &self.home))
@@ -198,6 +198,19 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
     let name = str_field(&who, &["name"])
         .or(str_field(&status, &["name"]))
         .unwrap_or("?");
+    // E.g. it did not get port 7700 (usability #1): said on stderr, and in the JSON.
+    let notices: Vec<String> = status
+        .get("notices")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    for n in &notices {
+        eprintln!("awp: note: {}", format::printable(n));
+    }
     if ctx.json {
         // Whether this call started the node or found it running (then options given
         // here were not applied).
@@ -214,6 +227,7 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
             "already_running": already,
             "pid": pid,
             "options_ignored": already && *args != StartArgs::default(),
+            "notices": notices,
         }));
     }
     match running {
@@ -576,7 +590,6 @@ async fn read(ctx: &Ctx, th: Option<String>, opts: ReadOpts) -> Result<(), Failu
     // The node answers in pages and marks read only what it returned; ask again after its
     // `next` cursor while it says `more` (bounded, in case a peer keeps sending), asking
     // for no more lines than are left to print.
-    ctx.ensure_node(&StartArgs::default()).await?;
     let req = Request::Read {
         th: th.clone(),
         mark: opts.mark,

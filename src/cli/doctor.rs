@@ -17,7 +17,11 @@ path?, what, fix?, fixable}], fixed: [..]}.";
 pub fn run(ctx: &Ctx, fix: bool) -> Result<(), Failure> {
     let mut report = doctor::check(&ctx.home);
     if fix {
-        report = doctor::fix(&ctx.home, &report).map_err(|e| Failure::usage(e.to_string(), ""))?;
+        // The store's own log lines (e.g. the node's "moved … to quarantine" warning)
+        // repeat what the report says: the output is the report alone.
+        let quiet = tracing::subscriber::NoSubscriber::default();
+        report = tracing::subscriber::with_default(quiet, || doctor::fix(&ctx.home, &report))
+            .map_err(|e| Failure::usage(e.to_string(), ""))?;
     }
     if ctx.json {
         let v = serde_json::to_value(&report).map_err(|e| {

@@ -34,7 +34,7 @@ pub enum Exit {
     Failed = 1,
     /// 2: usage error, bad input, or a wait timed out.
     Usage = 2,
-    /// 3: no node running (`awp status`).
+    /// 3: no node running (every command that needs one; only `awp up` starts one).
     NoNode = 3,
 }
 
@@ -169,8 +169,9 @@ pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
 pub fn client_failure(err: &ClientError, home: &Path) -> Failure {
     let log = home.join(crate::daemon::LOG_FILE);
     match err {
+        // Commands never start a node as a side effect (usability #2): exit 3, as `status`.
         ClientError::NotRunning { .. } => {
-            Failure::new(Exit::Failed, "no node running", "start one with `awp up`")
+            Failure::new(Exit::NoNode, "no node running", "start one with `awp up`")
                 .with_code("no_node")
         }
         ClientError::Refused(e) => node_failure(e, home),

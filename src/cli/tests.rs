@@ -302,7 +302,7 @@ fn exit_codes() {
         path: "/h/awp.sock".into(),
         source: std::io::Error::from(std::io::ErrorKind::NotFound),
     };
-    assert_eq!(client_failure(&not_running, home).exit, Exit::Failed);
+    assert_eq!(client_failure(&not_running, home).exit, Exit::NoNode);
 }
 
 #[test]
@@ -597,4 +597,69 @@ fn artifact_not_found_is_usage_with_a_listing_hint() {
     let f = node_failure(&err, std::path::Path::new("/h"));
     assert_eq!(f.exit, Exit::Usage);
     assert!(f.hint.contains("awp artifact list"), "{}", f.hint);
+}
+
+/// Usability #12b: a peer named by a key prefix that starts with `-` (keys are base64url)
+/// is accepted by every verb that takes a peer, `connect` included.
+#[test]
+fn every_verb_accepts_a_hyphen_leading_peer() {
+    let p = "-LhWGFku";
+    let cases: [&[&str]; 14] = [
+        &["connect", p],
+        &["connect", p, "--timeout", "3s"],
+        &["disconnect", p, "--reason", "done"],
+        &["send", p, "hi"],
+        &["state", p, "thr_1", "done"],
+        &["presence", p],
+        &["grant", p, "exec"],
+        &["grant", "bob", "exec", "--aud", p],
+        &["introduce", p, "bob"],
+        &["introduce", "bob", p],
+        &["peers", "forget", p],
+        &["artifact", "new", p],
+        &["tail", "-p", p],
+        &["blobs", "-p", p],
+    ];
+    for args in cases {
+        let c = parse_ok(args);
+        assert!(
+            format!("{:?}", c.command).contains(&format!("{p:?}")),
+            "{args:?}: {:?}",
+            c.command
+        );
+    }
+}
+
+/// Usability #12b: the rule as a property of the grammar, so a new verb cannot miss it:
+/// every argument that names a peer (a value name with PEER, or ids peer/to/aud) accepts
+/// values that start with `-`.
+#[test]
+fn every_peer_argument_allows_hyphen_values() {
+    use clap::CommandFactory;
+    fn walk(cmd: &clap::Command, path: &str, seen: &mut usize) {
+        for arg in cmd.get_arguments() {
+            let names: Vec<String> = arg
+                .get_value_names()
+                .unwrap_or_default()
+                .iter()
+                .map(|n| n.to_string())
+                .collect();
+            let id = arg.get_id().as_str();
+            let names_peer =
+                names.iter().any(|n| n.contains("PEER")) || ["peer", "to", "aud"].contains(&id);
+            if names_peer {
+                *seen += 1;
+                assert!(
+                    arg.is_allow_hyphen_values_set(),
+                    "`awp {path}` argument {id} names a peer but refuses a leading `-`"
+                );
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, &format!("{path} {}", sub.get_name()), seen);
+        }
+    }
+    let mut seen = 0;
+    walk(&Cli::command(), "", &mut seen);
+    assert!(seen >= 12, "found only {seen} peer arguments");
 }

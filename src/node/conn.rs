@@ -44,6 +44,11 @@ pub(crate) struct Handles {
     pub outbox: Arc<Notify>,
     /// Stops the connection (replaced, tie break).
     pub stop: CancellationToken,
+    /// Closes the connection with a `bye` carrying the reason in [`Handles::bye_reason`]
+    /// (`awp disconnect`).
+    pub bye: CancellationToken,
+    /// The reason of [`Handles::bye`].
+    pub bye_reason: Arc<std::sync::Mutex<Option<String>>>,
     /// Becomes true when the connection has ended.
     pub done: watch::Receiver<bool>,
     /// Lines to write that are not in the outbox (see [`super::Inner::send_ephemeral`]).
@@ -200,12 +205,16 @@ pub async fn run_with(
 
     let outbox = Arc::new(Notify::new());
     let stop = CancellationToken::new();
+    let bye = CancellationToken::new();
+    let bye_reason = Arc::new(std::sync::Mutex::new(None::<String>));
     let (done_tx, done_rx) = watch::channel(false);
     let (eph_tx, mut eph_rx) = mpsc::channel::<Vec<u8>>(EPHEMERAL_QUEUE);
     let cursor = Arc::new(std::sync::Mutex::new(None::<String>));
     let handles = Handles {
         outbox: outbox.clone(),
         stop: stop.clone(),
+        bye: bye.clone(),
+        bye_reason: bye_reason.clone(),
         done: done_rx,
         ephemeral: eph_tx,
         cursor: cursor.clone(),
@@ -401,6 +410,10 @@ pub async fn run_with(
             }
             _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing => {
                 session.close_local("shutdown", true, Instant::now());
+            }
+            _ = bye.cancelled(), if session.phase() != Phase::Closing => {
+                let reason = bye_reason.lock().unwrap_or_else(|p| p.into_inner()).take();
+                session.close_local(reason.as_deref().unwrap_or("disconnect"), true, Instant::now());
             }
             _ = werr_rx.changed() => {
                 write_failed = true;

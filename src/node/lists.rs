@@ -132,6 +132,7 @@ pub(super) fn peers(inner: &Inner, page: &Page) -> Result<Value, Fail> {
                     "address": shown(&a.address),
                     "source": a.source,
                     "last_ok": a.last_ok_ms.map(wire::time::format_ms),
+                    "last_heard": a.last_heard_ms.map(wire::time::format_ms),
                     "last_err": shown_opt(&a.last_err),
                 })
             })

@@ -17,8 +17,10 @@ mod artifacts;
 mod blobs;
 mod conn;
 mod dialer;
+mod disconnect;
 pub(crate) mod grants;
 mod lists;
+mod port;
 mod presence;
 mod refusals;
 pub mod serve;
@@ -27,6 +29,7 @@ mod server;
 pub mod workers;
 
 pub use dialer::{DestLimiter, DialFacts, DialReason, DialTiming, Redial, MAX_DIAL_FAILURES};
+pub use disconnect::MAX_BYE_REASON;
 pub use grants::MAX_INTRODUCED_PER_INTRODUCER;
 pub use presence::PresenceTiming;
 
@@ -74,7 +77,7 @@ pub struct NodeConfig {
     pub listen: Vec<Address>,
     /// Allow plaintext tcp to/from public addresses.
     pub allow_plaintext: bool,
-    /// Name in hello (default `awp@<hostname>`).
+    /// Name in hello (default [`default_name`]: `USER@HOST~KEYPREFIX`).
     pub name: Option<String>,
     /// About text in hello.
     pub about: Option<String>,
@@ -152,6 +155,9 @@ pub(crate) struct Inner {
     pub about: Option<String>,
     pub dial_opts: DialOptions,
     pub addresses: Mutex<Vec<Address>>,
+    /// What the user should know about how the node started (e.g. it did not get port
+    /// 7700): shown by `awp up` and `awp status`.
+    pub notices: Mutex<Vec<String>>,
     pub events: broadcast::Sender<Event>,
     pub conns: Mutex<HashMap<PeerKey, ConnEntry>>,
     pub dialers: Mutex<HashMap<PeerKey, Arc<dialer::Wake>>>,
@@ -255,8 +261,8 @@ impl NodeHandle {
         let serve = serve_config(&config, &settings)?;
         // A name or about given once is remembered in the home, so a node started later
         // without them (e.g. in the background by another command) keeps them.
-        let name =
-            remembered(&store, "name", settings.name.as_deref())?.unwrap_or_else(default_name);
+        let name = remembered(&store, "name", settings.name.as_deref())?
+            .unwrap_or_else(|| default_name(&identity.key()));
         let about = remembered(&store, "about", settings.about.as_deref())?;
         warn_if_open(&home);
         let (events, _) = broadcast::channel(4096);
@@ -275,6 +281,7 @@ impl NodeHandle {
             about,
             dial_opts,
             addresses: Mutex::new(Vec::new()),
+            notices: Mutex::new(Vec::new()),
             events,
             conns: Mutex::new(HashMap::new()),
             dialers: Mutex::new(HashMap::new()),
@@ -313,30 +320,32 @@ impl NodeHandle {
             Err(e) => tracing::warn!("blob recovery: {e}"),
         }
 
-        // Listeners.
+        // Listeners (a port the node picks is kept across restarts: `port`).
         let mut listeners = Vec::new();
-        if settings.listen.is_empty() {
-            let want: Address = format!("tls:0.0.0.0:{DEFAULT_PORT}")
-                .parse()
-                .map_err(other("listen"))?;
-            let l = match net::Listener::bind(&want, &inner.tls, &inner.dial_opts).await {
-                Ok(l) => l,
-                Err(_) => {
-                    let any: Address = "tls:0.0.0.0:0".parse().map_err(other("listen"))?;
-                    net::Listener::bind(&any, &inner.tls, &inner.dial_opts)
-                        .await
-                        .map_err(other("listen"))?
-                }
-            };
-            listeners.push(l);
+        let mut notices = Vec::new();
+        let default = port::default_listen();
+        let specs: Vec<Option<&Address>> = if settings.listen.is_empty() {
+            vec![None]
         } else {
-            for a in &settings.listen {
-                let l = net::Listener::bind(a, &inner.tls, &inner.dial_opts)
-                    .await
-                    .map_err(|e| StartError::Other(format!("listen on {a}: {e}")))?;
-                listeners.push(l);
+            settings.listen.iter().map(Some).collect()
+        };
+        for (i, spec) in specs.into_iter().enumerate() {
+            let b = port::bind(
+                &inner.store,
+                i,
+                spec,
+                &default,
+                &inner.tls,
+                &inner.dial_opts,
+            )
+            .await?;
+            if let Some(n) = b.notice {
+                tracing::warn!("{n}");
+                notices.push(n);
             }
+            listeners.push(b.listener);
         }
+        *inner.notices.lock().unwrap_or_else(|p| p.into_inner()) = notices.clone();
         let key = inner.identity.key();
         let mut addrs = Vec::new();
         for l in &listeners {
@@ -385,6 +394,9 @@ impl NodeHandle {
             "pid": std::process::id(),
         });
         let mut listening = listening;
+        if !notices.is_empty() {
+            listening["notices"] = json!(notices);
+        }
         if let Some(a) = artifactr {
             listening["artifactr"] = json!(a.to_string());
         }
@@ -559,14 +571,30 @@ fn warn_if_open(home: &std::path::Path) {
     }
 }
 
-fn default_name() -> String {
+/// Characters of the key in a default name.
+pub const DEFAULT_NAME_KEY_CHARS: usize = 6;
+
+/// The name of a node given none (usability #12): `USER@HOST~KEYPREFIX`, e.g.
+/// `alice@laptop~A6EHv_`. The key prefix ([`DEFAULT_NAME_KEY_CHARS`] characters of the
+/// base64 key) keeps two homes on one host (same user, same host) apart; USER is `$USER`
+/// (else `$LOGNAME`, else `awp`), HOST the kernel host name (else `$HOSTNAME`, else
+/// `localhost`).
+pub fn default_name(key: &PeerKey) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".into());
-    format!("awp@{host}")
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .map(|u| u.trim().to_string())
+        .find(|u| !u.is_empty() && !u.contains(['@', '~']) && !u.chars().any(char::is_control))
+        .unwrap_or_else(|| "awp".into());
+    let k = key.to_string();
+    let b64 = &k[wire::key::PREFIX.len()..];
+    format!("{user}@{host}~{}", &b64[..DEFAULT_NAME_KEY_CHARS])
 }
 
 async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
@@ -707,5 +735,29 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+#[cfg(test)]
+mod default_name_tests {
+    use super::*;
+
+    /// Usability #12: two homes on one host no longer share `awp@HOST`.
+    #[test]
+    fn default_names_differ_per_key_and_end_with_a_key_prefix() {
+        let a = Identity::generate().key();
+        let b = Identity::generate().key();
+        let (na, nb) = (default_name(&a), default_name(&b));
+        assert_ne!(na, nb);
+        assert!(
+            !na.starts_with("awp@") || std::env::var("USER").is_err(),
+            "{na}"
+        );
+        let (_, tail) = na.rsplit_once('~').unwrap();
+        assert_eq!(
+            tail,
+            &a.to_string()["ed25519:".len()..][..DEFAULT_NAME_KEY_CHARS]
+        );
+        assert!(na.contains('@'), "{na}");
     }
 }

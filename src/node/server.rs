@@ -131,7 +131,7 @@ async fn handle(inner: &Arc<Inner>, req: Request, page: &Page) -> Response {
     }
 }
 
-type Reply = Result<Value, Fail>;
+pub(super) type Reply = Result<Value, Fail>;
 
 /// A failed control request: an error code of [`crate::control::ControlError`], a message
 /// saying what went wrong (no advice in it), and at most one hint.
@@ -187,6 +187,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 "outbox": outbox,
                 "artifactr": inner.artifactr.get().map(|a| a.to_string()),
                 "version": env!("CARGO_PKG_VERSION"),
+                "notices": inner.notices.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             }))
         }
         Request::Artifact { action, args } => super::artifacts::control(inner, &action, args).await,
@@ -378,6 +379,9 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
         }
         Request::Shutdown => Ok(json!({"stopping": true})),
         Request::ForgetPeer { peer } => forget_peer(inner, &peer).await,
+        Request::Disconnect { peer, reason } => {
+            super::disconnect::disconnect(inner, &peer, reason.as_deref()).await
+        }
     }
 }
 
@@ -444,7 +448,7 @@ async fn forget_peer(inner: &Arc<Inner>, peer: &str) -> Reply {
         .is_some_and(|c| c.up);
     if connected {
         return Err(Fail::new("bad_request", format!("{key} is connected"))
-            .hint("forget it once it has disconnected"));
+            .hint(format!("say bye first: `awp disconnect {key}`")));
     }
     let removed = inner.store.forget_peer(&key).map_err(internal)?;
     if !removed.any() {
@@ -454,7 +458,34 @@ async fn forget_peer(inner: &Arc<Inner>, peer: &str) -> Reply {
         ));
     }
     inner.store.flush().await.map_err(internal)?;
-    Ok(json!({"key": key.to_string(), "removed": removed}))
+    Ok(json!({"key": key.to_string(), "removed": removed, "kept": kept_after_forget(inner, &key)?}))
+}
+
+/// What `forget` leaves about `key`, as counts (the CLI says why): blob records (their
+/// files are the user's data, under `blobs/`), artifact threads (shared documents that
+/// hold our own work too), grants issued to it (revoked explicitly with `awp revoke`).
+fn kept_after_forget(inner: &Inner, key: &PeerKey) -> Result<Value, Fail> {
+    let store = &inner.store;
+    let blobs = store
+        .blobs_in()
+        .map_err(internal)?
+        .iter()
+        .filter(|b| b.peer == *key)
+        .count()
+        + store
+            .blobs_out()
+            .map_err(internal)?
+            .iter()
+            .filter(|b| b.peer == *key)
+            .count();
+    let artifact_threads = store
+        .art_workspaces()
+        .map_err(internal)?
+        .iter()
+        .filter(|w| w.peer == *key)
+        .count();
+    let grants = store.grants_by_sub(key).map_err(internal)?.len();
+    Ok(json!({"blobs": blobs, "artifact_threads": artifact_threads, "grants": grants}))
 }
 
 /// A relay queues nothing for peers: msgs and states are refused.
@@ -878,40 +909,91 @@ async fn introduce(
 }
 
 async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> Reply {
-    // An address, or a known peer (dialed at its best known tls: address).
-    let addr: Address = match address.parse::<Address>() {
-        Ok(a) => a,
+    let timeout = Duration::from_millis(timeout_ms.unwrap_or(15_000));
+    let deadline = tokio::time::Instant::now() + timeout.min(super::HANDSHAKE_TIMEOUT);
+    // An address, or a known peer: its known addresses freshest first (usability #1: a
+    // peer that moved is dialed where it said it is now, then where it was), each with a
+    // fair share of the time left, until one comes up. A failure is recorded on the
+    // address, so the next dial (ours or the dialer's) tries it later.
+    let (known, addrs): (Option<PeerKey>, Vec<(String, Address)>) = match address.parse::<Address>()
+    {
+        Ok(a) => (None, vec![(a.to_string(), a)]),
         Err(parse_err) => {
             let Ok(key) = resolve_peer(inner, address) else {
                 return Err(Fail::new("bad_request", parse_err.to_string()));
             };
-            let best = inner
-                .store
-                .addresses(&key)
-                .map_err(internal)?
-                .into_iter()
-                .find_map(|a| a.address.parse::<Address>().ok());
-            match best {
-                Some(a) => a.with_pin(key),
-                None => {
-                    return Err(Fail::new(
-                        "connect_failed",
-                        format!("no known address for {address}"),
-                    )
-                    .hint(format!("give one: awp connect tls:HOST:PORT#{key}")))
-                }
+            let mut recs = inner.store.addresses(&key).map_err(internal)?;
+            // Introduced hints that never worked are dialed only when nothing better is
+            // known: an introducer never steers a connect away from the peer's own address
+            // (spec/security.md: introductions are hints).
+            if recs.iter().any(|a| a.fresh_ms().is_some()) {
+                recs.retain(|a| a.fresh_ms().is_some());
             }
+            let known: Vec<(String, Address)> = recs
+                .into_iter()
+                .filter_map(|a| {
+                    let parsed = a.address.parse::<Address>().ok()?.with_pin(key);
+                    Some((a.address, parsed))
+                })
+                .collect();
+            if known.is_empty() {
+                return Err(
+                    Fail::new("connect_failed", format!("no known address for {address}"))
+                        .hint(format!("give one: awp connect tls:HOST:PORT#{key}")),
+                );
+            }
+            (Some(key), known)
         }
     };
+    let mut last = None;
+    let total = addrs.len();
+    for (i, (stored, addr)) in addrs.into_iter().enumerate() {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        let share = (deadline - now) / (total - i) as u32;
+        let until = if i + 1 == total {
+            deadline
+        } else {
+            (now + share.max(MIN_CONNECT_SHARE)).min(deadline)
+        };
+        match connect_at(inner, &addr, until).await {
+            Ok(v) => return Ok(v),
+            Err(f) => {
+                if let Some(key) = known {
+                    let _ = inner.store.address_result(
+                        &key,
+                        &stored,
+                        Err(&f.0 .1),
+                        wire::time::now_ms(),
+                    );
+                }
+                last = Some(f);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| Fail::new("connect_failed", format!("{address}: timed out"))))
+}
+
+/// The least time `connect PEER` gives one of several addresses.
+const MIN_CONNECT_SHARE: Duration = Duration::from_secs(2);
+
+/// Dial `addr` once and wait (until `deadline`) for the handshake.
+async fn connect_at(inner: &Arc<Inner>, addr: &Address, deadline: tokio::time::Instant) -> Reply {
     let address = addr.to_string();
     let address = address.as_str();
-    let timeout = Duration::from_millis(timeout_ms.unwrap_or(15_000));
-    let deadline = tokio::time::Instant::now() + timeout.min(super::HANDSHAKE_TIMEOUT);
-    let c = match tokio::time::timeout_at(deadline, net::dial(&addr, &inner.tls, &inner.dial_opts))
+    let c = match tokio::time::timeout_at(deadline, net::dial(addr, &inner.tls, &inner.dial_opts))
         .await
     {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(Fail::new("connect_failed", format!("{address}: {e}"))),
+        Ok(Err(e)) => {
+            let text = e.to_string();
+            return Err(match (addr.pin(), presented_key(&text)) {
+                (Some(want), Some(got)) if got != want => pin_mismatch(address, want, got),
+                _ => Fail::new("connect_failed", format!("{address}: {text}")),
+            });
+        }
         Err(_) => return Err(Fail::new("connect_failed", format!("{address}: timed out"))),
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -941,6 +1023,30 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
             format!("{address}: handshake timed out"),
         )),
     }
+}
+
+/// The key a refused certificate presented, from the dial error's text (`certificate key
+/// KEY does not match the pinned …`, see [`crate::net::dial`]).
+fn presented_key(text: &str) -> Option<PeerKey> {
+    let rest = &text[text.find("certificate key ")? + "certificate key ".len()..];
+    PeerKey::parse(rest.split_whitespace().next()?).ok()
+}
+
+/// Usability #7: the node at the address answered with another key than the pinned one.
+/// Not "is the peer up" (it is): the key differs; say which one it has and how to check.
+fn pin_mismatch(address: &str, want: PeerKey, got: PeerKey) -> Fail {
+    Fail::new(
+        "connect_failed",
+        format!(
+            "{address}: the node there has key {got} (fingerprint {}), not the pinned {want}",
+            got.fingerprint()
+        ),
+    )
+    .hint(format!(
+        "the key after `#` differs from the peer's: compare with the key and fingerprint \
+         `awp whoami` prints on the peer's host (pinned fingerprint {})",
+        want.fingerprint()
+    ))
 }
 
 fn entry_event(inner: &Inner, e: &LogEntry) -> Value {

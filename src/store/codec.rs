@@ -78,6 +78,10 @@ pub(crate) struct AddrRec {
     /// Hex key of the introducer, for addresses of source `introduce`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// When the peer last announced this address in an authenticated hello, or the user
+    /// last gave it (ms); None for introduced hints and records written before this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heard: Option<u64>,
 }
 
 pub(crate) fn corrupt(tree: &'static str, detail: impl std::fmt::Display) -> StoreError {

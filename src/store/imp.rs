@@ -928,25 +928,45 @@ impl Store {
         tx.commit()
     }
 
-    /// Remember an address for `peer`. A new address keeps its source; an known one keeps
-    /// its first source unless the new source is `Connect` (an address the user asked for
-    /// beats hello/introduce). Never downgrades; dial history is kept.
+    /// Remember an address for `peer` now: [`Store::add_address_at`] at the current time.
     pub fn add_address(
         &self,
         peer: &PeerKey,
         address: &str,
         source: AddrSource,
     ) -> Result<(), StoreError> {
+        self.add_address_at(peer, address, source, wire::time::now_ms())
+    }
+
+    /// Remember an address for `peer`, heard at `now_ms`. A new address keeps its source;
+    /// a known one keeps its first source unless the new source is `Connect` (an address
+    /// the user asked for beats hello/introduce). Never downgrades; dial history is kept.
+    /// Sources `Hello` and `Connect` set its last-heard time (the peer itself, or the user,
+    /// vouches for it now). At most [`super::MAX_PEER_ADDRESSES`] are kept per peer: the
+    /// stalest others (last in [`Store::addresses`] order) are dropped.
+    pub fn add_address_at(
+        &self,
+        peer: &PeerKey,
+        address: &str,
+        source: AddrSource,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
         let _w = self.writer();
         let mut tx = Tx::new(&self.trees);
         let k = pkey(peer, address.as_bytes());
+        let heard = (source != AddrSource::Introduce).then_some(now_ms);
         let rec = match tx.get(T::Addresses, &k)? {
             Some(v) => {
                 let mut a: AddrRec = dec("addresses", &v)?;
-                if source != AddrSource::Connect || a.source == AddrSource::Connect {
+                let upgrade = source == AddrSource::Connect && a.source != AddrSource::Connect;
+                let fresher = heard.is_some() && heard > a.heard;
+                if !upgrade && !fresher {
                     return Ok(());
                 }
-                a.source = AddrSource::Connect;
+                if upgrade {
+                    a.source = AddrSource::Connect;
+                }
+                a.heard = a.heard.max(heard);
                 a
             }
             None => AddrRec {
@@ -955,9 +975,33 @@ impl Store {
                 err_at: None,
                 err: None,
                 by: None,
+                heard,
             },
         };
         tx.put(T::Addresses, k, enc(&rec)?);
+        tx.commit()?;
+        self.trim_addresses(peer, Some(address))
+    }
+
+    /// Drop `peer`'s stalest addresses beyond [`super::MAX_PEER_ADDRESSES`], never `keep`.
+    /// The caller holds the writer lock.
+    fn trim_addresses(&self, peer: &PeerKey, keep: Option<&str>) -> Result<(), StoreError> {
+        let all = self.addresses(peer)?;
+        if all.len() <= super::MAX_PEER_ADDRESSES {
+            return Ok(());
+        }
+        let mut tx = Tx::new(&self.trees);
+        let mut left = all.len();
+        for a in all.iter().rev() {
+            if left <= super::MAX_PEER_ADDRESSES {
+                break;
+            }
+            if Some(a.address.as_str()) == keep {
+                continue;
+            }
+            tx.del(T::Addresses, pkey(peer, a.address.as_bytes()));
+            left -= 1;
+        }
         tx.commit()
     }
 
@@ -988,8 +1032,12 @@ impl Store {
         tx.commit()
     }
 
-    /// Known addresses of `peer`, best first: source `Connect` first, then most recent
-    /// successful dial (never-ok last), then fewer recent failures, then address text.
+    /// Known addresses of `peer`, freshest first (the order the dialer and `connect PEER`
+    /// try them in): addresses last known good ([`AddressRecord::fresh_ms`]: a successful
+    /// dial, or the peer announcing it in an authenticated hello) most recent first; then
+    /// those whose last dial failed after that; then introduced hints that never worked.
+    /// Ties: older last failure first, then address text. A peer that moved to a new port
+    /// is dialed at the new address first, not at the one that worked last week.
     pub fn addresses(&self, peer: &PeerKey) -> Result<Vec<AddressRecord>, StoreError> {
         let mut out = Vec::new();
         for kv in self.trees.t(T::Addresses).scan_prefix(peer.as_bytes()) {
@@ -1008,19 +1056,20 @@ impl Store {
                     .as_deref()
                     .map(|h| peer_from_hex("addresses", h))
                     .transpose()?,
+                last_heard_ms: a.heard,
             });
         }
-        // 0: given by the user; 1: learned from the peer, or introduced and worked;
-        // 2: introduced and never worked (a hint, never ahead of an address that worked).
-        let rank = |a: &AddressRecord| match a.source {
-            AddrSource::Connect => 0,
-            AddrSource::Introduce if a.last_ok_ms.is_none() => 2,
-            _ => 1,
+        // 0: known good; 1: failed since; 2: never known good (an introduced hint, never
+        // ahead of an address that worked).
+        let rank = |a: &AddressRecord| match a.fresh_ms() {
+            None => 2,
+            Some(_) if a.failing() => 1,
+            Some(_) => 0,
         };
         out.sort_by(|a, b| {
             rank(a)
                 .cmp(&rank(b))
-                .then(b.last_ok_ms.cmp(&a.last_ok_ms))
+                .then(b.fresh_ms().cmp(&a.fresh_ms()))
                 .then(a.last_err_ms.cmp(&b.last_err_ms))
                 .then(a.address.cmp(&b.address))
         });
@@ -1081,11 +1130,13 @@ impl Store {
                     err_at: None,
                     err: None,
                     by: Some(by),
+                    heard: None,
                 };
                 tx.put(T::Addresses, ak, enc(&rec)?);
             }
         }
         tx.commit()?;
+        self.trim_addresses(key, None)?;
         Ok(Introduced::Added)
     }
 

@@ -191,4 +191,25 @@ pub struct AddressRecord {
     pub last_err: Option<String>,
     /// The peer that introduced this address (source `introduce` only).
     pub introduced_by: Option<PeerKey>,
+    /// When the peer last announced it in an authenticated hello, or the user last gave it
+    /// to `connect` (ms).
+    pub last_heard_ms: Option<u64>,
 }
+
+impl AddressRecord {
+    /// When this address was last known good (ms): the later of its last successful dial
+    /// and its last announcement by the peer itself (or by the user). None for a hint that
+    /// never worked.
+    pub fn fresh_ms(&self) -> Option<u64> {
+        self.last_ok_ms.max(self.last_heard_ms)
+    }
+
+    /// Whether its last dial failed after it was last known good.
+    pub fn failing(&self) -> bool {
+        self.last_err_ms.is_some() && self.last_err_ms > self.fresh_ms()
+    }
+}
+
+/// Most addresses kept per peer; adding one more drops the stalest (see
+/// [`Store::addresses`] for the order).
+pub const MAX_PEER_ADDRESSES: usize = 8;

@@ -433,14 +433,18 @@ fn peers_upsert_and_parked() {
 fn address_rules() {
     let (_d, s) = open();
     let p = key(1);
-    s.add_address(&p, "tcp://a:1", AddrSource::Hello).unwrap();
-    s.add_address(&p, "tcp://a:1", AddrSource::Introduce)
+    s.add_address_at(&p, "tcp://a:1", AddrSource::Hello, 1)
         .unwrap();
-    s.add_address(&p, "tcp://b:2", AddrSource::Introduce)
+    s.add_address_at(&p, "tcp://a:1", AddrSource::Introduce, 2)
         .unwrap();
-    s.add_address(&p, "tcp://c:3", AddrSource::Hello).unwrap();
-    s.add_address(&p, "tcp://d:4", AddrSource::Connect).unwrap();
-    s.add_address(&p, "tcp://d:4", AddrSource::Hello).unwrap();
+    s.add_address_at(&p, "tcp://b:2", AddrSource::Introduce, 3)
+        .unwrap();
+    s.add_address_at(&p, "tcp://c:3", AddrSource::Hello, 4)
+        .unwrap();
+    s.add_address_at(&p, "tcp://d:4", AddrSource::Connect, 5)
+        .unwrap();
+    s.add_address_at(&p, "tcp://d:4", AddrSource::Hello, 6)
+        .unwrap();
     let get = |a: &str| {
         s.addresses(&p)
             .unwrap()
@@ -454,10 +458,17 @@ fn address_rules() {
         "no sideways change"
     );
     assert_eq!(
+        get("tcp://a:1").last_heard_ms,
+        Some(1),
+        "a hint is not heard"
+    );
+    assert_eq!(
         get("tcp://d:4").source,
         AddrSource::Connect,
         "never downgraded"
     );
+    assert_eq!(get("tcp://d:4").last_heard_ms, Some(6), "heard again");
+    assert_eq!(get("tcp://b:2").last_heard_ms, None);
 
     s.address_result(&p, "tcp://b:2", Ok(()), 50).unwrap();
     s.address_result(&p, "tcp://c:3", Ok(()), 10).unwrap();
@@ -468,23 +479,80 @@ fn address_rules() {
     assert_eq!(c.last_ok_ms, Some(10));
     assert_eq!(c.last_err_ms, Some(60));
     assert_eq!(c.last_err.as_deref(), Some("refused"));
+    assert!(c.failing());
 
-    let order: Vec<String> = s
-        .addresses(&p)
-        .unwrap()
-        .into_iter()
-        .map(|r| r.address)
-        .collect();
+    let order = |s: &Store| -> Vec<String> {
+        s.addresses(&p)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.address)
+            .collect()
+    };
+    // Freshest first (b worked at 50, d heard at 6, a heard at 1); c failed after it last
+    // worked: after every address known good.
     assert_eq!(
-        order,
-        vec!["tcp://d:4", "tcp://b:2", "tcp://c:3", "tcp://a:1"]
+        order(&s),
+        ["tcp://b:2", "tcp://d:4", "tcp://a:1", "tcp://c:3"]
     );
 
-    s.add_address(&p, "tcp://b:2", AddrSource::Connect).unwrap();
+    s.add_address_at(&p, "tcp://b:2", AddrSource::Connect, 80)
+        .unwrap();
     let b = get("tcp://b:2");
     assert_eq!(b.source, AddrSource::Connect, "upgraded");
     assert_eq!(b.last_ok_ms, Some(50), "history kept");
     assert!(s.addresses(&key(2)).unwrap().is_empty());
+}
+
+/// Usability #1: a peer that moved to a new port announces it in its hello; that address
+/// is dialed first, ahead of the old one that worked before.
+#[test]
+fn a_newly_announced_address_is_dialed_before_one_that_worked_earlier() {
+    let (_d, s) = open();
+    let p = key(1);
+    s.add_address_at(&p, "tls:127.0.0.1:4000", AddrSource::Connect, 100)
+        .unwrap();
+    s.address_result(&p, "tls:127.0.0.1:4000", Ok(()), 101)
+        .unwrap();
+    // It restarted on another port and said so in its hello.
+    s.add_address_at(&p, "tls:127.0.0.1:5000", AddrSource::Hello, 200)
+        .unwrap();
+    let first = s.addresses(&p).unwrap().remove(0);
+    assert_eq!(first.address, "tls:127.0.0.1:5000");
+    assert_eq!(first.fresh_ms(), Some(200));
+}
+
+/// Usability #1: the list is bounded; the stalest go, never the address just heard.
+#[test]
+fn a_peer_keeps_at_most_eight_addresses_dropping_the_stalest() {
+    let (_d, s) = open();
+    let p = key(1);
+    for i in 0..12u64 {
+        s.add_address_at(
+            &p,
+            &format!("tls:10.0.0.1:{}", 1000 + i),
+            AddrSource::Hello,
+            i,
+        )
+        .unwrap();
+    }
+    let left: Vec<String> = s
+        .addresses(&p)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.address)
+        .collect();
+    assert_eq!(left.len(), crate::store::MAX_PEER_ADDRESSES);
+    assert_eq!(left[0], "tls:10.0.0.1:1011");
+    assert_eq!(left[7], "tls:10.0.0.1:1004");
+    // Introduced hints past the bound are dropped first.
+    s.introduce(&key(2), &p, None, Some("tls:9.9.9.9:1"), 8, 50)
+        .unwrap();
+    assert_eq!(s.addresses(&p).unwrap().len(), 8);
+    assert!(s
+        .addresses(&p)
+        .unwrap()
+        .iter()
+        .all(|a| a.address != "tls:9.9.9.9:1"));
 }
 
 #[test]
@@ -849,7 +917,7 @@ fn introductions_are_hints_that_never_outrank_an_address_that_worked() {
     let (_d, s) = open();
     let (real, introducer) = (key(1), key(2));
     s.peer_seen(&real, Some("real@host"), None, &[], 1).unwrap();
-    s.add_address(&real, "tls:10.0.0.9:7700", AddrSource::Hello)
+    s.add_address_at(&real, "tls:10.0.0.9:7700", AddrSource::Hello, 1)
         .unwrap();
     // A false address sorting first as text, introduced for the real peer.
     let got = s

@@ -10,12 +10,31 @@ pub enum KeyError {
     Prefix,
     #[error("key is not base64")]
     Encoding,
+    /// Base64 whose last character carries bits beyond the 32 bytes (e.g. a valid key with
+    /// its last character changed): refused, as every decoder must (protocol-notes
+    /// §Envelope, canonical encodings), and never read as some other key.
+    #[error("not a valid key: non-canonical encoding (its last character does not end a 32-byte key; check for a typo)")]
+    NonCanonical,
     #[error("key must be 32 bytes, got {0}")]
     Length(usize),
     #[error("key is not a valid Ed25519 point")]
     Invalid,
     #[error("key is weak (small order)")]
     Weak,
+}
+
+/// Whether `s` decodes as base64 (either alphabet, padded or not) once bits beyond its
+/// last whole byte are allowed: then it is base64 with a non-canonical last character.
+fn lenient_decodes(s: &str) -> bool {
+    use base64::alphabet::{STANDARD, URL_SAFE};
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    use base64::Engine;
+    let cfg = GeneralPurposeConfig::new()
+        .with_decode_allow_trailing_bits(true)
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent);
+    [&URL_SAFE, &STANDARD]
+        .into_iter()
+        .any(|a| GeneralPurpose::new(a, cfg).decode(s).is_ok())
 }
 
 /// A validated, non-weak Ed25519 public key. Ordered by its 32 raw bytes (the
@@ -27,11 +46,15 @@ impl PeerKey {
     /// Parse `ed25519:<b64>`, accepting base64url or standard, padded or not; refuse weak keys.
     ///
     /// Errors: [`KeyError::Prefix`] without `ed25519:`, [`KeyError::Encoding`] when the rest
-    /// is not base64, [`KeyError::Length`] unless it decodes to 32 bytes, then as
+    /// is not base64, [`KeyError::NonCanonical`] when its last character has bits set that
+    /// no 32-byte value gives, [`KeyError::Length`] unless it decodes to 32 bytes, then as
     /// [`PeerKey::from_bytes`].
     pub fn parse(s: &str) -> Result<PeerKey, KeyError> {
         let b64 = s.strip_prefix(PREFIX).ok_or(KeyError::Prefix)?;
-        let bytes = super::b64::decode_any(b64).map_err(|_| KeyError::Encoding)?;
+        let bytes = super::b64::decode_any(b64).map_err(|_| match lenient_decodes(b64) {
+            true => KeyError::NonCanonical,
+            false => KeyError::Encoding,
+        })?;
         let bytes: [u8; 32] = bytes
             .as_slice()
             .try_into()
@@ -136,6 +159,22 @@ mod tests {
         assert_eq!(json, format!("\"{A}\""));
         assert_eq!(serde_json::from_str::<PeerKey>(&json).unwrap(), k);
         assert!(serde_json::from_str::<PeerKey>("\"ed25519:AAAA\"").is_err());
+    }
+
+    /// Usability #7: a pinned key with its last character changed is "not a valid key
+    /// (non-canonical encoding)", not "not base64".
+    #[test]
+    fn a_changed_last_character_is_a_non_canonical_key() {
+        // `g` (100000) ends A; `h` (100001) sets a bit beyond the 32 bytes.
+        let bad = format!("{}h", &A[..A.len() - 1]);
+        let e = PeerKey::parse(&bad).unwrap_err();
+        assert_eq!(e, KeyError::NonCanonical);
+        let text = e.to_string();
+        assert!(
+            text.contains("not a valid key") && text.contains("non-canonical"),
+            "{text}"
+        );
+        assert!(!text.contains("not base64"), "{text}");
     }
 
     #[test]
