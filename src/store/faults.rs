@@ -108,7 +108,8 @@ impl Store {
     /// space is freed.
     pub fn check_space(&self, need: u64) -> Result<(), StoreError> {
         if let Some(f) = self.guard().faults() {
-            f.write().map_err(|e| StoreError::Db(format!("write: {e}")))?;
+            f.write()
+                .map_err(|e| StoreError::Db(format!("write: {e}")))?;
         }
         let free = self.free_bytes()?;
         let full = free < need.saturating_add(DISK_RESERVE);
@@ -121,7 +122,10 @@ impl Store {
                 "disk full: {free} bytes free in {home}; refusing new content until space is freed"
             );
         } else if !full && was {
-            tracing::info!(free, "disk space recovered in {home}; accepting new content");
+            tracing::info!(
+                free,
+                "disk space recovered in {home}; accepting new content"
+            );
         }
         if full {
             return Err(StoreError::DiskFull { free, home });
@@ -240,7 +244,10 @@ mod tests {
         assert!(s.thread("thr_1").unwrap().is_none());
         // Faults used up: both go through.
         queue(&s).unwrap();
-        assert_eq!(s.receive(&peer(), &line, &raw).unwrap(), super::super::Received::New(2));
+        assert_eq!(
+            s.receive(&peer(), &line, &raw).unwrap(),
+            super::super::Received::New(2)
+        );
     }
 
     #[test]
@@ -256,7 +263,8 @@ mod tests {
         let e = queue(&s).unwrap_err();
         assert!(matches!(e, StoreError::DiskFull { free, .. } if free == DISK_RESERVE - 1));
         assert!(
-            e.to_string().starts_with(&format!("disk full: {} bytes free in ", DISK_RESERVE - 1)),
+            e.to_string()
+                .starts_with(&format!("disk full: {} bytes free in ", DISK_RESERVE - 1)),
             "{e}"
         );
         let (line, raw) = inbound();
@@ -272,7 +280,10 @@ mod tests {
         // Space freed: accepted again without anything else happening.
         plan.free.store(DISK_RESERVE, Ordering::Relaxed);
         queue(&s).unwrap();
-        assert!(matches!(s.receive(&peer(), &line, &raw), Ok(super::super::Received::New(_))));
+        assert!(matches!(
+            s.receive(&peer(), &line, &raw),
+            Ok(super::super::Received::New(_))
+        ));
     }
 
     #[test]
@@ -294,8 +305,12 @@ mod tests {
 
     #[test]
     fn disk_full_errors_are_recognized() {
-        assert!(is_disk_full(&std::io::Error::from_raw_os_error(libc::ENOSPC)));
-        assert!(is_disk_full(&std::io::Error::from_raw_os_error(libc::EDQUOT)));
+        assert!(is_disk_full(&std::io::Error::from_raw_os_error(
+            libc::ENOSPC
+        )));
+        assert!(is_disk_full(&std::io::Error::from_raw_os_error(
+            libc::EDQUOT
+        )));
         assert!(!is_disk_full(&std::io::Error::from_raw_os_error(libc::EIO)));
         let dir = tempfile::tempdir().unwrap();
         assert!(free_bytes(dir.path()).unwrap() > 0);
