@@ -9,7 +9,8 @@
 # through PresenceTable::accept), session_lines (lines into an authenticated Session).
 # chunk_handling (chunk lines and blob-naming msgs in any order through the blob receiver
 # against one store), artifact_parts (artifact command parts applied by a host, event
-# parts offered to a replica).
+# parts offered to a replica), control_lines (lines on the local control socket, parsed
+# and answered by one live node).
 #
 # Works on stable Rust: `-s none` turns the sanitizer off (the default AddressSanitizer
 # needs nightly), and everything else cargo-fuzz passes is a stable `-C` flag. If a
@@ -34,7 +35,7 @@ case "$SECONDS_PER_TARGET" in
     exit 2
     ;;
 esac
-TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling artifact_parts"}
+TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling artifact_parts control_lines"}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "== installing cargo-fuzz"
@@ -44,9 +45,9 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/awp-fuzz.XXXXXX")
 cleanup() {
     rm -rf "$WORK"
-    # session_lines keeps one sled store per process in a temp dir it cannot remove itself
-    # (libFuzzer exits without running destructors).
-    rm -rf "${TMPDIR:-/tmp}"/awp-fuzz-session-* 2>/dev/null || true
+    # session_lines keeps one sled store per process, control_lines one node home, in a temp
+    # dir it cannot remove itself (libFuzzer exits without running destructors).
+    rm -rf "${TMPDIR:-/tmp}"/awp-fuzz-session-* "${TMPDIR:-/tmp}"/awp-fuzz-control-* 2>/dev/null || true
 }
 trap cleanup EXIT
 

@@ -83,7 +83,11 @@ fn ask(socket: &PathBuf, line: &[u8]) -> Vec<u8> {
     let mut r = BufReader::new(s);
     let mut resp = Vec::new();
     r.read_until(b'\n', &mut resp).expect("a response in time");
-    assert_eq!(resp.last(), Some(&b'\n'), "the node closed without answering");
+    assert_eq!(
+        resp.last(),
+        Some(&b'\n'),
+        "the node closed without answering"
+    );
     resp.pop();
     resp
 }
