@@ -21,11 +21,13 @@ use tempfile::TempDir;
 
 const TS: &str = "2026-01-01T00:00:00.000Z";
 
-/// Fails the next `flushes` flushes, and every write while `writes` is set.
+/// Fails the next `flushes` flushes, and every write while `writes` is set; counts the
+/// flushes it failed.
 #[derive(Default)]
 struct Plan {
     flushes: AtomicU64,
     writes: AtomicBool,
+    failed: AtomicU64,
 }
 
 impl StoreFaults for Plan {
@@ -34,7 +36,10 @@ impl StoreFaults for Plan {
             .flushes
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
         match take {
-            Ok(_) => Err(std::io::Error::other("injected flush failure")),
+            Ok(_) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                Err(std::io::Error::other("injected flush failure"))
+            }
             Err(_) => Ok(()),
         }
     }
@@ -191,7 +196,7 @@ async fn intermittent_flush_failures_lose_no_acked_line() {
     for i in 0..12 {
         if i % 4 == 1 {
             // The next flush at Bob fails (closing that connection; Alice redials).
-            plan.flushes.store(1, Ordering::Relaxed);
+            plan.flushes.fetch_add(1, Ordering::Relaxed);
         }
         let r = alice.send(Some(&bob_key), None, &format!("line {i}")).await;
         ids.push(r["id"].as_str().unwrap().to_string());
@@ -201,6 +206,11 @@ async fn intermittent_flush_failures_lose_no_acked_line() {
         (s.body["outbox"] == 0).then_some(())
     })
     .await;
+    assert_eq!(
+        plan.failed.load(Ordering::Relaxed),
+        3,
+        "three flushes failed"
+    );
     let _ = alice.stop().await;
     bob.handle.store().set_faults(None);
     let home = bob.stop().await;
