@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run every fuzz target for a bounded time and print how many inputs each executed.
+# Run every fuzz target for a bounded time and print how many inputs each executed and
+# how big its corpus grew (seed inputs + inputs the run added).
 #
 #   scripts/fuzz.sh [SECONDS]        # default 30 s per target
 #   FUZZ_TARGETS="parse_line grant_verify" scripts/fuzz.sh 10
@@ -63,7 +64,7 @@ if ! cargo fuzz build -s none 2>"$WORK/build.err"; then
     fi
 fi
 
-declare -A EXECS STATUS
+declare -A EXECS CORPUS STATUS
 failed=0
 for t in $TARGETS; do
     echo "== $t: ${SECONDS_PER_TARGET} s"
@@ -83,6 +84,11 @@ for t in $TARGETS; do
         n=$(sed -n 's/^#\([0-9]*\)[[:space:]]*DONE.*/\1/p' "$log" | tail -n 1)
     fi
     EXECS[$t]=${n:-?}
+    # Corpus at the end: the seeds plus what the run added (the fuzzer keeps an input only
+    # when it reaches new coverage).
+    seeds=$(find "fuzz/corpus/$t" -type f | wc -l)
+    found=$(find "$WORK/corpus/$t" -type f | wc -l)
+    CORPUS[$t]="$seeds+$found"
     if [ "$rc" -eq 0 ]; then
         STATUS[$t]=ok
     else
@@ -94,8 +100,8 @@ for t in $TARGETS; do
 done
 
 echo
-printf '%-18s %14s  %s\n' TARGET EXECUTIONS STATUS
+printf '%-18s %14s %12s  %s\n' TARGET EXECUTIONS SEEDS+NEW STATUS
 for t in $TARGETS; do
-    printf '%-18s %14s  %s\n' "$t" "${EXECS[$t]}" "${STATUS[$t]}"
+    printf '%-18s %14s %12s  %s\n' "$t" "${EXECS[$t]}" "${CORPUS[$t]}" "${STATUS[$t]}"
 done
 exit "$failed"
