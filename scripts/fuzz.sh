@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run every fuzz target for a bounded time and print how many inputs each executed.
+# Run every fuzz target for a bounded time and print how many inputs each executed and
+# how big its corpus grew (seed inputs + inputs the run added).
 #
 #   scripts/fuzz.sh [SECONDS]        # default 30 s per target
 #   FUZZ_TARGETS="parse_line grant_verify" scripts/fuzz.sh 10
@@ -9,7 +10,8 @@
 # through PresenceTable::accept), session_lines (lines into an authenticated Session).
 # chunk_handling (chunk lines and blob-naming msgs in any order through the blob receiver
 # against one store), artifact_parts (artifact command parts applied by a host, event
-# parts offered to a replica).
+# parts offered to a replica), control_lines (lines on the local control socket, parsed
+# and answered by one live node).
 #
 # Works on stable Rust: `-s none` turns the sanitizer off (the default AddressSanitizer
 # needs nightly), and everything else cargo-fuzz passes is a stable `-C` flag. If a
@@ -34,7 +36,7 @@ case "$SECONDS_PER_TARGET" in
     exit 2
     ;;
 esac
-TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling artifact_parts"}
+TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling artifact_parts control_lines"}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "== installing cargo-fuzz"
@@ -44,9 +46,9 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/awp-fuzz.XXXXXX")
 cleanup() {
     rm -rf "$WORK"
-    # session_lines keeps one sled store per process in a temp dir it cannot remove itself
-    # (libFuzzer exits without running destructors).
-    rm -rf "${TMPDIR:-/tmp}"/awp-fuzz-session-* 2>/dev/null || true
+    # session_lines keeps one sled store per process, control_lines one node home, in a temp
+    # dir it cannot remove itself (libFuzzer exits without running destructors).
+    rm -rf "${TMPDIR:-/tmp}"/awp-fuzz-session-* "${TMPDIR:-/tmp}"/awp-fuzz-control-* 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -62,7 +64,7 @@ if ! cargo fuzz build -s none 2>"$WORK/build.err"; then
     fi
 fi
 
-declare -A EXECS STATUS
+declare -A EXECS CORPUS STATUS
 failed=0
 for t in $TARGETS; do
     echo "== $t: ${SECONDS_PER_TARGET} s"
@@ -82,6 +84,11 @@ for t in $TARGETS; do
         n=$(sed -n 's/^#\([0-9]*\)[[:space:]]*DONE.*/\1/p' "$log" | tail -n 1)
     fi
     EXECS[$t]=${n:-?}
+    # Corpus at the end: the seeds plus what the run added (the fuzzer keeps an input only
+    # when it reaches new coverage).
+    seeds=$(find "fuzz/corpus/$t" -type f | wc -l)
+    found=$(find "$WORK/corpus/$t" -type f | wc -l)
+    CORPUS[$t]="$seeds+$found"
     if [ "$rc" -eq 0 ]; then
         STATUS[$t]=ok
     else
@@ -93,8 +100,8 @@ for t in $TARGETS; do
 done
 
 echo
-printf '%-18s %14s  %s\n' TARGET EXECUTIONS STATUS
+printf '%-18s %14s %12s  %s\n' TARGET EXECUTIONS SEEDS+NEW STATUS
 for t in $TARGETS; do
-    printf '%-18s %14s  %s\n' "$t" "${EXECS[$t]}" "${STATUS[$t]}"
+    printf '%-18s %14s %12s  %s\n' "$t" "${EXECS[$t]}" "${CORPUS[$t]}" "${STATUS[$t]}"
 done
 exit "$failed"

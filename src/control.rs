@@ -288,7 +288,8 @@ pub struct Response {
 /// A failed request. `code` is one of: `bad_request`, `no_such_peer`, `ambiguous_peer`,
 /// `no_such_thread`, `no_such_grant`, `ambiguous_grant`, `connect_failed`, `forbidden` (the
 /// connecting process runs as another user than the node, see [`check_peer_uid`]),
-/// `internal`.
+/// `disk_full` (a `send` or `state` refused while the home's file system is short of space,
+/// see [`crate::store::DISK_RESERVE`]), `internal`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ControlError {
     pub code: String,

@@ -23,6 +23,10 @@
 //! - At most [`MAX_PENDING_PER_PEER`] pending blobs per peer holding at most
 //!   [`PENDING_LIMITS_PER_PEER`] × the limit in partial data; refs over [`MAX_REF_LEN`]
 //!   bytes are refused.
+//! - A blob whose declared remaining size, or a chunk whose data, does not fit on the disk
+//!   with the store's reserve left ([`crate::store::Store::check_space`]), or a chunk whose
+//!   write fails with ENOSPC/EDQUOT, is refused like the above: the peer hears
+//!   `blob_refused` and the partial file is deleted, never kept half-written.
 
 use super::{
     numbered, partial_path, peer_dir, sanitize_name, MAX_PENDING_PER_PEER, MAX_REF_LEN,
@@ -35,6 +39,9 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The `err blob_refused` detail for a blob that does not fit on this node's disk.
+const NO_ROOM: &str = "no room for this blob: the receiving node's disk is full";
 
 /// What to do about one chunk or one blob part.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,9 +220,20 @@ impl BlobReceiver {
             ));
             return self.refuse(peer, &c.blob_ref, st, seen, v);
         }
+        // No room: refused (the partial dropped) rather than half-written and lost.
+        if let Some(v) = self.no_room(data.len() as u64, refuse)? {
+            return self.refuse(peer, &c.blob_ref, st, seen, v);
+        }
         let dir = peer_dir(&self.root, peer);
         let partial = partial_path(&dir, &c.blob_ref);
-        write_at(&partial, st.offset, &data)?;
+        match write_at(&partial, st.offset, &data) {
+            Err(BlobError::Io { source, .. }) if crate::store::is_disk_full(&source) => {
+                tracing::warn!("blob {}: {source}", partial.display());
+                let v = refuse(NO_ROOM.into());
+                return self.refuse(peer, &c.blob_ref, st, seen, v);
+            }
+            r => r?,
+        }
         st.offset = end;
         st.next_n += 1;
         st.last_seen = c.last;
@@ -279,6 +297,10 @@ impl BlobReceiver {
                 out.push(self.refuse(peer, &b.blob_ref, st, None, refuse(detail))?);
                 continue;
             }
+            if let Some(v) = self.no_room(b.size - st.offset, refuse)? {
+                out.push(self.refuse(peer, &b.blob_ref, st, None, v)?);
+                continue;
+            }
             st.size = Some(b.size);
             st.name = b.name.clone();
             st.mime = b.mime.clone();
@@ -289,6 +311,21 @@ impl BlobReceiver {
             out.push(Verdict::Stored);
         }
         Ok(out)
+    }
+
+    /// A refusal when `need` more bytes of blob data do not fit on the disk with the
+    /// store's reserve left ([`Store::check_space`]); `None` when they fit. The detail the
+    /// peer sees names no local path.
+    fn no_room(
+        &self,
+        need: u64,
+        refuse: impl FnOnce(String) -> Verdict,
+    ) -> Result<Option<Verdict>, BlobError> {
+        match self.store.check_space(need) {
+            Ok(()) => Ok(None),
+            Err(StoreError::DiskFull { .. }) => Ok(Some(refuse(NO_ROOM.into()))),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Record a refusal (dropping the partial data) and return `verdict`.

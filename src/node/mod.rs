@@ -440,6 +440,11 @@ impl NodeHandle {
     pub fn key(&self) -> PeerKey {
         self.inner.identity.key()
     }
+
+    /// The node's store (tests inject faults into it with [`Store::set_faults`]).
+    pub fn store(&self) -> &Arc<Store> {
+        &self.inner.store
+    }
 }
 
 /// Check `--serve` / `--root` / `--sandbox`, open the root.

@@ -639,6 +639,10 @@ async fn queue(
     let mut events = inner.events.subscribe();
     let entries = inner.store.enqueue(&key, builders).map_err(|e| match e {
         crate::store::StoreError::TooLarge { .. } => Fail::new("bad_request", e.to_string()),
+        crate::store::StoreError::DiskFull { .. } => Fail::new("disk_full", e.to_string()).hint(
+            "free space on the file system of the node's home; sends are accepted again by \
+             themselves once it has room",
+        ),
         e => internal(e),
     })?;
     let blob_info = if blobs.is_empty() {

@@ -6,6 +6,7 @@
 //! target done (another caller led it) or leads it. At most one flush runs at a time, so
 //! callers arriving during a flush are all served by the next single flush.
 
+use super::faults::Guard;
 use super::StoreError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -23,6 +24,8 @@ pub(crate) struct Group {
     /// process but not a power loss or kernel crash (it neither flushes the drive cache nor
     /// the file size); a `sync_data` on this file after every flush makes acks durable.
     data_file: Option<std::fs::File>,
+    /// Injected faults ([`super::StoreFaults::flush`]) and the free-space state.
+    pub(crate) guard: Guard,
     st: Mutex<GState>,
     cv: Condvar,
     done: tokio::sync::watch::Sender<u64>,
@@ -40,6 +43,7 @@ impl Group {
         Arc::new(Group {
             db,
             data_file,
+            guard: Guard::default(),
             st: Mutex::new(GState {
                 started: 0,
                 running: false,
@@ -153,10 +157,9 @@ impl<G: std::ops::Deref<Target = Group>> Lead<G> {
     fn run(mut self) {
         let res = self
             .group
-            .db
-            .flush()
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+            .guard
+            .before_flush()
+            .and_then(|()| self.group.db.flush().map(|_| ()).map_err(|e| e.to_string()))
             .and_then(|()| match &self.group.data_file {
                 Some(f) => f.sync_data().map_err(|e| format!("fsync: {e}")),
                 None => Ok(()),

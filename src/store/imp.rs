@@ -122,6 +122,8 @@ pub struct Store {
     pub(super) trees: Trees,
     writer: Mutex<Writer>,
     group: Arc<Group>,
+    /// The database directory (free space is measured on its file system).
+    dir: PathBuf,
     /// Work run inside [`Store::receive_batch`]'s transaction (see [`super::InboundHook`]).
     pub(super) hook: std::sync::OnceLock<Arc<dyn super::InboundHook>>,
     /// Declared last: marks the directory closed after the sled handles are dropped.
@@ -205,6 +207,7 @@ impl Store {
                 log_seq,
             }),
             group,
+            dir: dir.to_path_buf(),
             hook: std::sync::OnceLock::new(),
             _mark: guard,
         };
@@ -218,6 +221,20 @@ impl Store {
     pub fn next_control_id(&self) -> String {
         let mut w = self.writer();
         w.ids.next_at(crate::wire::time::now_ms()).to_string()
+    }
+
+    pub(super) fn guard(&self) -> &super::faults::Guard {
+        &self.group.guard
+    }
+
+    /// The database directory.
+    pub(super) fn space_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The node's home: the database directory's parent.
+    pub(super) fn home_dir(&self) -> &Path {
+        self.dir.parent().unwrap_or(&self.dir)
     }
 
     pub(super) fn writer(&self) -> MutexGuard<'_, Writer> {
@@ -250,11 +267,14 @@ impl Store {
     /// over [`wire::MAX_LINE`] fails the whole call with [`StoreError::TooLarge`]; nothing is
     /// queued and no id is consumed. Also clears the peer's parked mark (new outbound
     /// traffic, protocol-notes §Liveness). Not durable until [`Store::flush`].
+    /// [`StoreError::DiskFull`] (nothing queued) while free space is under the reserve
+    /// ([`Store::check_space`]).
     pub fn enqueue(
         &self,
         peer: &PeerKey,
         builders: &[LineBuilder<'_>],
     ) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.check_space(0)?;
         let mut w = self.writer();
         let mut ids = w.ids.clone();
         let mut seq = w.log_seq;
@@ -640,6 +660,9 @@ impl Store {
     ///   with the log seq (always ≥ 1).
     /// - Any other line (ack, ping, grant, presence, unthreaded chunk/introduce, …) is
     ///   stored nowhere and not deduplicated: [`Received::New`]`(0)`.
+    /// - A batch with new content fails with [`StoreError::DiskFull`] (nothing stored, so
+    ///   nothing may be acked) while free space is under the reserve
+    ///   ([`Store::check_space`]); replays are answered as above.
     pub fn receive_batch(
         &self,
         peer: &PeerKey,
@@ -719,6 +742,8 @@ impl Store {
             hook.on_lines(&mut atx, peer, &new_lines)?;
         }
         if seq != w.log_seq {
+            // New content only: a batch of replays and control lines writes nothing.
+            self.check_space(0)?;
             tx.put(T::Meta, META_LOG_SEQ, u64_be(seq).to_vec());
             tx.commit()?;
             w.log_seq = seq;

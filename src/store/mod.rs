@@ -29,6 +29,7 @@ mod artifacts;
 mod blobs;
 mod codec;
 mod errs;
+mod faults;
 pub mod files;
 mod forget;
 mod grants;
@@ -41,6 +42,7 @@ mod tx;
 pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};
 pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
 pub use errs::{ErrRecorded, ERR_SCAN_MAX, MAX_ERR_DETAIL};
+pub use faults::{free_bytes, is_disk_full, StoreFaults, DISK_RESERVE};
 pub use forget::Forgotten;
 pub use grants::{GrantRecord, GrantRole};
 pub use imp::Store;
@@ -64,6 +66,11 @@ pub enum StoreError {
     /// A builder returned a line that cannot be queued as asked (wrong or missing id).
     #[error("bad line: {0}")]
     BadLine(String),
+    /// Fewer than the write needs plus [`DISK_RESERVE`] bytes are free on the file system
+    /// of the database (`free`: bytes free; `home`: the node's home, the database's parent
+    /// directory). Nothing was written; see [`Store::check_space`].
+    #[error("disk full: {free} bytes free in {home}")]
+    DiskFull { free: u64, home: String },
 }
 
 /// Builds a line once its id and ts are allocated (inside the enqueue transaction).

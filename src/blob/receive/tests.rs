@@ -337,3 +337,49 @@ fn partial_data_per_peer_stays_within_its_budget() {
     assert_eq!(t.done().len(), 1);
     assert_eq!(t.chunk("d", 0, false, b"01"), Verdict::Stored);
 }
+
+/// Reports `free` bytes free (0: the real figure) to the store.
+struct Free(std::sync::atomic::AtomicU64);
+
+impl crate::store::StoreFaults for Free {
+    fn free_bytes(&self, real: u64) -> u64 {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => real,
+            n => n,
+        }
+    }
+}
+
+#[test]
+fn blobs_that_do_not_fit_on_the_disk_are_refused_not_half_written() {
+    use crate::store::DISK_RESERVE;
+    use std::sync::atomic::Ordering;
+    let mut t = setup(1 << 20);
+    let free = Arc::new(Free(Default::default()));
+    t.store.set_faults(Some(free.clone()));
+    // Room for 4 more bytes: a chunk of 3 is written, the next of 3 is refused and the
+    // partial file deleted.
+    free.0.store(DISK_RESERVE + 4, Ordering::Relaxed);
+    assert_eq!(t.chunk("r1", 0, false, b"abc"), Verdict::Stored);
+    assert!(t.partial("r1").exists());
+    free.0.store(DISK_RESERVE + 2, Ordering::Relaxed);
+    let v = t.chunk("r1", 1, true, b"def");
+    let Verdict::Refuse { detail, .. } = &v else {
+        panic!("{v:?}")
+    };
+    assert!(detail.contains("disk is full"), "{detail}");
+    assert!(!detail.contains('/'), "no local path to the peer: {detail}");
+    assert!(!t.partial("r1").exists());
+    assert_eq!(t.state("r1").status, InStatus::Refused);
+    // A declared size that does not fit is refused before any data arrives.
+    let v = t.msg("r2", 3, "big");
+    assert!(refused(&v[0]), "{v:?}");
+    assert_eq!(t.state("r2").status, InStatus::Refused);
+    // Space freed: a new blob is taken in whole.
+    free.0.store(0, Ordering::Relaxed);
+    t.chunk("r3", 0, true, b"xyz");
+    t.msg("r3", 3, "ok");
+    let done = t.done();
+    assert_eq!(done.len(), 1);
+    assert_eq!(std::fs::read(&done[0].path).unwrap(), b"xyz");
+}
