@@ -29,6 +29,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+mod cache;
 mod control;
 pub(crate) use control::handle as control;
 pub(super) use control::scope_caps;
@@ -64,11 +65,11 @@ fn now_us() -> i64 {
     (wire::time::now_ms() as i64).saturating_mul(1000)
 }
 
-/// Per-node artifact state: the in-memory workspaces (a cache of snapshot + log) and the
-/// node events waiting for their transaction to become durable.
+/// Per-node artifact state: the in-memory workspaces (a bounded cache of snapshot + log,
+/// [`cache::WsCache`]) and the node events waiting for their transaction to become durable.
 pub(crate) struct Artifacts {
     node: OnceLock<Weak<Inner>>,
-    cache: Mutex<HashMap<String, Workspace>>,
+    cache: Mutex<cache::WsCache>,
     /// Node events to emit once the msg `(peer, id)` that caused them is durable.
     pending: Mutex<HashMap<(PeerKey, String), Vec<Value>>>,
 }
@@ -77,7 +78,10 @@ impl Artifacts {
     pub(crate) fn new() -> Arc<Artifacts> {
         Arc::new(Artifacts {
             node: OnceLock::new(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(cache::WsCache::new(
+                cache::MAX_CACHED,
+                cache::MAX_CACHED_BYTES,
+            )),
             pending: Mutex::new(HashMap::new()),
         })
     }
@@ -92,24 +96,26 @@ impl Artifacts {
         self.node.get().and_then(Weak::upgrade)
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Workspace>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, cache::WsCache> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The workspace of `rec` as of its `head_seq`: the cached one, or snapshot + log.
-    fn load(&self, tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> {
-        if let Some(ws) = self.cache().remove(&rec.th) {
+    /// The workspace of `rec` as of its `head_seq` and its estimated bytes: the cached
+    /// one, or snapshot + log.
+    fn load(&self, tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<(Workspace, usize), StoreError> {
+        if let Some((ws, bytes)) = self.cache().take(&rec.th) {
             if ws.state.head_seq == rec.head_seq {
-                return Ok(ws);
+                return Ok((ws, bytes));
             }
         }
         rebuild(tx, rec)
     }
 
-    /// Keep `ws` for the next command (the record written in the same transaction says
-    /// which head it belongs to; a failed commit makes the cache stale, and it is reloaded).
-    fn keep(&self, ws: Workspace) {
-        self.cache().insert(ws.state.workspace_id.clone(), ws);
+    /// Keep `ws` (estimated `bytes`) for the next command (the record written in the same
+    /// transaction says which head it belongs to; a failed commit makes the cache stale,
+    /// and it is reloaded).
+    fn keep(&self, ws: Workspace, bytes: usize) {
+        self.cache().put(ws, bytes);
     }
 
     fn defer(&self, peer: &PeerKey, msg_id: &str, evs: Vec<Value>) {
@@ -133,15 +139,23 @@ impl Artifacts {
     }
 }
 
-/// The workspace of `rec` as of its `head_seq`, from the store: snapshot + log.
-fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> {
+/// JSON size of `v` in bytes (the cache's estimate of what it adds to a state).
+fn json_len(v: &Value) -> usize {
+    serde_json::to_vec(v).map_or(0, |b| b.len())
+}
+
+/// The workspace of `rec` as of its `head_seq`, from the store: snapshot + log; with its
+/// estimated bytes (the snapshot's JSON size plus the events' since).
+fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<(Workspace, usize), StoreError> {
+    let mut bytes = 0;
     let mut state = match tx.snapshot(&rec.th)? {
-        Some(v) => {
-            serde_json::from_value::<WorkspaceState>(v.get("state").cloned().unwrap_or(Value::Null))
-                .map_err(|e| StoreError::Corrupt {
-                    tree: "art_snap",
-                    detail: e.to_string(),
-                })?
+        Some(mut v) => {
+            bytes += json_len(&v);
+            let st = v.get_mut("state").map(Value::take).unwrap_or(Value::Null);
+            serde_json::from_value::<WorkspaceState>(st).map_err(|e| StoreError::Corrupt {
+                tree: "art_snap",
+                detail: e.to_string(),
+            })?
         }
         None => WorkspaceState::new(&rec.th),
     };
@@ -151,6 +165,7 @@ fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> 
             break;
         }
         for v in evs {
+            bytes += json_len(&v);
             let env: EventEnvelope =
                 serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
                     tree: "art_events",
@@ -162,10 +177,13 @@ fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> 
             })?;
         }
     }
-    Ok(Workspace {
-        state,
-        dedup: Default::default(),
-    })
+    Ok((
+        Workspace {
+            state,
+            dedup: Default::default(),
+        },
+        bytes,
+    ))
 }
 
 /// Append `envs` (already applied to `ws`) to the log of `rec`, with a snapshot when due.
@@ -278,29 +296,46 @@ fn result_event(th: &str, peer: &PeerKey, result: &Value) -> Value {
     })
 }
 
-/// Run one command frame (JSON as received) on the hosted workspace: dedup by
-/// (participant, command_id) in the store, then the engine. Returns the result (a
-/// CommandResult, or an ErrorFrame when it does not parse: `is_error`) and the events.
+/// What one command did: its result (a CommandResult, or an ErrorFrame when it does not
+/// parse: `is_error`) and the events it appended.
+struct Ran {
+    result: Value,
+    is_error: bool,
+    envs: Vec<Value>,
+}
+
+/// Run one command frame (JSON as received) on the hosted workspace `ws` (estimated
+/// `*ws_bytes`, grown by the events): dedup by (participant, command_id) in the store,
+/// then the engine.
 fn run_command(
     tx: &mut ArtTx<'_, '_>,
     rec: &mut WsRecord,
     ws: &mut Workspace,
+    ws_bytes: &mut usize,
     actor: Actor,
     caps: CapSet,
     frame: &Value,
-) -> Result<(Value, bool, Vec<Value>), StoreError> {
+) -> Result<Ran, StoreError> {
     let parsed = match artifact::parse_command_frame(frame) {
         Ok(f) => f,
         Err(e) => {
             let v = serde_json::to_value(&e).unwrap_or(Value::Null);
-            return Ok((v, true, Vec::new()));
+            return Ok(Ran {
+                result: v,
+                is_error: true,
+                envs: Vec::new(),
+            });
         }
     };
     let participant = actor.participant();
     let cid = parsed.command_id.clone();
     if !cid.contains('\0') {
         if let Some(r) = tx.dedup(&rec.th, &participant, &cid)? {
-            return Ok((r, false, Vec::new()));
+            return Ok(Ran {
+                result: r,
+                is_error: false,
+                envs: Vec::new(),
+            });
         }
     }
     let mut ids = OsIds;
@@ -313,13 +348,13 @@ fn run_command(
     let (result, envs) = engine::apply(ws, &mut ctx, &parsed);
     let mut result = serde_json::to_value(&result).map_err(|e| StoreError::Db(e.to_string()))?;
     let mut envs = to_values(&envs);
-    if envs
-        .iter()
-        .any(|e| serde_json::to_vec(e).map_or(true, |b| b.len() > MAX_EVENT_BYTES))
-    {
+    let sizes: Vec<usize> = envs.iter().map(json_len).collect();
+    let mut bytes: usize = sizes.iter().sum();
+    if sizes.iter().any(|n| *n == 0 || *n > MAX_EVENT_BYTES) {
         // An event that cannot travel in one line is never appended: undo and refuse.
-        *ws = rebuild(tx, rec)?;
+        (*ws, *ws_bytes) = rebuild(tx, rec)?;
         envs.clear();
+        bytes = 0;
         result = json!({"type": "command_result", "command_id": cid, "ok": false, "outcome": null,
             "rejection": {"type": "validation_failed", "message": "the change is too large for the wire", "errors": []}});
     }
@@ -327,7 +362,12 @@ fn run_command(
         tx.put_dedup(&rec.th, &participant, &cid, &result)?;
     }
     append(tx, rec, ws, &envs)?;
-    Ok((result, false, envs))
+    *ws_bytes += bytes;
+    Ok(Ran {
+        result,
+        is_error: false,
+        envs,
+    })
 }
 
 impl Artifacts {
@@ -358,7 +398,7 @@ impl Artifacts {
         peer: &PeerKey,
         m: &wire::Msg,
     ) -> Result<(), StoreError> {
-        let mut ws = self.load(tx, rec)?;
+        let (mut ws, mut ws_bytes) = self.load(tx, rec)?;
         let mut lead = Vec::new();
         let mut all_events = Vec::new();
         let mut notes = Vec::new();
@@ -388,7 +428,11 @@ impl Artifacts {
                         continue;
                     }
                     let (actor, cs) = self.remote_actor(inner, peer, &rec.th, caps);
-                    let (result, is_error, envs) = run_command(tx, rec, &mut ws, actor, cs, data)?;
+                    let Ran {
+                        result,
+                        is_error,
+                        envs,
+                    } = run_command(tx, rec, &mut ws, &mut ws_bytes, actor, cs, data)?;
                     if is_error {
                         lead.push(data_part(MIME_ERROR, result));
                     } else {
@@ -437,7 +481,7 @@ impl Artifacts {
                 _ => {}
             }
         }
-        self.keep(ws);
+        self.keep(ws, ws_bytes);
         if !lead.is_empty() {
             queue_parts(tx, peer, &rec.th, Some(&m.id), None, lead, &all_events)?;
         }
@@ -454,7 +498,7 @@ impl Artifacts {
         peer: &PeerKey,
         s: &wire::State,
     ) -> Result<(), StoreError> {
-        let mut ws = self.load(tx, rec)?;
+        let (mut ws, ws_bytes) = self.load(tx, rec)?;
         let (party, _) = self.remote_actor(inner, peer, &rec.th, &[]);
         let mut ids = OsIds;
         let evs = runs::on_peer_state(
@@ -466,19 +510,20 @@ impl Artifacts {
             &mut ids,
         );
         if evs.is_empty() {
-            self.keep(ws);
+            self.keep(ws, ws_bytes);
             return Ok(());
         }
         let envs = match engine::commit(&mut ws, &party, now_us(), &mut ids, evs) {
             Ok(e) => to_values(&e),
             Err(e) => {
                 tracing::warn!(th = %rec.th, "run events not recorded: {e}");
-                self.keep(ws);
+                self.keep(ws, ws_bytes);
                 return Ok(());
             }
         };
         append(tx, rec, &ws, &envs)?;
-        self.keep(ws);
+        let bytes = envs.iter().map(json_len).sum::<usize>();
+        self.keep(ws, ws_bytes + bytes);
         queue_parts(tx, peer, &rec.th, None, None, Vec::new(), &envs)?;
         self.defer(peer, &s.id, node_events(rec, &envs));
         Ok(())
@@ -492,7 +537,7 @@ impl Artifacts {
         peer: &PeerKey,
         m: &wire::Msg,
     ) -> Result<(), StoreError> {
-        let mut ws = self.load(tx, rec)?;
+        let (mut ws, mut ws_bytes) = self.load(tx, rec)?;
         let mut notes = Vec::new();
         let mut not_host = Vec::new();
         for p in &m.parts {
@@ -541,8 +586,11 @@ impl Artifacts {
                             break;
                         }
                         append(tx, rec, &ws, std::slice::from_ref(&ev))?;
+                        ws_bytes += json_len(&ev);
                         notes.extend(node_events(rec, std::slice::from_ref(&ev)));
-                        next = tx.take_held(&rec.th, rec.head_seq + 1)?;
+                        if rec.held_max > rec.head_seq {
+                            next = tx.take_held(&rec.th, rec.head_seq + 1)?;
+                        }
                     }
                 }
                 MIME_RESULT | MIME_ERROR => {
@@ -562,7 +610,7 @@ impl Artifacts {
             queue_parts(tx, peer, &rec.th, None, None, vec![part], &[])?;
         }
         tx.put_ws(rec)?;
-        self.keep(ws);
+        self.keep(ws, ws_bytes);
         self.defer(peer, &m.id, notes);
         Ok(())
     }
@@ -721,22 +769,22 @@ pub(super) async fn run_local(
                 },
                 (None, None) => return Err(StoreError::BadLine(format!("{th2} is not an artifact thread"))),
             };
-            let mut ws = arts.load(tx, &rec)?;
+            let (mut ws, mut ws_bytes) = arts.load(tx, &rec)?;
             let mut envs_all = Vec::new();
             if rec.head_seq == 0 {
                 // The workspace's own artifactr thread (= th), created first.
                 let ct = json!({"type":"command","command_id": format!("open-{th2}"),
                     "command":{"type":"create_thread","thread_id": th2, "title": subject.clone().unwrap_or_default()}});
-                let (_, _, envs) = run_command(tx, &mut rec, &mut ws, actor.clone(), CapSet::all(), &ct)?;
-                envs_all.extend(envs);
+                let ran = run_command(tx, &mut rec, &mut ws, &mut ws_bytes, actor.clone(), CapSet::all(), &ct)?;
+                envs_all.extend(ran.envs);
             }
             let mut results = Vec::with_capacity(frames.len());
             for frame in &frames {
-                let (result, _, envs) = run_command(tx, &mut rec, &mut ws, actor.clone(), CapSet::all(), frame)?;
-                results.push(result);
-                envs_all.extend(envs);
+                let ran = run_command(tx, &mut rec, &mut ws, &mut ws_bytes, actor.clone(), CapSet::all(), frame)?;
+                results.push(ran.result);
+                envs_all.extend(ran.envs);
             }
-            arts.keep(ws);
+            arts.keep(ws, ws_bytes);
             tx.put_ws(&rec)?;
             queue_parts(tx, &rec.peer, &th2, None, subject.as_deref(), Vec::new(), &envs_all)?;
             Ok((results, node_events(&rec, &envs_all), rec.peer))
@@ -751,3 +799,6 @@ pub(super) async fn run_local(
     }
     Ok((results, notes))
 }
+
+#[cfg(test)]
+mod tests;
