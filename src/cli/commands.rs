@@ -176,6 +176,8 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
     let name = str_field(&who, &["name"])
         .or(str_field(&status, &["name"]))
         .unwrap_or("?");
+    // The local artifactr endpoint (`--artifactr`), when on.
+    let artifactr = str_field(&status, &["artifactr"]);
     if ctx.json {
         return out_json(&json!({
             "event": "listening",
@@ -183,6 +185,7 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
             "addresses": addresses,
             "key": key,
             "name": name,
+            "artifactr": artifactr,
         }));
     }
     match running {
@@ -204,6 +207,13 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
         info.insert("fingerprint".into(), fp.into());
     }
     info.insert("addresses".into(), addresses.into());
+    if let Some(a) = artifactr {
+        let token = ctx.home.join(crate::node::ARTIFACTR_TOKEN_FILE);
+        info.insert(
+            "artifactr".into(),
+            format!("http://{a} (bearer token in {})", token.display()).into(),
+        );
+    }
     out(&format::key_values(&info))
 }
 
