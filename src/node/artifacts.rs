@@ -25,6 +25,7 @@ use crate::artifact::{
 };
 use crate::store::{ArtTx, InboundHook, StoreError, WsRecord, WsRole};
 use crate::wire::{self, DataPart, Line, Part, PeerKey};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -187,11 +188,11 @@ fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<(Workspace, usize), Sto
 }
 
 /// Append `envs` (already applied to `ws`) to the log of `rec`, with a snapshot when due.
-fn append(
+fn append<'v>(
     tx: &mut ArtTx<'_, '_>,
     rec: &mut WsRecord,
     ws: &Workspace,
-    envs: &[Value],
+    envs: impl IntoIterator<Item = &'v Value>,
 ) -> Result<(), StoreError> {
     for e in envs {
         let seq = e.get("seq").and_then(Value::as_u64).unwrap_or(0);
@@ -219,8 +220,9 @@ fn data_part(mime: &str, data: Value) -> Part {
     })
 }
 
-/// Queue msgs for `peer` in `th` carrying `lead` parts (result) then `events`, split so
-/// that every line stays well under the 1 MiB cap. `re` on every msg.
+/// Queue msgs for `peer` in `th` carrying `lead` parts (result) then `events` (each with
+/// its JSON size in bytes, measured once where it was made), split so that every line
+/// stays well under the 1 MiB cap. `re` on every msg.
 fn queue_parts(
     tx: &mut ArtTx<'_, '_>,
     peer: &PeerKey,
@@ -228,12 +230,12 @@ fn queue_parts(
     re: Option<&str>,
     subject: Option<&str>,
     lead: Vec<Part>,
-    events: &[Value],
+    events: Vec<(Value, usize)>,
 ) -> Result<(), StoreError> {
     let mut msgs: Vec<Vec<Part>> = vec![lead];
     let mut bytes = 0usize;
-    for e in events {
-        let size = serde_json::to_vec(e).map(|v| v.len()).unwrap_or(0) + 64;
+    for (e, size) in events {
+        let size = size + 64;
         let last = msgs.last_mut().expect("one msg");
         if !last.is_empty() && bytes + size > EVENT_BYTES_PER_MSG {
             msgs.push(Vec::new());
@@ -241,7 +243,7 @@ fn queue_parts(
         }
         msgs.last_mut()
             .expect("one msg")
-            .push(data_part(MIME_EVENT, e.clone()));
+            .push(data_part(MIME_EVENT, e));
         bytes += size;
     }
     for (i, parts) in msgs.into_iter().enumerate() {
@@ -253,6 +255,8 @@ fn queue_parts(
         } else {
             None
         };
+        // The builder runs once per enqueue: it hands over the parts without a copy.
+        let parts = Mutex::new(Some(parts));
         let build = move |id: &str, ts: &str| {
             Line::Msg(wire::Msg {
                 id: id.into(),
@@ -260,7 +264,11 @@ fn queue_parts(
                 th: th.to_string(),
                 re: re.map(str::to_string),
                 subject: subject.clone(),
-                parts: parts.clone(),
+                parts: parts
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default(),
             })
         };
         tx.enqueue(peer, &[&build])?;
@@ -269,8 +277,8 @@ fn queue_parts(
 }
 
 /// The node events for applied envelopes (`awp tail`, `awp listen`).
-fn node_events(rec: &WsRecord, envs: &[Value]) -> Vec<Value> {
-    envs.iter()
+fn node_events<'v>(rec: &WsRecord, envs: impl IntoIterator<Item = &'v Value>) -> Vec<Value> {
+    envs.into_iter()
         .map(|e| {
             json!({
                 "event": "artifact",
@@ -301,7 +309,8 @@ fn result_event(th: &str, peer: &PeerKey, result: &Value) -> Value {
 struct Ran {
     result: Value,
     is_error: bool,
-    envs: Vec<Value>,
+    /// The events, each with its JSON size in bytes.
+    envs: Vec<(Value, usize)>,
 }
 
 /// Run one command frame (JSON as received) on the hosted workspace `ws` (estimated
@@ -347,22 +356,25 @@ fn run_command(
     };
     let (result, envs) = engine::apply(ws, &mut ctx, &parsed);
     let mut result = serde_json::to_value(&result).map_err(|e| StoreError::Db(e.to_string()))?;
-    let mut envs = to_values(&envs);
-    let sizes: Vec<usize> = envs.iter().map(json_len).collect();
-    let mut bytes: usize = sizes.iter().sum();
-    if sizes.iter().any(|n| *n == 0 || *n > MAX_EVENT_BYTES) {
+    let mut envs: Vec<(Value, usize)> = to_values(&envs)
+        .into_iter()
+        .map(|e| {
+            let n = json_len(&e);
+            (e, n)
+        })
+        .collect();
+    if envs.iter().any(|(_, n)| *n == 0 || *n > MAX_EVENT_BYTES) {
         // An event that cannot travel in one line is never appended: undo and refuse.
         (*ws, *ws_bytes) = rebuild(tx, rec)?;
         envs.clear();
-        bytes = 0;
         result = json!({"type": "command_result", "command_id": cid, "ok": false, "outcome": null,
             "rejection": {"type": "validation_failed", "message": "the change is too large for the wire", "errors": []}});
     }
     if !cid.contains('\0') {
         tx.put_dedup(&rec.th, &participant, &cid, &result)?;
     }
-    append(tx, rec, ws, &envs)?;
-    *ws_bytes += bytes;
+    append(tx, rec, ws, envs.iter().map(|(e, _)| e))?;
+    *ws_bytes += envs.iter().map(|(_, n)| n).sum::<usize>();
     Ok(Ran {
         result,
         is_error: false,
@@ -439,7 +451,7 @@ impl Artifacts {
                         notes.push(result_event(&rec.th, peer, &result));
                         lead.push(data_part(MIME_RESULT, result));
                     }
-                    notes.extend(node_events(rec, &envs));
+                    notes.extend(node_events(rec, envs.iter().map(|(e, _)| e)));
                     all_events.extend(envs);
                 }
                 MIME_RESEND => {
@@ -456,7 +468,7 @@ impl Artifacts {
                             format!("resend after {after}: head is {}", rec.head_seq)
                         });
                         let part = data_part(MIME_ERROR, json!({"type": "error", "message": msg}));
-                        queue_parts(tx, peer, &rec.th, Some(&m.id), None, vec![part], &[])?;
+                        queue_parts(tx, peer, &rec.th, Some(&m.id), None, vec![part], Vec::new())?;
                         continue;
                     }
                     let mut evs = Vec::new();
@@ -468,22 +480,23 @@ impl Artifacts {
                             break;
                         }
                         for e in chunk {
-                            bytes += serde_json::to_vec(&e).map_or(0, |b| b.len());
+                            let n = json_len(&e);
+                            bytes += n;
                             at += 1;
-                            evs.push(e);
+                            evs.push((e, n));
                             if bytes >= RESEND_BYTES || evs.len() >= RESEND_MAX {
                                 break;
                             }
                         }
                     }
-                    queue_parts(tx, peer, &rec.th, Some(&m.id), None, Vec::new(), &evs)?;
+                    queue_parts(tx, peer, &rec.th, Some(&m.id), None, Vec::new(), evs)?;
                 }
                 _ => {}
             }
         }
         self.keep(ws, ws_bytes);
         if !lead.is_empty() {
-            queue_parts(tx, peer, &rec.th, Some(&m.id), None, lead, &all_events)?;
+            queue_parts(tx, peer, &rec.th, Some(&m.id), None, lead, all_events)?;
         }
         self.defer(peer, &m.id, notes);
         Ok(())
@@ -522,10 +535,17 @@ impl Artifacts {
             }
         };
         append(tx, rec, &ws, &envs)?;
-        let bytes = envs.iter().map(json_len).sum::<usize>();
-        self.keep(ws, ws_bytes + bytes);
-        queue_parts(tx, peer, &rec.th, None, None, Vec::new(), &envs)?;
-        self.defer(peer, &s.id, node_events(rec, &envs));
+        let notes = node_events(rec, &envs);
+        let sized: Vec<(Value, usize)> = envs
+            .into_iter()
+            .map(|e| {
+                let n = json_len(&e);
+                (e, n)
+            })
+            .collect();
+        self.keep(ws, ws_bytes + sized.iter().map(|(_, n)| n).sum::<usize>());
+        queue_parts(tx, peer, &rec.th, None, None, Vec::new(), sized)?;
+        self.defer(peer, &s.id, notes);
         Ok(())
     }
 
@@ -572,9 +592,9 @@ impl Artifacts {
                         rec.held_max = rec.held_max.max(seq);
                         continue;
                     }
-                    let mut next = Some(data.clone());
+                    let mut next = Some(std::borrow::Cow::Borrowed(data));
                     while let Some(ev) = next.take() {
-                        let env: EventEnvelope = match serde_json::from_value(ev.clone()) {
+                        let env = match EventEnvelope::deserialize(ev.as_ref()) {
                             Ok(e) => e,
                             Err(e) => {
                                 tracing::warn!(th = %rec.th, "host event refused: {e}");
@@ -585,11 +605,13 @@ impl Artifacts {
                             tracing::warn!(th = %rec.th, "host event does not fit the replica: {e}");
                             break;
                         }
-                        append(tx, rec, &ws, std::slice::from_ref(&ev))?;
+                        append(tx, rec, &ws, [ev.as_ref()])?;
                         ws_bytes += json_len(&ev);
-                        notes.extend(node_events(rec, std::slice::from_ref(&ev)));
+                        notes.extend(node_events(rec, [ev.as_ref()]));
                         if rec.held_max > rec.head_seq {
-                            next = tx.take_held(&rec.th, rec.head_seq + 1)?;
+                            next = tx
+                                .take_held(&rec.th, rec.head_seq + 1)?
+                                .map(std::borrow::Cow::Owned);
                         }
                     }
                 }
@@ -601,13 +623,13 @@ impl Artifacts {
             }
         }
         if !not_host.is_empty() {
-            queue_parts(tx, peer, &rec.th, Some(&m.id), None, not_host, &[])?;
+            queue_parts(tx, peer, &rec.th, Some(&m.id), None, not_host, Vec::new())?;
         }
         // A gap that this msg did not fill: ask the host once per head.
         if rec.held_max > rec.head_seq && rec.resend_asked != rec.head_seq + 1 {
             rec.resend_asked = rec.head_seq + 1;
             let part = data_part(MIME_RESEND, json!({"after_seq": rec.head_seq}));
-            queue_parts(tx, peer, &rec.th, None, None, vec![part], &[])?;
+            queue_parts(tx, peer, &rec.th, None, None, vec![part], Vec::new())?;
         }
         tx.put_ws(rec)?;
         self.keep(ws, ws_bytes);
@@ -667,7 +689,7 @@ impl InboundHook for Artifacts {
                     if !has_part(m, MIME_EVENT) {
                         if has_part(m, MIME_COMMAND) {
                             let part = not_host_part(th);
-                            queue_parts(tx, peer, th, Some(&m.id), None, vec![part], &[])?;
+                            queue_parts(tx, peer, th, Some(&m.id), None, vec![part], Vec::new())?;
                         }
                         continue;
                     }
@@ -786,8 +808,9 @@ pub(super) async fn run_local(
             }
             arts.keep(ws, ws_bytes);
             tx.put_ws(&rec)?;
-            queue_parts(tx, &rec.peer, &th2, None, subject.as_deref(), Vec::new(), &envs_all)?;
-            Ok((results, node_events(&rec, &envs_all), rec.peer))
+            let notes = node_events(&rec, envs_all.iter().map(|(e, _)| e));
+            queue_parts(tx, &rec.peer, &th2, None, subject.as_deref(), Vec::new(), envs_all)?;
+            Ok((results, notes, rec.peer))
         })
     })
     .await
