@@ -383,20 +383,15 @@ fn run_command(
 }
 
 impl Artifacts {
-    /// The actor and capabilities of a remote peer in `th`, from its honored grants now.
-    fn remote_actor(
-        &self,
-        inner: &Inner,
-        peer: &PeerKey,
-        th: &str,
-        caps: &[String],
-    ) -> (Actor, CapSet) {
+    /// The actor and capabilities of a remote peer in `th`, from the caps of its honored
+    /// grants and its name (both read once per received batch, [`Guest`]).
+    fn remote_actor(&self, peer: &PeerKey, th: &str, guest: &Guest) -> (Actor, CapSet) {
         (
             Actor::ExternalAgent {
                 client_id: peer.to_string(),
-                name: inner.peer_name(peer),
+                name: guest.name.clone(),
             },
-            CapSet::from_grant_caps(caps, th),
+            CapSet::from_grant_caps(&guest.caps, th),
         )
     }
 
@@ -406,7 +401,7 @@ impl Artifacts {
         tx: &mut ArtTx<'_, '_>,
         inner: &Inner,
         rec: &mut WsRecord,
-        caps: &[String],
+        guest: &Guest,
         peer: &PeerKey,
         m: &wire::Msg,
     ) -> Result<(), StoreError> {
@@ -439,7 +434,7 @@ impl Artifacts {
                         }
                         continue;
                     }
-                    let (actor, cs) = self.remote_actor(inner, peer, &rec.th, caps);
+                    let (actor, cs) = self.remote_actor(peer, &rec.th, guest);
                     let Ran {
                         result,
                         is_error,
@@ -506,13 +501,13 @@ impl Artifacts {
     fn host_state(
         &self,
         tx: &mut ArtTx<'_, '_>,
-        inner: &Inner,
+        guest: &Guest,
         rec: &mut WsRecord,
         peer: &PeerKey,
         s: &wire::State,
     ) -> Result<(), StoreError> {
         let (mut ws, ws_bytes) = self.load(tx, rec)?;
-        let (party, _) = self.remote_actor(inner, peer, &rec.th, &[]);
+        let (party, _) = self.remote_actor(peer, &rec.th, guest);
         let mut ids = OsIds;
         let evs = runs::on_peer_state(
             &ws.state,
@@ -638,6 +633,23 @@ impl Artifacts {
     }
 }
 
+/// A remote peer as one received batch sees it.
+struct Guest {
+    /// The caps of its honored grants.
+    caps: Vec<String>,
+    /// Its hello name.
+    name: Option<String>,
+}
+
+impl Guest {
+    fn of(inner: &Arc<Inner>, peer: &PeerKey) -> Guest {
+        Guest {
+            caps: super::grants::honored_caps(inner, peer),
+            name: inner.peer_name(peer),
+        }
+    }
+}
+
 /// The error part for a command sent to a node that does not host the thread.
 fn not_host_part(th: &str) -> Part {
     data_part(
@@ -671,7 +683,7 @@ impl InboundHook for Artifacts {
         };
         // Grants are judged once per batch (a revoked or expired grant stops applying at
         // the next batch, i.e. at the next command).
-        let mut caps: Option<Vec<String>> = None;
+        let mut guest: Option<Guest> = None;
         // Replicas this batch opened (not yet in the committed tree counted below).
         let mut opened_now = 0usize;
         for line in lines {
@@ -720,14 +732,12 @@ impl InboundHook for Artifacts {
             };
             match (rec.role, line, is_msg) {
                 (WsRole::Host, Line::Msg(m), _) => {
-                    if caps.is_none() {
-                        caps = Some(super::grants::honored_caps(&inner, peer));
-                    }
-                    let caps = caps.as_deref().unwrap_or(&[]);
-                    self.host_msg(tx, &inner, &mut rec, caps, peer, m)?
+                    let g = guest.get_or_insert_with(|| Guest::of(&inner, peer));
+                    self.host_msg(tx, &inner, &mut rec, g, peer, m)?
                 }
                 (WsRole::Host, Line::State(s), _) => {
-                    self.host_state(tx, &inner, &mut rec, peer, s)?
+                    let g = guest.get_or_insert_with(|| Guest::of(&inner, peer));
+                    self.host_state(tx, g, &mut rec, peer, s)?
                 }
                 (WsRole::Replica, Line::Msg(m), _) => self.replica_msg(tx, &mut rec, peer, m)?,
                 _ => {}
