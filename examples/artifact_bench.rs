@@ -111,6 +111,9 @@ async fn main() {
         "catchup" => {
             let want: u64 = a.get(4).expect(usage).parse().expect("SEQ");
             let addr = a.get(5).expect(usage).clone();
+            // Events the replica already had before the dial (a restarted node may redial
+            // its peers by itself; then part of the catch-up happened before t0).
+            let before = head(&home, &th).await;
             let t0 = Instant::now();
             let sock = awp_node::daemon::socket_path(&home);
             let r = control::request_with_timeout(
@@ -129,7 +132,7 @@ async fn main() {
                     let d = t0.elapsed();
                     println!(
                         "{}",
-                        json!({"bench": "catchup", "seq": want, "seconds": d.as_secs_f64()})
+                        json!({"bench": "catchup", "seq": want, "head_before_dial": before, "seconds": d.as_secs_f64()})
                     );
                 }
                 None => {

@@ -674,6 +674,48 @@ async fn stream_close_codes() {
     assert_eq!(next(&mut s).await, Err(4400));
 }
 
+/// A wrong token is 401 / 4403 like a missing one, but the message says which it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_reported_as_wrong_and_a_missing_one_as_missing() {
+    let n = node_with_endpoint("host@test").await;
+    let (st, b) = http(&n.http, "GET", "/workspaces", None, None).await;
+    assert_eq!(st, 401);
+    let missing = b["message"].as_str().unwrap().to_string();
+    assert!(missing.starts_with("a bearer token is required"), "{b}");
+    let (st, b) = http(&n.http, "GET", "/workspaces", Some("not-the-token"), None).await;
+    assert_eq!(st, 401);
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("wrong bearer token"),
+        "{b}"
+    );
+    // The stream: the close reason says the same.
+    for (auth, want) in [
+        ("none", "a bearer token is required"),
+        ("wrong", "wrong bearer token"),
+    ] {
+        let mut s = ws(&n, "thr_any", auth).await;
+        let reason = loop {
+            let m = tokio::time::timeout(Duration::from_secs(20), s.next())
+                .await
+                .expect("a frame in time");
+            match m {
+                Some(Ok(Message::Close(Some(c)))) => {
+                    assert_eq!(u16::from(c.code), 4403);
+                    break c.reason.to_string();
+                }
+                Some(Ok(Message::Close(None))) | None | Some(Err(_)) => {
+                    panic!("{auth}: no close reason")
+                }
+                Some(Ok(_)) => continue,
+            }
+        };
+        assert!(reason.starts_with(want), "{auth}: {reason}");
+    }
+}
+
 /// The 10 s hello timeout, on paused time (the node runs in this runtime). A client that
 /// says hello in time is not closed (covered by the other stream tests).
 #[tokio::test(start_paused = true)]

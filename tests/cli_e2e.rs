@@ -239,6 +239,41 @@ fn a_second_node_on_one_home_names_the_holder() {
     );
 }
 
+/// `awp up --artifactr` prints where the endpoint listens and where its token is; `--json`
+/// carries it as `artifactr` (null when the endpoint is off).
+#[test]
+fn up_prints_the_artifactr_endpoint() {
+    let (ha, hb) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let _down = (Down(ha.path()), Down(hb.path()));
+    let text = ok(
+        ha.path(),
+        &[
+            "up",
+            "--listen",
+            "tls:127.0.0.1:0",
+            "--artifactr",
+            "127.0.0.1:0",
+        ],
+    );
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("artifactr"))
+        .unwrap_or_else(|| panic!("no artifactr line: {text}"));
+    let addr = json(ha.path(), &["status"])["artifactr"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!addr.ends_with(":0"), "the bound port: {addr}");
+    assert!(line.contains(&format!("http://{addr}")), "{line}");
+    assert!(line.contains("artifactr.token"), "{line}");
+    // Already running: the JSON answer names it too.
+    let up = json(ha.path(), &["up"]);
+    assert_eq!(up["artifactr"], Value::String(addr));
+    // Off: null, and no line.
+    let up = json(hb.path(), &["up", "--listen", "tls:127.0.0.1:0"]);
+    assert_eq!(up["artifactr"], Value::Null);
+}
+
 #[test]
 fn whoami_schema_and_version_work_without_a_node() {
     let h = TempDir::new().unwrap();

@@ -550,58 +550,223 @@ pub fn event_text(frame: &Value) -> String {
     )
 }
 
-async fn log(ctx: &Ctx, th: String, after: u64, follow: bool) -> Result<(), Failure> {
-    let mut last = after;
-    let mut full_th = th.clone();
-    for _ in 0..10_000 {
-        let body = call(ctx, "log", json!({"th": th, "after": last})).await?;
-        full_th = str_field(&body, &["th"]).unwrap_or(&th).to_string();
+/// Where `awp artifact log` reads a thread's events: pages from the node's store, and the
+/// node's live events (a subscription).
+trait LogSource {
+    /// Events of the thread with seq > `after` (empty when there are none), and the full
+    /// thread id.
+    async fn page(&mut self, after: u64) -> Result<(String, Vec<Value>), Failure>;
+    /// Start receiving live node events; every event emitted after this returns is
+    /// delivered by [`LogSource::live`].
+    async fn subscribe(&mut self) -> Result<(), Failure>;
+    /// The next live node event; `None` when the node stopped.
+    async fn live(&mut self) -> Result<Option<Value>, Failure>;
+}
+
+struct NodeLog<'a> {
+    ctx: &'a Ctx,
+    th: String,
+    sub: Option<crate::control::Subscription>,
+}
+
+impl LogSource for NodeLog<'_> {
+    async fn page(&mut self, after: u64) -> Result<(String, Vec<Value>), Failure> {
+        let body = call(self.ctx, "log", json!({"th": self.th, "after": after})).await?;
+        let th = str_field(&body, &["th"]).unwrap_or(&self.th).to_string();
         let events = body
             .get("events")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
+        Ok((th, events))
+    }
+
+    async fn subscribe(&mut self) -> Result<(), Failure> {
+        let sub = self
+            .ctx
+            .subscribe(&Request::Subscribe {
+                th: None,
+                peer: None,
+                from_seq: None,
+            })
+            .await?;
+        self.sub = Some(sub);
+        Ok(())
+    }
+
+    async fn live(&mut self) -> Result<Option<Value>, Failure> {
+        match self.sub.as_mut() {
+            Some(sub) => Ok(sub.next_event().await.ok().flatten().map(Value::Object)),
+            None => Ok(None),
+        }
+    }
+}
+
+async fn log(ctx: &Ctx, th: String, after: u64, follow: bool) -> Result<(), Failure> {
+    let mut src = NodeLog { ctx, th, sub: None };
+    let done = log_events(&mut src, after, follow, |e| {
+        if ctx.json {
+            out_json(e)
+        } else {
+            out(&event_text(e))
+        }
+    })
+    .await?;
+    if done {
+        Ok(())
+    } else {
+        Err(Failure::new(Exit::Failed, "the node stopped", ""))
+    }
+}
+
+/// The events of a thread with seq > `after`, each passed to `emit` once and in seq order:
+/// the stored ones, then (`follow`) the live ones. With `follow`, the subscription starts
+/// BEFORE the stored events are read, so an event appended during the read is not missed;
+/// live events at or below the last seq emitted are duplicates and are dropped. Returns
+/// true when done (not following), false when the live events ended (the node stopped).
+async fn log_events(
+    src: &mut impl LogSource,
+    after: u64,
+    follow: bool,
+    mut emit: impl FnMut(&Value) -> Result<(), Failure>,
+) -> Result<bool, Failure> {
+    if follow {
+        src.subscribe().await?;
+    }
+    let mut last = after;
+    let mut full_th = None;
+    for _ in 0..10_000 {
+        let (th, events) = src.page(last).await?;
+        full_th = Some(th);
         if events.is_empty() {
             break;
         }
         for e in events {
             last = e["seq"].as_u64().unwrap_or(last);
-            if ctx.json {
-                out_json(&e)?;
-            } else {
-                out(&event_text(&e))?;
-            }
+            emit(&e)?;
         }
     }
     if !follow {
-        return Ok(());
+        return Ok(true);
     }
-    let mut sub = ctx
-        .subscribe(&Request::Subscribe {
-            th: None,
-            peer: None,
-            from_seq: None,
-        })
-        .await?;
+    let full_th = full_th.unwrap_or_default();
     loop {
-        let ev = match sub.next_event().await {
-            Ok(Some(ev)) => ev,
-            _ => return Err(Failure::new(Exit::Failed, "the node stopped", "")),
+        let Some(ev) = src.live().await? else {
+            return Ok(false);
         };
-        if str_field(&ev, &["event"]) != Some("artifact")
-            || str_field(&ev, &["th"]) != Some(&full_th)
-        {
+        if ev["event"] != "artifact" || ev["th"].as_str() != Some(full_th.as_str()) {
             continue;
         }
-        let frame = ev.get("frame").cloned().unwrap_or(Value::Null);
-        if frame["seq"].as_u64().unwrap_or(0) <= last {
+        let frame = &ev["frame"];
+        let seq = frame["seq"].as_u64().unwrap_or(0);
+        if seq <= last {
             continue;
         }
-        last = frame["seq"].as_u64().unwrap_or(last);
-        if ctx.json {
-            out_json(&frame)?;
-        } else {
-            out(&event_text(&frame))?;
+        last = seq;
+        emit(frame)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node whose thread gets one more event right after each read of the log, which
+    /// only subscriptions that exist at that moment see live.
+    struct RacyNode {
+        log: Vec<Value>,
+        subscribed: bool,
+        live: std::collections::VecDeque<Value>,
+        appends_left: u64,
+        last_appended: bool,
+    }
+
+    fn frame(seq: u64) -> Value {
+        json!({"seq": seq, "event": {"type": "message_posted"}, "actor": {}})
+    }
+
+    impl RacyNode {
+        fn append(&mut self) {
+            let seq = self.log.len() as u64 + 1;
+            self.log.push(frame(seq));
+            if self.subscribed {
+                self.live
+                    .push_back(json!({"event": "artifact", "th": "thr_full", "frame": frame(seq)}));
+                // Another thread's event is not this log's.
+                self.live.push_back(
+                    json!({"event": "artifact", "th": "thr_other", "frame": frame(seq + 100)}),
+                );
+            }
         }
+    }
+
+    impl LogSource for RacyNode {
+        async fn page(&mut self, after: u64) -> Result<(String, Vec<Value>), Failure> {
+            let page: Vec<Value> = self
+                .log
+                .iter()
+                .skip(after as usize)
+                .take(2)
+                .cloned()
+                .collect();
+            // One event lands after each read while any are left, and always one right
+            // after the read that found nothing more (the window before a subscription).
+            if self.appends_left > 0 || (page.is_empty() && !self.last_appended) {
+                self.appends_left = self.appends_left.saturating_sub(1);
+                self.last_appended |= page.is_empty();
+                self.append();
+            }
+            Ok(("thr_full".into(), page))
+        }
+        async fn subscribe(&mut self) -> Result<(), Failure> {
+            self.subscribed = true;
+            Ok(())
+        }
+        async fn live(&mut self) -> Result<Option<Value>, Failure> {
+            Ok(self.live.pop_front())
+        }
+    }
+
+    /// `log --follow` used to read and then subscribe: an event appended between the last
+    /// read and the subscription was never shown. Every event must be shown once, in order.
+    #[tokio::test]
+    async fn follow_misses_no_event_appended_during_the_read_and_shows_none_twice() {
+        for appends in [0, 1, 2, 5] {
+            let mut node = RacyNode {
+                log: (1..=3).map(frame).collect(),
+                subscribed: false,
+                live: Default::default(),
+                appends_left: appends,
+                last_appended: false,
+            };
+            let mut seen = Vec::new();
+            let done = log_events(&mut node, 0, true, |e| {
+                seen.push(e["seq"].as_u64().unwrap());
+                Ok(())
+            })
+            .await
+            .unwrap();
+            assert!(!done, "the live events ended");
+            let want: Vec<u64> = (1..=3 + appends + 1).collect();
+            assert_eq!(seen, want, "{appends} appended during the read");
+        }
+        // Without --follow: the stored events after `after`, and no subscription.
+        let mut node = RacyNode {
+            log: (1..=5).map(frame).collect(),
+            subscribed: false,
+            live: Default::default(),
+            appends_left: 0,
+            last_appended: true,
+        };
+        let mut seen = Vec::new();
+        let done = log_events(&mut node, 2, false, |e| {
+            seen.push(e["seq"].as_u64().unwrap());
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert!(done);
+        assert!(!node.subscribed);
+        assert_eq!(seen, vec![3, 4, 5]);
     }
 }

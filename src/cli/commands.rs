@@ -211,6 +211,8 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
     for n in &notices {
         eprintln!("awp: note: {}", format::printable(n));
     }
+    // The local artifactr endpoint (`--artifactr`), when on.
+    let artifactr = str_field(&status, &["artifactr"]);
     if ctx.json {
         // Whether this call started the node or found it running (then options given
         // here were not applied).
@@ -228,6 +230,7 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
             "pid": pid,
             "options_ignored": already && *args != StartArgs::default(),
             "notices": notices,
+            "artifactr": artifactr,
         }));
     }
     match running {
@@ -249,6 +252,13 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
         info.insert("fingerprint".into(), fp.into());
     }
     info.insert("addresses".into(), addresses.into());
+    if let Some(a) = artifactr {
+        let token = ctx.home.join(crate::node::ARTIFACTR_TOKEN_FILE);
+        info.insert(
+            "artifactr".into(),
+            format!("http://{a} (bearer token in {})", token.display()).into(),
+        );
+    }
     out(&format::key_values(&info))
 }
 

@@ -25,10 +25,12 @@ use crate::artifact::{
 };
 use crate::store::{ArtTx, InboundHook, StoreError, WsRecord, WsRole};
 use crate::wire::{self, DataPart, Line, Part, PeerKey};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+mod cache;
 mod control;
 pub(crate) use control::handle as control;
 pub(super) use control::scope_caps;
@@ -64,11 +66,11 @@ fn now_us() -> i64 {
     (wire::time::now_ms() as i64).saturating_mul(1000)
 }
 
-/// Per-node artifact state: the in-memory workspaces (a cache of snapshot + log) and the
-/// node events waiting for their transaction to become durable.
+/// Per-node artifact state: the in-memory workspaces (a bounded cache of snapshot + log,
+/// [`cache::WsCache`]) and the node events waiting for their transaction to become durable.
 pub(crate) struct Artifacts {
     node: OnceLock<Weak<Inner>>,
-    cache: Mutex<HashMap<String, Workspace>>,
+    cache: Mutex<cache::WsCache>,
     /// Node events to emit once the msg `(peer, id)` that caused them is durable.
     pending: Mutex<HashMap<(PeerKey, String), Vec<Value>>>,
 }
@@ -77,7 +79,10 @@ impl Artifacts {
     pub(crate) fn new() -> Arc<Artifacts> {
         Arc::new(Artifacts {
             node: OnceLock::new(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(cache::WsCache::new(
+                cache::MAX_CACHED,
+                cache::MAX_CACHED_BYTES,
+            )),
             pending: Mutex::new(HashMap::new()),
         })
     }
@@ -92,24 +97,26 @@ impl Artifacts {
         self.node.get().and_then(Weak::upgrade)
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Workspace>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, cache::WsCache> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The workspace of `rec` as of its `head_seq`: the cached one, or snapshot + log.
-    fn load(&self, tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> {
-        if let Some(ws) = self.cache().remove(&rec.th) {
+    /// The workspace of `rec` as of its `head_seq` and its estimated bytes: the cached
+    /// one, or snapshot + log.
+    fn load(&self, tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<(Workspace, usize), StoreError> {
+        if let Some((ws, bytes)) = self.cache().take(&rec.th) {
             if ws.state.head_seq == rec.head_seq {
-                return Ok(ws);
+                return Ok((ws, bytes));
             }
         }
         rebuild(tx, rec)
     }
 
-    /// Keep `ws` for the next command (the record written in the same transaction says
-    /// which head it belongs to; a failed commit makes the cache stale, and it is reloaded).
-    fn keep(&self, ws: Workspace) {
-        self.cache().insert(ws.state.workspace_id.clone(), ws);
+    /// Keep `ws` (estimated `bytes`) for the next command (the record written in the same
+    /// transaction says which head it belongs to; a failed commit makes the cache stale,
+    /// and it is reloaded).
+    fn keep(&self, ws: Workspace, bytes: usize) {
+        self.cache().put(ws, bytes);
     }
 
     fn defer(&self, peer: &PeerKey, msg_id: &str, evs: Vec<Value>) {
@@ -133,15 +140,23 @@ impl Artifacts {
     }
 }
 
-/// The workspace of `rec` as of its `head_seq`, from the store: snapshot + log.
-fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> {
+/// JSON size of `v` in bytes (the cache's estimate of what it adds to a state).
+fn json_len(v: &Value) -> usize {
+    serde_json::to_vec(v).map_or(0, |b| b.len())
+}
+
+/// The workspace of `rec` as of its `head_seq`, from the store: snapshot + log; with its
+/// estimated bytes (the snapshot's JSON size plus the events' since).
+fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<(Workspace, usize), StoreError> {
+    let mut bytes = 0;
     let mut state = match tx.snapshot(&rec.th)? {
-        Some(v) => {
-            serde_json::from_value::<WorkspaceState>(v.get("state").cloned().unwrap_or(Value::Null))
-                .map_err(|e| StoreError::Corrupt {
-                    tree: "art_snap",
-                    detail: e.to_string(),
-                })?
+        Some(mut v) => {
+            bytes += json_len(&v);
+            let st = v.get_mut("state").map(Value::take).unwrap_or(Value::Null);
+            serde_json::from_value::<WorkspaceState>(st).map_err(|e| StoreError::Corrupt {
+                tree: "art_snap",
+                detail: e.to_string(),
+            })?
         }
         None => WorkspaceState::new(&rec.th),
     };
@@ -151,6 +166,7 @@ fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> 
             break;
         }
         for v in evs {
+            bytes += json_len(&v);
             let env: EventEnvelope =
                 serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
                     tree: "art_events",
@@ -162,18 +178,21 @@ fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<Workspace, StoreError> 
             })?;
         }
     }
-    Ok(Workspace {
-        state,
-        dedup: Default::default(),
-    })
+    Ok((
+        Workspace {
+            state,
+            dedup: Default::default(),
+        },
+        bytes,
+    ))
 }
 
 /// Append `envs` (already applied to `ws`) to the log of `rec`, with a snapshot when due.
-fn append(
+fn append<'v>(
     tx: &mut ArtTx<'_, '_>,
     rec: &mut WsRecord,
     ws: &Workspace,
-    envs: &[Value],
+    envs: impl IntoIterator<Item = &'v Value>,
 ) -> Result<(), StoreError> {
     for e in envs {
         let seq = e.get("seq").and_then(Value::as_u64).unwrap_or(0);
@@ -201,8 +220,9 @@ fn data_part(mime: &str, data: Value) -> Part {
     })
 }
 
-/// Queue msgs for `peer` in `th` carrying `lead` parts (result) then `events`, split so
-/// that every line stays well under the 1 MiB cap. `re` on every msg.
+/// Queue msgs for `peer` in `th` carrying `lead` parts (result) then `events` (each with
+/// its JSON size in bytes, measured once where it was made), split so that every line
+/// stays well under the 1 MiB cap. `re` on every msg.
 fn queue_parts(
     tx: &mut ArtTx<'_, '_>,
     peer: &PeerKey,
@@ -210,12 +230,12 @@ fn queue_parts(
     re: Option<&str>,
     subject: Option<&str>,
     lead: Vec<Part>,
-    events: &[Value],
+    events: Vec<(Value, usize)>,
 ) -> Result<(), StoreError> {
     let mut msgs: Vec<Vec<Part>> = vec![lead];
     let mut bytes = 0usize;
-    for e in events {
-        let size = serde_json::to_vec(e).map(|v| v.len()).unwrap_or(0) + 64;
+    for (e, size) in events {
+        let size = size + 64;
         let last = msgs.last_mut().expect("one msg");
         if !last.is_empty() && bytes + size > EVENT_BYTES_PER_MSG {
             msgs.push(Vec::new());
@@ -223,7 +243,7 @@ fn queue_parts(
         }
         msgs.last_mut()
             .expect("one msg")
-            .push(data_part(MIME_EVENT, e.clone()));
+            .push(data_part(MIME_EVENT, e));
         bytes += size;
     }
     for (i, parts) in msgs.into_iter().enumerate() {
@@ -235,6 +255,8 @@ fn queue_parts(
         } else {
             None
         };
+        // The builder runs once per enqueue: it hands over the parts without a copy.
+        let parts = Mutex::new(Some(parts));
         let build = move |id: &str, ts: &str| {
             Line::Msg(wire::Msg {
                 id: id.into(),
@@ -242,7 +264,11 @@ fn queue_parts(
                 th: th.to_string(),
                 re: re.map(str::to_string),
                 subject: subject.clone(),
-                parts: parts.clone(),
+                parts: parts
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default(),
             })
         };
         tx.enqueue(peer, &[&build])?;
@@ -251,8 +277,8 @@ fn queue_parts(
 }
 
 /// The node events for applied envelopes (`awp tail`, `awp listen`).
-fn node_events(rec: &WsRecord, envs: &[Value]) -> Vec<Value> {
-    envs.iter()
+fn node_events<'v>(rec: &WsRecord, envs: impl IntoIterator<Item = &'v Value>) -> Vec<Value> {
+    envs.into_iter()
         .map(|e| {
             json!({
                 "event": "artifact",
@@ -278,29 +304,47 @@ fn result_event(th: &str, peer: &PeerKey, result: &Value) -> Value {
     })
 }
 
-/// Run one command frame (JSON as received) on the hosted workspace: dedup by
-/// (participant, command_id) in the store, then the engine. Returns the result (a
-/// CommandResult, or an ErrorFrame when it does not parse: `is_error`) and the events.
+/// What one command did: its result (a CommandResult, or an ErrorFrame when it does not
+/// parse: `is_error`) and the events it appended.
+struct Ran {
+    result: Value,
+    is_error: bool,
+    /// The events, each with its JSON size in bytes.
+    envs: Vec<(Value, usize)>,
+}
+
+/// Run one command frame (JSON as received) on the hosted workspace `ws` (estimated
+/// `*ws_bytes`, grown by the events): dedup by (participant, command_id) in the store,
+/// then the engine.
 fn run_command(
     tx: &mut ArtTx<'_, '_>,
     rec: &mut WsRecord,
     ws: &mut Workspace,
+    ws_bytes: &mut usize,
     actor: Actor,
     caps: CapSet,
     frame: &Value,
-) -> Result<(Value, bool, Vec<Value>), StoreError> {
+) -> Result<Ran, StoreError> {
     let parsed = match artifact::parse_command_frame(frame) {
         Ok(f) => f,
         Err(e) => {
             let v = serde_json::to_value(&e).unwrap_or(Value::Null);
-            return Ok((v, true, Vec::new()));
+            return Ok(Ran {
+                result: v,
+                is_error: true,
+                envs: Vec::new(),
+            });
         }
     };
     let participant = actor.participant();
     let cid = parsed.command_id.clone();
     if !cid.contains('\0') {
         if let Some(r) = tx.dedup(&rec.th, &participant, &cid)? {
-            return Ok((r, false, Vec::new()));
+            return Ok(Ran {
+                result: r,
+                is_error: false,
+                envs: Vec::new(),
+            });
         }
     }
     let mut ids = OsIds;
@@ -312,13 +356,16 @@ fn run_command(
     };
     let (result, envs) = engine::apply(ws, &mut ctx, &parsed);
     let mut result = serde_json::to_value(&result).map_err(|e| StoreError::Db(e.to_string()))?;
-    let mut envs = to_values(&envs);
-    if envs
-        .iter()
-        .any(|e| serde_json::to_vec(e).map_or(true, |b| b.len() > MAX_EVENT_BYTES))
-    {
+    let mut envs: Vec<(Value, usize)> = to_values(&envs)
+        .into_iter()
+        .map(|e| {
+            let n = json_len(&e);
+            (e, n)
+        })
+        .collect();
+    if envs.iter().any(|(_, n)| *n == 0 || *n > MAX_EVENT_BYTES) {
         // An event that cannot travel in one line is never appended: undo and refuse.
-        *ws = rebuild(tx, rec)?;
+        (*ws, *ws_bytes) = rebuild(tx, rec)?;
         envs.clear();
         result = json!({"type": "command_result", "command_id": cid, "ok": false, "outcome": null,
             "rejection": {"type": "validation_failed", "message": "the change is too large for the wire", "errors": []}});
@@ -326,25 +373,25 @@ fn run_command(
     if !cid.contains('\0') {
         tx.put_dedup(&rec.th, &participant, &cid, &result)?;
     }
-    append(tx, rec, ws, &envs)?;
-    Ok((result, false, envs))
+    append(tx, rec, ws, envs.iter().map(|(e, _)| e))?;
+    *ws_bytes += envs.iter().map(|(_, n)| n).sum::<usize>();
+    Ok(Ran {
+        result,
+        is_error: false,
+        envs,
+    })
 }
 
 impl Artifacts {
-    /// The actor and capabilities of a remote peer in `th`, from its honored grants now.
-    fn remote_actor(
-        &self,
-        inner: &Inner,
-        peer: &PeerKey,
-        th: &str,
-        caps: &[String],
-    ) -> (Actor, CapSet) {
+    /// The actor and capabilities of a remote peer in `th`, from the caps of its honored
+    /// grants and its name (both read once per received batch, [`Guest`]).
+    fn remote_actor(&self, peer: &PeerKey, th: &str, guest: &Guest) -> (Actor, CapSet) {
         (
             Actor::ExternalAgent {
                 client_id: peer.to_string(),
-                name: inner.peer_name(peer),
+                name: guest.name.clone(),
             },
-            CapSet::from_grant_caps(caps, th),
+            CapSet::from_grant_caps(&guest.caps, th),
         )
     }
 
@@ -354,11 +401,11 @@ impl Artifacts {
         tx: &mut ArtTx<'_, '_>,
         inner: &Inner,
         rec: &mut WsRecord,
-        caps: &[String],
+        guest: &Guest,
         peer: &PeerKey,
         m: &wire::Msg,
     ) -> Result<(), StoreError> {
-        let mut ws = self.load(tx, rec)?;
+        let (mut ws, mut ws_bytes) = self.load(tx, rec)?;
         let mut lead = Vec::new();
         let mut all_events = Vec::new();
         let mut notes = Vec::new();
@@ -387,15 +434,19 @@ impl Artifacts {
                         }
                         continue;
                     }
-                    let (actor, cs) = self.remote_actor(inner, peer, &rec.th, caps);
-                    let (result, is_error, envs) = run_command(tx, rec, &mut ws, actor, cs, data)?;
+                    let (actor, cs) = self.remote_actor(peer, &rec.th, guest);
+                    let Ran {
+                        result,
+                        is_error,
+                        envs,
+                    } = run_command(tx, rec, &mut ws, &mut ws_bytes, actor, cs, data)?;
                     if is_error {
                         lead.push(data_part(MIME_ERROR, result));
                     } else {
                         notes.push(result_event(&rec.th, peer, &result));
                         lead.push(data_part(MIME_RESULT, result));
                     }
-                    notes.extend(node_events(rec, &envs));
+                    notes.extend(node_events(rec, envs.iter().map(|(e, _)| e)));
                     all_events.extend(envs);
                 }
                 MIME_RESEND => {
@@ -412,7 +463,7 @@ impl Artifacts {
                             format!("resend after {after}: head is {}", rec.head_seq)
                         });
                         let part = data_part(MIME_ERROR, json!({"type": "error", "message": msg}));
-                        queue_parts(tx, peer, &rec.th, Some(&m.id), None, vec![part], &[])?;
+                        queue_parts(tx, peer, &rec.th, Some(&m.id), None, vec![part], Vec::new())?;
                         continue;
                     }
                     let mut evs = Vec::new();
@@ -424,22 +475,23 @@ impl Artifacts {
                             break;
                         }
                         for e in chunk {
-                            bytes += serde_json::to_vec(&e).map_or(0, |b| b.len());
+                            let n = json_len(&e);
+                            bytes += n;
                             at += 1;
-                            evs.push(e);
+                            evs.push((e, n));
                             if bytes >= RESEND_BYTES || evs.len() >= RESEND_MAX {
                                 break;
                             }
                         }
                     }
-                    queue_parts(tx, peer, &rec.th, Some(&m.id), None, Vec::new(), &evs)?;
+                    queue_parts(tx, peer, &rec.th, Some(&m.id), None, Vec::new(), evs)?;
                 }
                 _ => {}
             }
         }
-        self.keep(ws);
+        self.keep(ws, ws_bytes);
         if !lead.is_empty() {
-            queue_parts(tx, peer, &rec.th, Some(&m.id), None, lead, &all_events)?;
+            queue_parts(tx, peer, &rec.th, Some(&m.id), None, lead, all_events)?;
         }
         self.defer(peer, &m.id, notes);
         Ok(())
@@ -449,13 +501,13 @@ impl Artifacts {
     fn host_state(
         &self,
         tx: &mut ArtTx<'_, '_>,
-        inner: &Inner,
+        guest: &Guest,
         rec: &mut WsRecord,
         peer: &PeerKey,
         s: &wire::State,
     ) -> Result<(), StoreError> {
-        let mut ws = self.load(tx, rec)?;
-        let (party, _) = self.remote_actor(inner, peer, &rec.th, &[]);
+        let (mut ws, ws_bytes) = self.load(tx, rec)?;
+        let (party, _) = self.remote_actor(peer, &rec.th, guest);
         let mut ids = OsIds;
         let evs = runs::on_peer_state(
             &ws.state,
@@ -466,21 +518,29 @@ impl Artifacts {
             &mut ids,
         );
         if evs.is_empty() {
-            self.keep(ws);
+            self.keep(ws, ws_bytes);
             return Ok(());
         }
         let envs = match engine::commit(&mut ws, &party, now_us(), &mut ids, evs) {
             Ok(e) => to_values(&e),
             Err(e) => {
                 tracing::warn!(th = %rec.th, "run events not recorded: {e}");
-                self.keep(ws);
+                self.keep(ws, ws_bytes);
                 return Ok(());
             }
         };
         append(tx, rec, &ws, &envs)?;
-        self.keep(ws);
-        queue_parts(tx, peer, &rec.th, None, None, Vec::new(), &envs)?;
-        self.defer(peer, &s.id, node_events(rec, &envs));
+        let notes = node_events(rec, &envs);
+        let sized: Vec<(Value, usize)> = envs
+            .into_iter()
+            .map(|e| {
+                let n = json_len(&e);
+                (e, n)
+            })
+            .collect();
+        self.keep(ws, ws_bytes + sized.iter().map(|(_, n)| n).sum::<usize>());
+        queue_parts(tx, peer, &rec.th, None, None, Vec::new(), sized)?;
+        self.defer(peer, &s.id, notes);
         Ok(())
     }
 
@@ -492,7 +552,7 @@ impl Artifacts {
         peer: &PeerKey,
         m: &wire::Msg,
     ) -> Result<(), StoreError> {
-        let mut ws = self.load(tx, rec)?;
+        let (mut ws, mut ws_bytes) = self.load(tx, rec)?;
         let mut notes = Vec::new();
         let mut not_host = Vec::new();
         for p in &m.parts {
@@ -527,9 +587,9 @@ impl Artifacts {
                         rec.held_max = rec.held_max.max(seq);
                         continue;
                     }
-                    let mut next = Some(data.clone());
+                    let mut next = Some(std::borrow::Cow::Borrowed(data));
                     while let Some(ev) = next.take() {
-                        let env: EventEnvelope = match serde_json::from_value(ev.clone()) {
+                        let env = match EventEnvelope::deserialize(ev.as_ref()) {
                             Ok(e) => e,
                             Err(e) => {
                                 tracing::warn!(th = %rec.th, "host event refused: {e}");
@@ -540,9 +600,14 @@ impl Artifacts {
                             tracing::warn!(th = %rec.th, "host event does not fit the replica: {e}");
                             break;
                         }
-                        append(tx, rec, &ws, std::slice::from_ref(&ev))?;
-                        notes.extend(node_events(rec, std::slice::from_ref(&ev)));
-                        next = tx.take_held(&rec.th, rec.head_seq + 1)?;
+                        append(tx, rec, &ws, [ev.as_ref()])?;
+                        ws_bytes += json_len(&ev);
+                        notes.extend(node_events(rec, [ev.as_ref()]));
+                        if rec.held_max > rec.head_seq {
+                            next = tx
+                                .take_held(&rec.th, rec.head_seq + 1)?
+                                .map(std::borrow::Cow::Owned);
+                        }
                     }
                 }
                 MIME_RESULT | MIME_ERROR => {
@@ -550,6 +615,7 @@ impl Artifacts {
                         tracing::warn!(th = %rec.th, host_head = h, "host log behind ours: replica reset");
                         tx.reset_replica(rec, h)?;
                         ws = Workspace::new(&rec.th);
+                        ws_bytes = 0;
                     }
                     notes.push(result_event(&rec.th, peer, data));
                 }
@@ -558,18 +624,35 @@ impl Artifacts {
             }
         }
         if !not_host.is_empty() {
-            queue_parts(tx, peer, &rec.th, Some(&m.id), None, not_host, &[])?;
+            queue_parts(tx, peer, &rec.th, Some(&m.id), None, not_host, Vec::new())?;
         }
         // A gap that this msg did not fill: ask the host once per head.
         if rec.held_max > rec.head_seq && rec.resend_asked != rec.head_seq + 1 {
             rec.resend_asked = rec.head_seq + 1;
             let part = data_part(MIME_RESEND, json!({"after_seq": rec.head_seq}));
-            queue_parts(tx, peer, &rec.th, None, None, vec![part], &[])?;
+            queue_parts(tx, peer, &rec.th, None, None, vec![part], Vec::new())?;
         }
         tx.put_ws(rec)?;
-        self.keep(ws);
+        self.keep(ws, ws_bytes);
         self.defer(peer, &m.id, notes);
         Ok(())
+    }
+}
+
+/// A remote peer as one received batch sees it.
+struct Guest {
+    /// The caps of its honored grants.
+    caps: Vec<String>,
+    /// Its hello name.
+    name: Option<String>,
+}
+
+impl Guest {
+    fn of(inner: &Arc<Inner>, peer: &PeerKey) -> Guest {
+        Guest {
+            caps: super::grants::honored_caps(inner, peer),
+            name: inner.peer_name(peer),
+        }
     }
 }
 
@@ -606,7 +689,7 @@ impl InboundHook for Artifacts {
         };
         // Grants are judged once per batch (a revoked or expired grant stops applying at
         // the next batch, i.e. at the next command).
-        let mut caps: Option<Vec<String>> = None;
+        let mut guest: Option<Guest> = None;
         // Replicas this batch opened (not yet in the committed tree counted below).
         let mut opened_now = 0usize;
         for line in lines {
@@ -624,7 +707,7 @@ impl InboundHook for Artifacts {
                     if !has_part(m, MIME_EVENT) {
                         if has_part(m, MIME_COMMAND) {
                             let part = not_host_part(th);
-                            queue_parts(tx, peer, th, Some(&m.id), None, vec![part], &[])?;
+                            queue_parts(tx, peer, th, Some(&m.id), None, vec![part], Vec::new())?;
                         }
                         continue;
                     }
@@ -655,14 +738,12 @@ impl InboundHook for Artifacts {
             };
             match (rec.role, line, is_msg) {
                 (WsRole::Host, Line::Msg(m), _) => {
-                    if caps.is_none() {
-                        caps = Some(super::grants::honored_caps(&inner, peer));
-                    }
-                    let caps = caps.as_deref().unwrap_or(&[]);
-                    self.host_msg(tx, &inner, &mut rec, caps, peer, m)?
+                    let g = guest.get_or_insert_with(|| Guest::of(&inner, peer));
+                    self.host_msg(tx, &inner, &mut rec, g, peer, m)?
                 }
                 (WsRole::Host, Line::State(s), _) => {
-                    self.host_state(tx, &inner, &mut rec, peer, s)?
+                    let g = guest.get_or_insert_with(|| Guest::of(&inner, peer));
+                    self.host_state(tx, g, &mut rec, peer, s)?
                 }
                 (WsRole::Replica, Line::Msg(m), _) => self.replica_msg(tx, &mut rec, peer, m)?,
                 _ => {}
@@ -726,25 +807,26 @@ pub(super) async fn run_local(
                 },
                 (None, None) => return Err(StoreError::BadLine(format!("{th2} is not an artifact thread"))),
             };
-            let mut ws = arts.load(tx, &rec)?;
+            let (mut ws, mut ws_bytes) = arts.load(tx, &rec)?;
             let mut envs_all = Vec::new();
             if rec.head_seq == 0 {
                 // The workspace's own artifactr thread (= th), created first.
                 let ct = json!({"type":"command","command_id": format!("open-{th2}"),
                     "command":{"type":"create_thread","thread_id": th2, "title": subject.clone().unwrap_or_default()}});
-                let (_, _, envs) = run_command(tx, &mut rec, &mut ws, actor.clone(), CapSet::all(), &ct)?;
-                envs_all.extend(envs);
+                let ran = run_command(tx, &mut rec, &mut ws, &mut ws_bytes, actor.clone(), CapSet::all(), &ct)?;
+                envs_all.extend(ran.envs);
             }
             let mut results = Vec::with_capacity(frames.len());
             for frame in &frames {
-                let (result, _, envs) = run_command(tx, &mut rec, &mut ws, actor.clone(), CapSet::all(), frame)?;
-                results.push(result);
-                envs_all.extend(envs);
+                let ran = run_command(tx, &mut rec, &mut ws, &mut ws_bytes, actor.clone(), CapSet::all(), frame)?;
+                results.push(ran.result);
+                envs_all.extend(ran.envs);
             }
-            arts.keep(ws);
+            arts.keep(ws, ws_bytes);
             tx.put_ws(&rec)?;
-            queue_parts(tx, &rec.peer, &th2, None, subject.as_deref(), Vec::new(), &envs_all)?;
-            Ok((results, node_events(&rec, &envs_all), rec.peer))
+            let notes = node_events(&rec, envs_all.iter().map(|(e, _)| e));
+            queue_parts(tx, &rec.peer, &th2, None, subject.as_deref(), Vec::new(), envs_all)?;
+            Ok((results, notes, rec.peer))
         })
     })
     .await
@@ -756,3 +838,6 @@ pub(super) async fn run_local(
     }
     Ok((results, notes))
 }
+
+#[cfg(test)]
+mod tests;

@@ -103,9 +103,9 @@ pub(super) async fn state(inner: &Arc<Inner>, rec: &WsRecord) -> Result<Workspac
     let rec = rec.clone();
     let (st, _) = tokio::task::spawn_blocking(move || {
         store.art_tx(|tx| {
-            let ws = arts.load(tx, &rec)?;
+            let (ws, bytes) = arts.load(tx, &rec)?;
             let st = ws.state.clone();
-            arts.keep(ws);
+            arts.keep(ws, bytes);
             Ok(st)
         })
     })

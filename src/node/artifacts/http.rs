@@ -161,19 +161,54 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn bearer_ok(headers: &HeaderMap, token: &str) -> bool {
-    headers
+/// How a request presented the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    Ok,
+    /// No `Authorization: Bearer …` header (and, on the stream, no `?token=`).
+    Missing,
+    /// A token that is not this node's.
+    Wrong,
+}
+
+impl Auth {
+    /// The message of a refusal (401 body, 4403 close reason).
+    fn refusal(self) -> &'static str {
+        match self {
+            Auth::Wrong => "wrong bearer token (see $AWP_HOME/artifactr.token)",
+            _ => "a bearer token is required (see $AWP_HOME/artifactr.token)",
+        }
+    }
+}
+
+/// Check the bearer header, and on the stream also `?token=` (`query`): Ok when either
+/// matches, Wrong when one was given and none matches, Missing when none was given.
+fn check_token(headers: &HeaderMap, query: Option<&str>, token: &str) -> Auth {
+    let bearer = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| same(t.trim().as_bytes(), token.as_bytes()))
+        .map(str::trim);
+    let given = [bearer, query];
+    if given
+        .iter()
+        .flatten()
+        .any(|t| same(t.as_bytes(), token.as_bytes()))
+    {
+        Auth::Ok
+    } else if given.iter().any(Option::is_some) {
+        Auth::Wrong
+    } else {
+        Auth::Missing
+    }
 }
 
 async fn require_token(State(app): State<App>, req: Request, next: Next) -> Response {
-    if bearer_ok(req.headers(), &app.token) {
+    let auth = check_token(req.headers(), None, &app.token);
+    if auth == Auth::Ok {
         next.run(req).await
     } else {
-        let mut r = err(StatusCode::UNAUTHORIZED, "a bearer token is required");
+        let mut r = err(StatusCode::UNAUTHORIZED, auth.refusal());
         r.headers_mut().insert(
             axum::http::header::WWW_AUTHENTICATE,
             axum::http::HeaderValue::from_static("Bearer"),
@@ -615,15 +650,12 @@ async fn stream(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let authorized = bearer_ok(&headers, &app.token)
-        || q.get("token")
-            .map(String::as_str)
-            .is_some_and(|t| same(t.as_bytes(), app.token.as_bytes()));
+    let auth = check_token(&headers, q.get("token").map(String::as_str), &app.token);
     ws.max_message_size(MAX_FRAME)
         .max_frame_size(MAX_FRAME)
         .on_upgrade(move |socket| async move {
-            if !authorized {
-                refuse(socket, close::FORBIDDEN, "a token is required").await;
+            if auth != Auth::Ok {
+                refuse(socket, close::FORBIDDEN, auth.refusal()).await;
                 return;
             }
             Conn::run(app, id, socket).await;
@@ -1088,6 +1120,38 @@ mod tests {
         ] {
             assert!(parse_hello(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_wrong_token_is_told_apart_from_a_missing_one() {
+        let h = |v: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(
+                axum::http::header::AUTHORIZATION,
+                axum::http::HeaderValue::from_str(v).unwrap(),
+            );
+            m
+        };
+        let tok = "s3cret-token-of-this-node";
+        let none = HeaderMap::new();
+        assert_eq!(check_token(&none, None, tok), Auth::Missing);
+        assert_eq!(check_token(&h("Basic abc"), None, tok), Auth::Missing);
+        assert_eq!(check_token(&h("Bearer nope"), None, tok), Auth::Wrong);
+        assert_eq!(check_token(&none, Some("nope"), tok), Auth::Wrong);
+        assert_eq!(
+            check_token(&h(&format!("Bearer {tok}")), None, tok),
+            Auth::Ok
+        );
+        assert_eq!(
+            check_token(&h(&format!("Bearer {tok} ")), None, tok),
+            Auth::Ok
+        );
+        assert_eq!(check_token(&h("Bearer nope"), Some(tok), tok), Auth::Ok);
+        assert_eq!(check_token(&none, Some(tok), tok), Auth::Ok);
+        assert!(Auth::Wrong.refusal().starts_with("wrong bearer token"));
+        assert!(Auth::Missing
+            .refusal()
+            .starts_with("a bearer token is required"));
     }
 
     #[test]
