@@ -23,6 +23,7 @@ mod presence;
 pub mod serve;
 pub mod served_fs;
 mod server;
+mod thread_ref;
 pub mod workers;
 
 pub use dialer::{DestLimiter, DialFacts, DialReason, DialTiming, Redial, MAX_DIAL_FAILURES};

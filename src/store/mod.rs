@@ -11,7 +11,8 @@
 //! - `log`: seq (u64 big-endian) → direction, peer, id, thread, kind, at, read, acked, line.
 //! - `received`: peer ‖ id → log seq (permanent dedup index, never pruned).
 //! - `seen`: peer ‖ th → largest content id received (byte-string order).
-//! - `threads`: th → summary. `peers`: peer → record. `addresses`: peer ‖ address → record.
+//! - `threads`: th ‖ peer → summary (see `threads.rs`; older stores keyed by th are re-keyed
+//!   on open). `peers`: peer → record. `addresses`: peer ‖ address → record.
 //! - `outbox_n`: peer → number of queued lines (u64 BE; absent when zero).
 //! - `outbox_b`: peer → bytes of its queued outbox records (u64 BE; absent when zero), the
 //!   per-peer quota's measure ([`Store::outbox_usage`]).
@@ -35,6 +36,7 @@ mod group;
 mod imp;
 #[cfg(test)]
 mod tests;
+mod threads;
 mod tx;
 
 pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};
