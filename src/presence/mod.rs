@@ -10,10 +10,14 @@
 //!   or expired from the table), so an older document cannot come back (a rollback). The
 //!   node persists them ([`PresenceTable::marks`], [`PresenceTable::restore_marks`]).
 //! - Documents are kept and forwarded as the exact bytes received ([`Held::raw`]).
+//! - Newer is decided by `seq`; a `ts` is believed at most [`BELIEVED_AHEAD_MS`] ahead of
+//!   our clock for age and rate, so a fast clock cannot pin an old document.
 //! - [`doc`]: building and signing our own document, and the `seq` rule.
 //!
 //! Time is always passed in as Unix milliseconds, so the rules are tested with a fake clock.
 
+#[cfg(test)]
+mod clock_tests;
 pub mod doc;
 #[cfg(test)]
 mod tests;
@@ -30,20 +34,30 @@ pub const MAX_DOC_BYTES: usize = 64 * 1024;
 pub const MAX_AGE_MS: u64 = 10 * 60 * 1000;
 /// A document whose `ts` is further than this (ms) in the future is refused.
 pub const MAX_FUTURE_MS: u64 = 5 * 60 * 1000;
+/// How far ahead of our clock (ms) a document's `ts` is believed when it decides the
+/// document's age (expiry) and the origin's rate limit: a `ts` further ahead counts as our
+/// arrival time plus this. Freshness is decided by `seq` (protocol-notes §Presence), so an
+/// origin whose clock ran fast and was corrected is shown with its newer documents at once
+/// (its seq still grows: `max(last + 1, now)`), instead of being held at its future `ts`
+/// (a clock 4 minutes fast pinned its old document for minutes, issue 8 §4b). Room for the
+/// skew of honest clocks, and no more: every second of it is a document an origin may
+/// send ahead of the rate limit.
+pub const BELIEVED_AHEAD_MS: u64 = 5_000;
 /// A document is forwarded only while `hops + 1` stays below this.
 pub const MAX_HOPS: u64 = 8;
 /// Origins held at most (by default); beyond, the one with the oldest `ts` is evicted.
 pub const MAX_ORIGINS: usize = 1000;
 /// At most one document per origin is accepted per this many milliseconds of the
-/// origin's signed time: a newer document must have a `ts` at least this much later than
-/// the held one.
+/// origin's signed time as believed ([`believed_ts`]): a newer document must have a
+/// believed `ts` at least this much later than the held one's.
 ///
 /// Why signed time and not arrival time: copies of one origin's documents reach a node
 /// over several paths (forwarding, and the anti-entropy burst on every new connection),
 /// so two documents signed seconds apart can arrive milliseconds apart; an arrival-time
-/// limit would drop honest updates at random. Because `ts` must stay within
-/// [`MAX_FUTURE_MS`] of our clock, an origin still cannot sustain more than one accepted
-/// document per second; the most it can do is spend its 15-minute window once.
+/// limit would drop honest updates at random. Because a `ts` is believed at most
+/// [`BELIEVED_AHEAD_MS`] ahead of our clock, an origin still cannot sustain more than one
+/// accepted document per second; the most it can do is spend its 10-minute window (and
+/// those 5 seconds) once.
 pub const RATE_INTERVAL_MS: u64 = 1000;
 
 /// Bytes of documents one peer (connection) may send at once: room for a full
@@ -88,7 +102,8 @@ pub enum Refusal {
     /// another path).
     #[error("seq {got} is not newer than the held {held}")]
     NotNewer { got: u64, held: u64 },
-    /// The document's `ts` is less than [`RATE_INTERVAL_MS`] after the held one's.
+    /// The document's believed `ts` ([`believed_ts`]) is less than [`RATE_INTERVAL_MS`]
+    /// after the held one's.
     #[error("origin over its rate limit (one document per second)")]
     RateLimited,
     /// The sending peer is over its byte budget ([`CONN_BURST_BYTES`],
@@ -178,11 +193,29 @@ impl Counters {
     }
 }
 
-/// The highest `seq` seen of one origin and that document's `ts` (Unix ms).
+/// The highest `seq` seen of one origin and that document's believed `ts` (Unix ms: its
+/// `ts`, at most [`BELIEVED_AHEAD_MS`] after its arrival; see [`believed_ts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mark {
     pub seq: u64,
     pub ts_ms: u64,
+}
+
+/// A document's `ts` as believed: `ts_ms`, but at most [`BELIEVED_AHEAD_MS`] after
+/// `arrived_ms`, the time (Unix ms, our clock) it arrived.
+pub fn believed_ts(ts_ms: u64, arrived_ms: u64) -> u64 {
+    ts_ms.min(arrived_ms.saturating_add(BELIEVED_AHEAD_MS))
+}
+
+impl Held {
+    /// Its `ts` as believed ([`believed_ts`] at its arrival): what its age is counted from.
+    pub fn believed_ts_ms(&self) -> u64 {
+        believed_ts(self.ts_ms, self.received_ms)
+    }
+
+    fn fresh_at(&self, now_ms: u64) -> bool {
+        self.believed_ts_ms().saturating_add(MAX_AGE_MS) >= now_ms
+    }
 }
 
 /// A token bucket: up to `cap` tokens, `per_sec` more each second.
@@ -315,8 +348,9 @@ impl PresenceTable {
     /// at `now_ms` (Unix ms). Checks, cheapest first: encoded size ≤ [`MAX_DOC_BYTES`];
     /// shape (`origin`, `seq`, `ts`, `sig` present and typed, optional fields typed as in
     /// the schema); origin key parses and is not weak; not our own origin; `ts` within
-    /// [`MAX_AGE_MS`] past / [`MAX_FUTURE_MS`] future; seq above the held seq; `ts`
-    /// at least [`RATE_INTERVAL_MS`] after the held one's; then the signature
+    /// [`MAX_AGE_MS`] past / [`MAX_FUTURE_MS`] future; seq above the held seq (newer is
+    /// by seq only); believed `ts` ([`believed_ts`]) at least [`RATE_INTERVAL_MS`] after
+    /// the held one's; then the signature
     /// (strict Ed25519 over the canonical JSON without `sig`).
     ///
     /// On success the document replaces the held one; see [`Accepted::forward_to_hops`].
@@ -385,6 +419,9 @@ impl PresenceTable {
         if head.ts_ms > now_ms.saturating_add(MAX_FUTURE_MS) {
             return Err(Refusal::Future);
         }
+        // Newer is by seq alone; the rate limit compares believed times, so a `ts` that
+        // was ahead of our clock does not hold back the documents after it.
+        let believed = believed_ts(head.ts_ms, now_ms);
         if let Some(m) = self.marks.get(&head.origin) {
             if head.seq <= m.seq {
                 return Err(Refusal::NotNewer {
@@ -392,7 +429,7 @@ impl PresenceTable {
                     held: m.seq,
                 });
             }
-            if head.ts_ms < m.ts_ms.saturating_add(RATE_INTERVAL_MS) {
+            if believed < m.ts_ms.saturating_add(RATE_INTERVAL_MS) {
                 return Err(Refusal::RateLimited);
             }
         }
@@ -411,7 +448,7 @@ impl PresenceTable {
                 self.evict_oldest();
             }
         }
-        self.set_mark(head.origin, head.seq, head.ts_ms, now_ms);
+        self.set_mark(head.origin, head.seq, believed, now_ms);
         self.held.insert(
             head.origin,
             Held {
@@ -519,7 +556,7 @@ impl PresenceTable {
         let oldest = self
             .held
             .values()
-            .min_by_key(|h| (h.ts_ms, h.received_ms))
+            .min_by_key(|h| (h.believed_ts_ms(), h.received_ms))
             .map(|h| h.origin);
         if let Some(k) = oldest {
             self.held.remove(&k);
@@ -528,12 +565,11 @@ impl PresenceTable {
         }
     }
 
-    /// Forget documents whose `ts` is more than [`MAX_AGE_MS`] before `now_ms`. Returns
-    /// how many were dropped.
+    /// Forget documents whose believed `ts` ([`Held::believed_ts_ms`]) is more than
+    /// [`MAX_AGE_MS`] before `now_ms`. Returns how many were dropped.
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let before = self.held.len();
-        self.held
-            .retain(|_, h| h.ts_ms.saturating_add(MAX_AGE_MS) >= now_ms);
+        self.held.retain(|_, h| h.fresh_at(now_ms));
         let n = before - self.held.len();
         self.counters.expired += n as u64;
         self.expire_marks(now_ms);
@@ -547,20 +583,15 @@ impl PresenceTable {
         n
     }
 
-    /// The held document of `origin`, if fresh at `now_ms`.
+    /// The held document of `origin`, if fresh at `now_ms` (by its believed `ts`).
     pub fn get(&self, origin: &PeerKey, now_ms: u64) -> Option<&Held> {
-        self.held
-            .get(origin)
-            .filter(|h| h.ts_ms.saturating_add(MAX_AGE_MS) >= now_ms)
+        self.held.get(origin).filter(|h| h.fresh_at(now_ms))
     }
 
-    /// Every held document that is fresh at `now_ms`, newest `ts` first.
+    /// Every held document that is fresh at `now_ms` (by its believed `ts`), newest `ts`
+    /// first.
     pub fn fresh(&self, now_ms: u64) -> Vec<&Held> {
-        let mut v: Vec<&Held> = self
-            .held
-            .values()
-            .filter(|h| h.ts_ms.saturating_add(MAX_AGE_MS) >= now_ms)
-            .collect();
+        let mut v: Vec<&Held> = self.held.values().filter(|h| h.fresh_at(now_ms)).collect();
         v.sort_by(|a, b| b.ts_ms.cmp(&a.ts_ms).then(a.origin.cmp(&b.origin)));
         v
     }
