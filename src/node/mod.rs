@@ -621,7 +621,8 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
 }
 
 /// Retention sweep every hour, the first an hour after start (a sweep scans the outbox
-/// and the log; it runs on the blocking pool so connections keep going).
+/// and the log; it runs on the blocking pool so connections keep going), and the expiry of
+/// unfinished inbound blobs ([`crate::blob::expire`]).
 async fn housekeeping(inner: Arc<Inner>) {
     let period = Duration::from_secs(3600);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -637,6 +638,7 @@ async fn housekeeping(inner: Arc<Inner>) {
                     Ok(Err(e)) => tracing::warn!("retention: {e}"),
                     Err(e) => tracing::warn!("retention task: {e}"),
                 }
+                blobs::expire_unfinished(&inner).await;
             }
         }
     }

@@ -269,6 +269,22 @@ impl Store {
         Ok((n, bytes))
     }
 
+    /// Every inbound blob still pending, as (peer, ref), by peer then ref (from the pending
+    /// index: finished and refused records are not read).
+    pub fn pending_blob_refs(&self) -> Result<Vec<(PeerKey, String)>, StoreError> {
+        if !self.blobs_in_indexed()? {
+            let _w = self.writer();
+            self.blobs_in_index_ready()?;
+        }
+        let mut out = Vec::new();
+        for kv in self.trees.t(T::BlobsInPending).iter() {
+            let (k, _) = kv.map_err(db_err)?;
+            let (peer, r) = split_pkey("blobs_in_pending", &k)?;
+            out.push((peer, utf8("blobs_in_pending", &r)?));
+        }
+        Ok(out)
+    }
+
     fn blobs_in_indexed(&self) -> Result<bool, StoreError> {
         self.trees
             .t(T::Meta)
