@@ -214,3 +214,76 @@ async fn two_raw_peers_using_the_same_th_both_have_a_thread_listed_read_tailed_a
     }
     node.stop().await;
 }
+
+/// Lines from `raw` until an ack of or an err about `re` (at most 20 lines): `Ok(())` for
+/// the ack, `Err(code)` for the err.
+async fn answer(raw: &mut Raw, re: &str) -> Result<(), String> {
+    for _ in 0..20 {
+        let l = raw.read().await.expect("an answer");
+        let v: Value = serde_json::from_slice(&l).unwrap();
+        if v["re"] == re {
+            match v["t"].as_str() {
+                Some("ack") => return Ok(()),
+                Some("err") => return Err(v["code"].as_str().unwrap_or("").to_string()),
+                _ => {}
+            }
+        }
+    }
+    panic!("no answer about {re}");
+}
+
+/// Issue 8 §4: threads are a per-peer table with a bound. A peer at its bound cannot open
+/// another (`err busy`, not stored, not acked) but keeps talking in its threads; another
+/// peer is not affected.
+#[tokio::test]
+async fn a_peer_at_its_thread_bound_gets_err_busy_for_a_new_thread_and_nothing_is_stored() {
+    let home = tempfile::TempDir::new().unwrap();
+    let handle = awp_node::node::NodeHandle::start(awp_node::node::NodeConfig {
+        home: home.path().to_path_buf(),
+        listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+        name: Some("n".into()),
+        max_threads_per_peer: Some(3),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let node = TestNode { home, handle };
+    let mut greedy = raw_peer(&node, 41, "greedy@test").await;
+    for i in 0..3 {
+        let id = format!("01K2000000000000000000000{i}");
+        greedy
+            .write(&msg_line(&id, &format!("t{i}"), "s", "x"))
+            .await;
+        assert_eq!(answer(&mut greedy, &id).await, Ok(()));
+    }
+    let over = "01K20000000000000000000009";
+    greedy.write(&msg_line(over, "t9", "s", "x")).await;
+    assert_eq!(answer(&mut greedy, over).await, Err("busy".into()));
+    // Still heard in its own threads.
+    let more = "01K2000000000000000000000A";
+    greedy.write(&msg_line(more, "t1", "s", "y")).await;
+    assert_eq!(answer(&mut greedy, more).await, Ok(()));
+    // The refused line was not stored: no thread, no log entry; a replay is refused again.
+    let r = node.ctl(Request::Threads).await;
+    let ths: Vec<&str> = r.body["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["th"].as_str())
+        .collect();
+    assert_eq!(ths.len(), 3, "{ths:?}");
+    assert!(!ths.contains(&"t9"));
+    assert!(node
+        .inbound()
+        .await
+        .iter()
+        .all(|e| e["id"].as_str() != Some(over)));
+    greedy.write(&msg_line(over, "t9", "s", "x")).await;
+    assert_eq!(answer(&mut greedy, over).await, Err("busy".into()));
+    // Another peer opens threads as before.
+    let mut other = raw_peer(&node, 42, "other@test").await;
+    let id = "01K20000000000000000000010";
+    other.write(&msg_line(id, "t9", "s", "x")).await;
+    assert_eq!(answer(&mut other, id).await, Ok(()));
+    node.stop().await;
+}

@@ -114,6 +114,10 @@ pub struct NodeConfig {
     pub artifactr: Option<String>,
     /// Allow a non-loopback `artifactr` address (`--artifactr-public`).
     pub artifactr_public: bool,
+    /// Threads one peer may open with this node (default
+    /// [`crate::store::MAX_THREADS_PER_PEER`]); a line that would open one more is
+    /// answered `err busy` and not stored.
+    pub max_threads_per_peer: Option<u64>,
 }
 
 /// Why the node could not start.
@@ -232,6 +236,9 @@ impl NodeHandle {
             )
             .map_err(other("store"))?,
         );
+        if let Some(n) = config.max_threads_per_peer {
+            store.set_max_threads_per_peer(n);
+        }
         let tls = Arc::new(TlsConfig::new(&identity).map_err(other("tls"))?);
         let dial_opts = DialOptions {
             allow_plaintext: config.allow_plaintext,

@@ -61,6 +61,8 @@ impl Store {
             }
         }
         tx.del(T::OutboxN, raw.to_vec());
+        let n = super::threads::thread_count(&tx, peer)? as i64;
+        super::threads::add_threads(&mut tx, peer, -n)?;
         tx.del(T::OutboxB, raw.to_vec());
         for kv in self.trees.t(T::Threads).iter() {
             let (k, v) = kv.map_err(db_err)?;

@@ -5,7 +5,7 @@ use super::codec::{
     unpack, utf8, AddrRec, LogRec, OutRec, Payload, PeerRec, ThreadRec,
 };
 use super::group::Group;
-use super::threads::tkey;
+use super::threads::{add_threads, thread_count, tkey};
 use super::tx::{db_err, Trees, Tx, T};
 use super::{
     AddrSource, AddressRecord, Dir, Introduced, LineBuilder, LogEntry, OutboxEntry, PeerRecord,
@@ -123,6 +123,8 @@ pub struct Store {
     pub(super) trees: Trees,
     writer: Mutex<Writer>,
     group: Arc<Group>,
+    /// Threads one peer may open with us (`threads.rs`).
+    pub(super) max_threads: std::sync::atomic::AtomicU64,
     /// Work run inside [`Store::receive_batch`]'s transaction (see [`super::InboundHook`]).
     pub(super) hook: std::sync::OnceLock<Arc<dyn super::InboundHook>>,
     /// Declared last: marks the directory closed after the sled handles are dropped.
@@ -206,6 +208,7 @@ impl Store {
                 log_seq,
             }),
             group,
+            max_threads: std::sync::atomic::AtomicU64::new(super::threads::MAX_THREADS_PER_PEER),
             hook: std::sync::OnceLock::new(),
             _mark: guard,
         };
@@ -327,6 +330,9 @@ impl Store {
             };
             tx.put(T::Log, u64_be(*seq), pack(&lrec, &bytes)?);
             if let Some(th) = &th {
+                if tx.get(T::Threads, &tkey(th, peer))?.is_none() {
+                    add_threads(tx, peer, 1)?;
+                }
                 let mut t = self.thread_for_update(tx, th, peer, now, true)?;
                 t.updated = t.updated.max(now);
                 match &line {
@@ -664,6 +670,14 @@ impl Store {
             if batch_ids.contains(id) || tx.get(T::Received, &rkey)?.is_some() {
                 out.push(Received::Duplicate);
                 continue;
+            }
+            if tx.get(T::Threads, &tkey(th, peer))?.is_none() {
+                // A new thread: within the peer's bound, or the line is not stored.
+                if thread_count(&tx, peer)? >= self.max_threads_per_peer() {
+                    out.push(Received::TooManyThreads);
+                    continue;
+                }
+                add_threads(&mut tx, peer, 1)?;
             }
             batch_ids.insert(id);
             seq += 1;

@@ -16,7 +16,7 @@
 //! - `outbox_n`: peer → number of queued lines (u64 BE; absent when zero).
 //! - `outbox_b`: peer → bytes of its queued outbox records (u64 BE; absent when zero), the
 //!   per-peer quota's measure ([`Store::outbox_usage`]).
-//! - `meta`: `last_id`, `log_seq`, and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
+//! - `meta`: `last_id`, `log_seq`, `thread_n/` ‖ peer (threads per peer), and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
 //! - `blobs_in`, `blobs_out`: peer ‖ ref → blob records (see `blobs.rs`).
 //! - `art_ws`, `art_events`, `art_dedup`, `art_hold`, `art_snap`: artifact threads
 //!   (see `artifacts.rs`).
@@ -44,6 +44,7 @@ pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
 pub use forget::Forgotten;
 pub use grants::{GrantRecord, GrantRole};
 pub use imp::Store;
+pub use threads::MAX_THREADS_PER_PEER;
 
 /// Retention of outbox lines and log entries: 7 days, in milliseconds.
 pub const RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
@@ -91,6 +92,9 @@ pub enum Received {
     New(u64),
     /// Already received from this peer: re-ack, no other effect.
     Duplicate,
+    /// Not stored: it would open a thread beyond the peer's bound
+    /// ([`Store::set_max_threads_per_peer`], default [`MAX_THREADS_PER_PEER`]). Not acked.
+    TooManyThreads,
 }
 
 /// Direction of a log entry.

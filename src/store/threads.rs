@@ -18,8 +18,43 @@ use super::{Dir, LogEntry, Store, StoreError, ThreadInfo};
 use crate::wire::PeerKey;
 use serde_json::Value;
 
-/// Meta key present once the `threads` tree is keyed by `th ‖ peer`.
+/// Meta key present once the `threads` tree is keyed by `th ‖ peer` (and the per-peer
+/// thread counts below are kept).
 pub(super) const META_THREADS_KEYED: &[u8] = b"threads_keyed";
+/// Meta keys `thread_n/` ‖ peer (32 raw bytes) → number of threads with the peer (u64 BE).
+const META_THREAD_N: &[u8] = b"thread_n/";
+
+/// Threads one peer may open with us, by default (issue 8 §4: every per-peer table has a
+/// bound). A line that would open one more is not stored and not acked; the session
+/// answers `err busy` naming the bound. Threads we open are not refused.
+pub const MAX_THREADS_PER_PEER: u64 = 10_000;
+
+fn count_key(peer: &PeerKey) -> Vec<u8> {
+    let mut k = META_THREAD_N.to_vec();
+    k.extend_from_slice(peer.as_bytes());
+    k
+}
+
+/// Threads with `peer`, as counted in the write set.
+pub(super) fn thread_count(tx: &Tx<'_>, peer: &PeerKey) -> Result<u64, StoreError> {
+    match tx.get(T::Meta, &count_key(peer))? {
+        Some(v) => super::codec::read_u64("meta", &v),
+        None => Ok(0),
+    }
+}
+
+/// Add `delta` to the count of threads with `peer` (removed at zero).
+pub(super) fn add_threads(tx: &mut Tx<'_>, peer: &PeerKey, delta: i64) -> Result<(), StoreError> {
+    let n = (thread_count(tx, peer)? as i64)
+        .saturating_add(delta)
+        .max(0) as u64;
+    if n == 0 {
+        tx.del(T::Meta, count_key(peer));
+    } else {
+        tx.put(T::Meta, count_key(peer), n.to_be_bytes().to_vec());
+    }
+    Ok(())
+}
 
 /// Key of a thread record: `th ‖ peer`.
 pub(super) fn tkey(th: &str, peer: &PeerKey) -> Vec<u8> {
@@ -66,6 +101,22 @@ fn info(k: &[u8], v: &[u8]) -> Result<ThreadInfo, StoreError> {
 }
 
 impl Store {
+    /// Threads one peer may open with us from now on (default [`MAX_THREADS_PER_PEER`]).
+    pub fn set_max_threads_per_peer(&self, n: u64) {
+        self.max_threads
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The bound of [`Store::set_max_threads_per_peer`].
+    pub fn max_threads_per_peer(&self) -> u64 {
+        self.max_threads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Number of threads with `peer` (ours and theirs).
+    pub fn threads_with(&self, peer: &PeerKey) -> Result<u64, StoreError> {
+        thread_count(&Tx::new(&self.trees), peer)
+    }
+
     /// All threads, most recently updated first (ties by thread id, then peer key).
     pub fn threads(&self) -> Result<Vec<ThreadInfo>, StoreError> {
         let mut out = Vec::new();
@@ -170,6 +221,10 @@ impl Store {
         }
         let _w = self.writer();
         let mut tx = Tx::new(&self.trees);
+        // The counts are made anew from the records.
+        for k in meta.scan_prefix(META_THREAD_N).keys() {
+            tx.del(T::Meta, k.map_err(db_err)?.to_vec());
+        }
         let mut moved = 0usize;
         for kv in self.trees.t(T::Threads).iter() {
             let (k, v) = kv.map_err(db_err)?;
@@ -184,6 +239,7 @@ impl Store {
             };
             tx.del(T::Threads, k.to_vec());
             tx.put(T::Threads, tkey(th, &peer), v.to_vec());
+            add_threads(&mut tx, &peer, 1)?;
             moved += 1;
         }
         let rebuilt = if moved > 0 {
@@ -260,6 +316,9 @@ impl Store {
         }
         let n = made.len();
         for (k, t) in made {
+            if let Ok(peer) = super::codec::peer_from_hex("threads", &t.peer) {
+                add_threads(tx, &peer, 1)?;
+            }
             tx.put(T::Threads, k, enc(&t)?);
         }
         Ok(n)
@@ -369,6 +428,9 @@ mod tests {
         assert_eq!(b.unread, 2);
         assert!(!b.opened_by_us);
         assert_eq!(s.threads().unwrap().len(), 2);
+        // Counted per peer for the bound, and uncounted when a peer is forgotten.
+        assert_eq!(s.threads_with(&first).unwrap(), 1);
+        assert_eq!(s.threads_with(&second).unwrap(), 1);
         // Reading marks the right thread's count down.
         let seqs: Vec<u64> = s
             .thread_log(0, &second, "T", true, 10)
@@ -384,6 +446,11 @@ mod tests {
         // Once keyed, opening again changes nothing.
         let s = retry(|| Store::open(dir.path()));
         assert_eq!(s.threads().unwrap().len(), 2);
+        assert_eq!(s.threads_with(&second).unwrap(), 1);
+        s.forget_peer(&second).unwrap();
+        assert_eq!(s.threads_with(&second).unwrap(), 0);
+        assert_eq!(s.threads_with(&first).unwrap(), 1);
+        assert_eq!(s.thread("T").unwrap().unwrap().peer, first);
     }
 
     #[test]
