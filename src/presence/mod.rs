@@ -5,7 +5,7 @@
 //!
 //! - [`PresenceTable::accept`]: the receive rules (size, shape, origin key, signature,
 //!   time window, newest seq per origin, per-origin rate limit, per-connection byte and
-//!   new-origin budgets, hop bound).
+//!   new-origin budgets, a per-connection share of the table, hop bound).
 //! - Watermarks: the highest `seq` seen per origin outlives the origin's document (evicted
 //!   or expired from the table), so an older document cannot come back (a rollback). The
 //!   node persists them ([`PresenceTable::marks`], [`PresenceTable::restore_marks`]).
@@ -17,7 +17,7 @@
 //! Time is always passed in as Unix milliseconds, so the rules are tested with a fake clock.
 
 #[cfg(test)]
-mod clock_tests;
+mod bounds_tests;
 pub mod doc;
 #[cfg(test)]
 mod tests;
@@ -71,6 +71,10 @@ pub const CONN_BYTES_PER_SEC: u64 = 128 * 1024;
 pub const CONN_BURST_ORIGINS: u64 = 512;
 /// Sustained new origins per second from one peer.
 pub const CONN_ORIGINS_PER_SEC: u64 = 2;
+/// Share of the table (percent of its origins) whose documents one peer may have brought
+/// in as new origins: whatever one connection sends, the rest stays for the others
+/// (issue 8 §4: one connection alone could fill the 1,000-origin table).
+pub const CONN_SHARE_PERCENT: u64 = 75;
 /// Watermarks kept at most (16 per held origin); beyond, the oldest by `ts` go.
 pub const MAX_MARKS: usize = 16 * MAX_ORIGINS;
 
@@ -114,12 +118,16 @@ pub enum Refusal {
     /// [`CONN_ORIGINS_PER_SEC`]).
     #[error("sender over its budget of new origins")]
     ConnOrigins,
+    /// The sending peer brought in the origins of [`Limits::share_percent`] of the table
+    /// already (held now); a new origin must come from someone else.
+    #[error("sender already brought its share of the table's origins")]
+    ConnShare,
 }
 
 impl Refusal {
     /// A short stable name for counters and logs: `too_large`, `malformed`, `bad_origin`,
     /// `bad_signature`, `stale`, `future`, `own`, `not_newer`, `rate_limited`,
-    /// `conn_bytes`, `conn_origins`.
+    /// `conn_bytes`, `conn_origins`, `conn_share`.
     pub fn name(&self) -> &'static str {
         match self {
             Refusal::TooLarge(_) => "too_large",
@@ -133,6 +141,7 @@ impl Refusal {
             Refusal::RateLimited => "rate_limited",
             Refusal::ConnBytes => "conn_bytes",
             Refusal::ConnOrigins => "conn_origins",
+            Refusal::ConnShare => "conn_share",
         }
     }
 }
@@ -167,6 +176,9 @@ pub struct Held {
     pub hops: u64,
     /// The peer we got it from.
     pub via: PeerKey,
+    /// The peer whose document made the origin held (new to the table); it keeps the
+    /// origin counted in its share ([`Limits::share_percent`]) while the origin is held.
+    pub introduced_by: PeerKey,
     /// When we accepted it, Unix ms.
     pub received_ms: u64,
 }
@@ -268,6 +280,9 @@ pub struct Limits {
     pub burst_origins: u64,
     /// New origins per second after the burst ([`CONN_ORIGINS_PER_SEC`]).
     pub origins_per_sec: u64,
+    /// Percent of the table's origins one peer may have brought in and held
+    /// ([`CONN_SHARE_PERCENT`]; at least one origin).
+    pub share_percent: u64,
 }
 
 impl Default for Limits {
@@ -277,6 +292,7 @@ impl Default for Limits {
             bytes_per_sec: CONN_BYTES_PER_SEC,
             burst_origins: CONN_BURST_ORIGINS,
             origins_per_sec: CONN_ORIGINS_PER_SEC,
+            share_percent: CONN_SHARE_PERCENT,
         }
     }
 }
@@ -302,6 +318,8 @@ pub struct PresenceTable {
     marks_changed: bool,
     /// Budgets of the peers documents came from.
     budgets: HashMap<PeerKey, Budget>,
+    /// Held origins per peer that brought them in ([`Held::introduced_by`]).
+    introduced: HashMap<PeerKey, usize>,
     limits: Limits,
     counters: Counters,
 }
@@ -340,6 +358,7 @@ impl PresenceTable {
             marks: HashMap::new(),
             marks_changed: false,
             budgets: HashMap::new(),
+            introduced: HashMap::new(),
             counters: Counters::default(),
         }
     }
@@ -434,6 +453,9 @@ impl PresenceTable {
             }
         }
         let new_origin = !self.held.contains_key(&head.origin);
+        if new_origin && self.introduced.get(&from).copied().unwrap_or(0) >= self.share() {
+            return Err(Refusal::ConnShare);
+        }
         self.spend(&from, size as u64, new_origin, now_ms)?;
         if !verify_object(&head.origin, &doc) {
             return Err(Refusal::BadSignature);
@@ -449,6 +471,13 @@ impl PresenceTable {
             }
         }
         self.set_mark(head.origin, head.seq, believed, now_ms);
+        let introduced_by = match self.held.get(&head.origin) {
+            Some(h) => h.introduced_by,
+            None => {
+                *self.introduced.entry(from).or_insert(0) += 1;
+                from
+            }
+        };
         self.held.insert(
             head.origin,
             Held {
@@ -459,6 +488,7 @@ impl PresenceTable {
                 ts_ms: head.ts_ms,
                 hops,
                 via: from,
+                introduced_by,
                 received_ms: now_ms,
             },
         );
@@ -468,6 +498,21 @@ impl PresenceTable {
             seq: head.seq,
             forward_to_hops: (next < MAX_HOPS).then_some(next),
         })
+    }
+
+    /// Origins one peer may have brought in and held ([`Limits::share_percent`]).
+    fn share(&self) -> usize {
+        ((self.max_origins as u64).saturating_mul(self.limits.share_percent) / 100).max(1) as usize
+    }
+
+    /// Forget that `h`'s introducer holds a place for it (it left the table).
+    fn uncount(introduced: &mut HashMap<PeerKey, usize>, h: &Held) {
+        if let Some(n) = introduced.get_mut(&h.introduced_by) {
+            *n -= 1;
+            if *n == 0 {
+                introduced.remove(&h.introduced_by);
+            }
+        }
     }
 
     /// Charge `from` `bytes` (and one new origin when `new_origin`), or refuse.
@@ -559,7 +604,9 @@ impl PresenceTable {
             .min_by_key(|h| (h.believed_ts_ms(), h.received_ms))
             .map(|h| h.origin);
         if let Some(k) = oldest {
-            self.held.remove(&k);
+            if let Some(h) = self.held.remove(&k) {
+                Self::uncount(&mut self.introduced, &h);
+            }
             self.counters.evicted += 1;
             self.counters.expired += 1;
         }
@@ -569,7 +616,14 @@ impl PresenceTable {
     /// [`MAX_AGE_MS`] before `now_ms`. Returns how many were dropped.
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let before = self.held.len();
-        self.held.retain(|_, h| h.fresh_at(now_ms));
+        let introduced = &mut self.introduced;
+        self.held.retain(|_, h| {
+            let keep = h.fresh_at(now_ms);
+            if !keep {
+                Self::uncount(introduced, h);
+            }
+            keep
+        });
         let n = before - self.held.len();
         self.counters.expired += n as u64;
         self.expire_marks(now_ms);

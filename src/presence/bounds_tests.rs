@@ -1,6 +1,7 @@
-//! Freshness by seq, and a `ts` believed at most [`BELIEVED_AHEAD_MS`] ahead (issue 8
-//! §4b: an origin whose clock ran fast, restarted with the right clock, stayed shown with
-//! its old document and its newer documents were dropped).
+//! Issue 8: one connection's share of the table (§4), and freshness by seq with a `ts`
+//! believed at most [`BELIEVED_AHEAD_MS`] ahead (§4b: an origin whose clock ran fast,
+//! restarted with the right clock, stayed shown with its old document and its newer
+//! documents were dropped).
 
 use super::doc;
 use super::*;
@@ -122,4 +123,44 @@ fn believing_less_of_the_future_does_not_lift_the_rate_limit() {
                 .seq
         })
     );
+}
+
+/// §4: one connection could fill the whole table with origins of its own. It brings at
+/// most its share; others still bring theirs; a place comes back when an origin leaves.
+#[test]
+fn one_connection_cannot_fill_the_table_alone() {
+    let limits = Limits {
+        burst_origins: 1_000,
+        ..Limits::default()
+    };
+    let mut t = PresenceTable::with_limits(id(1).key(), 8, limits);
+    let (flood, honest) = (id(2).key(), id(200).key());
+    let mut refused = 0;
+    for i in 0..20u8 {
+        match t.accept(signed(&id(10 + i), 1, NOW, "x"), 0, flood, NOW) {
+            Ok(_) => {}
+            Err(Refusal::ConnShare) => refused += 1,
+            Err(e) => panic!("unexpected refusal {e}"),
+        }
+    }
+    // 75 % of 8.
+    assert_eq!((t.len(), refused), (6, 14));
+    assert_eq!(t.counters().refused["conn_share"], 14);
+    // Newer documents of its held origins still pass.
+    assert!(t
+        .accept(signed(&id(10), 2, NOW + 1_000, "y"), 0, flood, NOW + 1_000)
+        .is_ok());
+    // Another peer brings new origins into the rest of the table.
+    for i in 0..2u8 {
+        assert!(t
+            .accept(signed(&id(100 + i), 1, NOW, "h"), 0, honest, NOW)
+            .is_ok());
+    }
+    assert_eq!(t.len(), 8);
+    // When the flood's origins expire, its share is free again.
+    let later = NOW + BELIEVED_AHEAD_MS + MAX_AGE_MS + 1;
+    t.expire(later);
+    assert!(t
+        .accept(signed(&id(50), 1, later, "z"), 0, flood, later)
+        .is_ok());
 }
