@@ -223,14 +223,9 @@ impl Store {
             }
         }
         if let Some((th, id)) = seen {
-            let skey = pkey(peer, th.as_bytes());
-            let raise = match tx.get(T::Seen, &skey)? {
-                Some(old) => id.as_bytes() > old.as_slice(),
-                None => true,
-            };
-            if raise {
-                tx.put(T::Seen, skey, id.as_bytes().to_vec());
-            }
+            // Bounded per peer: chunks may name thread ids that never open a thread.
+            let bound = Some(self.max_threads_per_peer());
+            super::threads::raise_seen(&mut tx, peer, th, id, bound)?;
         }
         tx.commit()
     }

@@ -61,6 +61,7 @@ impl Store {
             }
         }
         tx.del(T::OutboxN, raw.to_vec());
+        super::threads::clear_seen_count(&mut tx, peer);
         let n = super::threads::thread_count(&tx, peer)? as i64;
         super::threads::add_threads(&mut tx, peer, -n)?;
         tx.del(T::OutboxB, raw.to_vec());

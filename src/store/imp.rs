@@ -5,7 +5,7 @@ use super::codec::{
     unpack, utf8, AddrRec, LogRec, OutRec, Payload, PeerRec, ThreadRec,
 };
 use super::group::Group;
-use super::threads::{add_threads, thread_count, tkey};
+use super::threads::{add_threads, raise_seen, thread_count, tkey};
 use super::tx::{db_err, Trees, Tx, T};
 use super::{
     AddrSource, AddressRecord, Dir, Introduced, LineBuilder, LogEntry, OutboxEntry, PeerRecord,
@@ -695,14 +695,7 @@ impl Store {
             };
             tx.put(T::Log, u64_be(seq), pack(&lrec, raw)?);
             tx.put(T::Received, rkey, u64_be(seq).to_vec());
-            let skey = pkey(peer, th.as_bytes());
-            let raise = match tx.get(T::Seen, &skey)? {
-                Some(old) => id.as_bytes() > old.as_slice(),
-                None => true,
-            };
-            if raise {
-                tx.put(T::Seen, skey, id.as_bytes().to_vec());
-            }
+            raise_seen(&mut tx, peer, th, id, None)?;
             // Threads are per peer: another peer's thread of the same id is not touched.
             let mut t = self.thread_for_update(&tx, th, peer, now, false)?;
             t.updated = t.updated.max(now);

@@ -16,7 +16,8 @@
 //! - `outbox_n`: peer → number of queued lines (u64 BE; absent when zero).
 //! - `outbox_b`: peer → bytes of its queued outbox records (u64 BE; absent when zero), the
 //!   per-peer quota's measure ([`Store::outbox_usage`]).
-//! - `meta`: `last_id`, `log_seq`, `thread_n/` ‖ peer (threads per peer), and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
+//! - `meta`: `last_id`, `log_seq`, `thread_n/` ‖ peer and `seen_n/` ‖ peer (threads and
+//!   seen entries per peer, see `threads.rs`), and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
 //! - `blobs_in`, `blobs_out`: peer ‖ ref → blob records (see `blobs.rs`).
 //! - `art_ws`, `art_events`, `art_dedup`, `art_hold`, `art_snap`: artifact threads
 //!   (see `artifacts.rs`).

@@ -29,10 +29,60 @@ const META_THREAD_N: &[u8] = b"thread_n/";
 /// answers `err busy` naming the bound. Threads we open are not refused.
 pub const MAX_THREADS_PER_PEER: u64 = 10_000;
 
+/// Meta keys `seen_n/` ‖ peer → number of `seen` entries of the peer (u64 BE).
+const META_SEEN_N: &[u8] = b"seen_n/";
+
 fn count_key(peer: &PeerKey) -> Vec<u8> {
     let mut k = META_THREAD_N.to_vec();
     k.extend_from_slice(peer.as_bytes());
     k
+}
+
+fn seen_count_key(peer: &PeerKey) -> Vec<u8> {
+    let mut k = META_SEEN_N.to_vec();
+    k.extend_from_slice(peer.as_bytes());
+    k
+}
+
+/// Raise `seen[peer][th]` to `id` (byte order) in the write set. A new entry is counted;
+/// when `bounded` and the peer has [`SEEN_PER_THREAD_BOUND`] × its thread bound entries
+/// already, no new entry is made (a threaded chunk of a thread that never opened: the
+/// sender then replays it after a reconnect, and the receiver ignores the replay).
+/// Returns whether seen was raised.
+pub(super) fn raise_seen(
+    tx: &mut Tx<'_>,
+    peer: &PeerKey,
+    th: &str,
+    id: &str,
+    bound: Option<u64>,
+) -> Result<bool, StoreError> {
+    let skey = super::codec::pkey(peer, th.as_bytes());
+    match tx.get(T::Seen, &skey)? {
+        Some(old) if id.as_bytes() <= old.as_slice() => return Ok(false),
+        Some(_) => {}
+        None => {
+            let ck = seen_count_key(peer);
+            let n = match tx.get(T::Meta, &ck)? {
+                Some(v) => super::codec::read_u64("meta", &v)?,
+                None => 0,
+            };
+            if bound.is_some_and(|b| n >= b.saturating_mul(SEEN_PER_THREAD_BOUND)) {
+                return Ok(false);
+            }
+            tx.put(T::Meta, ck, (n + 1).to_be_bytes().to_vec());
+        }
+    }
+    tx.put(T::Seen, skey, id.as_bytes().to_vec());
+    Ok(true)
+}
+
+/// `seen` entries of a peer are bounded at this many times its thread bound: entries of
+/// its threads, and of thread ids only its blob chunks named.
+pub const SEEN_PER_THREAD_BOUND: u64 = 2;
+
+/// Drop the count of `peer`'s `seen` entries (they were removed).
+pub(super) fn clear_seen_count(tx: &mut Tx<'_>, peer: &PeerKey) {
+    tx.del(T::Meta, seen_count_key(peer));
 }
 
 /// Threads with `peer`, as counted in the write set.
@@ -110,6 +160,14 @@ impl Store {
     /// The bound of [`Store::set_max_threads_per_peer`].
     pub fn max_threads_per_peer(&self) -> u64 {
         self.max_threads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Number of `seen` entries of `peer` (counted since threads were keyed by peer).
+    pub fn seen_entries(&self, peer: &PeerKey) -> Result<u64, StoreError> {
+        match Tx::new(&self.trees).get(T::Meta, &seen_count_key(peer))? {
+            Some(v) => super::codec::read_u64("meta", &v),
+            None => Ok(0),
+        }
     }
 
     /// Number of threads with `peer` (ours and theirs).
@@ -222,8 +280,20 @@ impl Store {
         let _w = self.writer();
         let mut tx = Tx::new(&self.trees);
         // The counts are made anew from the records.
-        for k in meta.scan_prefix(META_THREAD_N).keys() {
-            tx.del(T::Meta, k.map_err(db_err)?.to_vec());
+        for prefix in [META_THREAD_N, META_SEEN_N] {
+            for k in meta.scan_prefix(prefix).keys() {
+                tx.del(T::Meta, k.map_err(db_err)?.to_vec());
+            }
+        }
+        let mut seen_n: std::collections::BTreeMap<PeerKey, u64> = Default::default();
+        for k in self.trees.t(T::Seen).iter().keys() {
+            let k = k.map_err(db_err)?;
+            if let Ok((p, _)) = super::codec::split_pkey("seen", &k) {
+                *seen_n.entry(p).or_insert(0) += 1;
+            }
+        }
+        for (p, n) in seen_n {
+            tx.put(T::Meta, seen_count_key(&p), n.to_be_bytes().to_vec());
         }
         let mut moved = 0usize;
         for kv in self.trees.t(T::Threads).iter() {
@@ -451,6 +521,41 @@ mod tests {
         assert_eq!(s.threads_with(&second).unwrap(), 0);
         assert_eq!(s.threads_with(&first).unwrap(), 1);
         assert_eq!(s.thread("T").unwrap().unwrap().peer, first);
+    }
+
+    /// Issue 8 §4: the seen map is a per-peer table; chunks (even refused ones) raise
+    /// seen[th] for thread ids that never open a thread, so it has a bound of its own.
+    #[test]
+    fn chunks_naming_new_thread_ids_cannot_grow_the_seen_map_without_bound() {
+        use crate::store::InBlobState;
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        s.set_max_threads_per_peer(3);
+        let (p, q) = (key(1), key(2));
+        let l = msg("real", None, "01HZZZZZZZZZZZZZZZZZZZZZZ0");
+        s.receive(&p, &l, &l.encode()).unwrap();
+        for i in 0..20 {
+            let st = InBlobState::new(Some(format!("t{i}")), 0);
+            let id = format!("01HZZZZZZZZZZZZZZZZZZZZZ{i:02}");
+            s.put_blob_in(&p, &format!("r{i}"), &st, Some((&format!("t{i}"), &id)))
+                .unwrap();
+        }
+        // 2 × the thread bound.
+        assert_eq!(s.seen(&p).unwrap().len(), 6);
+        assert_eq!(s.seen_entries(&p).unwrap(), 6);
+        // Entries that exist still rise; the peer's threads still count; others are free.
+        let st = InBlobState::new(Some("real".into()), 0);
+        s.put_blob_in(&p, "rr", &st, Some(("real", "01HZZZZZZZZZZZZZZZZZZZZZZZ")))
+            .unwrap();
+        assert_eq!(s.seen(&p).unwrap()["real"], "01HZZZZZZZZZZZZZZZZZZZZZZZ");
+        let l = msg("real2", None, "01HZZZZZZZZZZZZZZZZZZZZZZ1");
+        s.receive(&p, &l, &l.encode()).unwrap();
+        assert!(s.seen(&p).unwrap().contains_key("real2"));
+        s.put_blob_in(&q, "r", &st, Some(("x", "01HZZZZZZZZZZZZZZZZZZZZZZ1")))
+            .unwrap();
+        assert_eq!(s.seen(&q).unwrap().len(), 1);
+        s.forget_peer(&p).unwrap();
+        assert_eq!(s.seen_entries(&p).unwrap(), 0);
     }
 
     #[test]
