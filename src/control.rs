@@ -67,7 +67,8 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wait_ack_ms: Option<u64>,
     },
-    /// Threads, a [`Page`] at a time, in thread-id order: `{"threads":[{th, peer,
+    /// Threads, a [`Page`] at a time, in (thread id, peer) order — a thread is (peer, th),
+    /// and two peers may use one id; the cursor is `PEER/th`: `{"threads":[{th, peer,
     /// peer_name, subject, mine, my_note, theirs, their_note, since, updated, updated_ms,
     /// unread}…], "next"?}`. Text fields are cut to [`MAX_SHOWN_CHARS`].
     Threads,
@@ -79,7 +80,8 @@ pub enum Request {
     /// is the first; each `{address, source, last_ok, last_heard, last_err}`; the `_total`
     /// fields count all), text cut to [`MAX_SHOWN_CHARS`].
     Peers,
-    /// Unread inbound entries (of one thread when `th`), marking them read unless `mark`
+    /// Unread inbound entries (of one thread when `th`: `TH`, or `PEER/TH` when several
+    /// peers use the id; refused as `ambiguous_thread` otherwise), marking them read unless `mark`
     /// is false: `{"entries":[event…], "more":bool, "next"?}`, at most 1 MiB of lines (at
     /// least one) or 1000 entries. The [`Page`] cursor is a log seq: the next page starts
     /// after it (needed with `mark: false`, where nothing leaves the unread set).
@@ -94,7 +96,8 @@ pub enum Request {
     /// `{"marked": N}` once the marks are on disk. `awp wait` marks the line it reports.
     MarkRead { seqs: Vec<u64> },
     /// Stream events. `from_seq`: first replay log entries with seq > from_seq (tail's
-    /// history), then live events. Filters: thread, peer.
+    /// history), then live events. Filters: thread (`TH` or `PEER/TH`; with `peer`, that
+    /// peer's thread), peer.
     Subscribe {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         th: Option<String>,

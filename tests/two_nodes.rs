@@ -487,19 +487,21 @@ async fn a_state_from_another_peer_does_not_change_the_thread() {
             break;
         }
     }
+    // A thread is (peer, th): the stranger's line makes a thread of its own.
     let threads = a.ctl(Request::Threads).await;
-    let t = threads.body["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["th"] == th.as_str())
-        .unwrap()
-        .clone();
-    assert_eq!(t["peer"], b.key());
+    let list = threads.body["threads"].as_array().unwrap();
+    let of = |key: &str| {
+        list.iter()
+            .find(|t| t["th"] == th.as_str() && t["peer"] == key)
+            .cloned()
+    };
+    let t = of(&b.key()).expect("bob's thread");
     assert_ne!(t["theirs"], "done", "a stranger cannot finish bob's thread");
+    let strangers = of(&raw.identity.key().to_string()).expect("the stranger's own thread");
+    assert_eq!(strangers["theirs"], "done");
     let r = a
         .ctl(Request::Read {
-            th: Some(th),
+            th: Some(format!("{}/{th}", b.key())),
             mark: false,
         })
         .await;

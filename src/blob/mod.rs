@@ -8,12 +8,15 @@
 //! - [`receive`]: [`BlobReceiver`], which assembles inbound blobs from chunks and naming
 //!   msgs in any order, writes each chunk at its recorded offset (truncate, write, fsync,
 //!   then record the new offset) and moves a complete blob to its final file.
+//! - [`expire`]: unfinished inbound blobs go after a day without data
+//!   ([`expire::UNFINISHED_MAX_AGE_MS`]), freeing the sender's pending budget.
 //!
 //! Files land under `$AWP_HOME/blobs/<peer>/` where `<peer>` is the first 16 characters of
 //! the sender's key (base64url, see [`peer_dir`]); partial data is kept in
 //! `<peer>/.partial/<hash of ref>` until the blob is complete. Final names come from the
 //! declared name through [`sanitize_name`], with ` (1)`, ` (2)`, … added on a collision.
 
+pub mod expire;
 pub mod receive;
 pub mod send;
 

@@ -328,6 +328,23 @@ impl BlobReceiver {
         }
     }
 
+    /// The store this receiver records in.
+    pub(super) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Record a refusal of `blob_ref` from `peer` (dropping its partial data) with the
+    /// detail of `verdict` as the reason.
+    pub(super) fn refuse_record(
+        &mut self,
+        peer: &PeerKey,
+        blob_ref: &str,
+        st: InBlobState,
+        verdict: Verdict,
+    ) -> Result<Verdict, BlobError> {
+        self.refuse(peer, blob_ref, st, None, verdict)
+    }
+
     /// Record a refusal (dropping the partial data) and return `verdict`.
     fn refuse(
         &mut self,

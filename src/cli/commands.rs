@@ -695,7 +695,7 @@ async fn wait(
 ) -> Result<(), Failure> {
     let mut sub = ctx
         .subscribe(&Request::Subscribe {
-            th: th.clone(),
+            th,
             peer: None,
             from_seq: Some(0),
         })
@@ -708,7 +708,8 @@ async fn wait(
             match sub.next_event().await {
                 Ok(Some(ev)) if str_field(&ev, &["event"]) == Some("caught_up") => live = true,
                 Ok(Some(ev))
-                    if wait_matches(&ev, th.as_deref(), &states)
+                    // The node filters by thread (it resolves `TH` and `PEER/TH`).
+                    if wait_matches(&ev, None, &states)
                         && (live || ev.get("read").and_then(Value::as_bool) == Some(false)) =>
                 {
                     return Ok(ev)

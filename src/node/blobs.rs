@@ -260,3 +260,35 @@ fn in_row(inner: &Inner, b: &InBlob) -> Value {
         "at": wire::time::format_ms(s.started_ms),
     })
 }
+
+/// Expire unfinished inbound blobs without data for a day ([`crate::blob::expire`]),
+/// except those of peers connected now (their session may be writing them); on the
+/// blocking pool.
+pub(super) async fn expire_unfinished(inner: &Arc<Inner>) {
+    let connected: Vec<PeerKey> = inner
+        .conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .keys()
+        .copied()
+        .collect();
+    let mut rx = crate::blob::BlobReceiver::new(
+        inner.store.clone(),
+        inner.home.join(super::BLOBS_DIR),
+        inner.blob_limit,
+    );
+    let r = tokio::task::spawn_blocking(move || {
+        rx.expire_unfinished(
+            wire::time::now_ms(),
+            crate::blob::expire::UNFINISHED_MAX_AGE_MS,
+            &connected,
+        )
+    })
+    .await;
+    match r {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => tracing::info!("blobs: {n} unfinished inbound blob(s) expired"),
+        Ok(Err(e)) => tracing::warn!("blob expiry: {e}"),
+        Err(e) => tracing::warn!("blob expiry task: {e}"),
+    }
+}

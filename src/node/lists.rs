@@ -66,12 +66,21 @@ fn shown_opt(s: &Option<String>) -> Option<String> {
     s.as_deref().map(shown)
 }
 
-/// The `threads` control request: a page of threads in thread-id order.
+/// The `threads` control request: a page of threads in (thread id, peer key) order. The
+/// cursor is the last thread's `PEER/th` (peer key in full).
 pub(super) fn threads(inner: &Inner, page: &Page) -> Result<Value, Fail> {
+    let after = match page.cursor.as_deref() {
+        None => None,
+        Some(c) => {
+            let bad = || Fail::new("bad_request", format!("bad threads cursor {:?}", shown(c)));
+            let (p, th) = c.split_once('/').ok_or_else(bad)?;
+            Some((th, PeerKey::parse(p).map_err(|_| bad())?))
+        }
+    };
     let mut out = Pager::new(page);
     let threads = inner
         .store
-        .threads_after(page.cursor.as_deref(), out.fetch())
+        .threads_after(after.as_ref().map(|(th, p)| (*th, p)), out.fetch())
         .map_err(internal)?;
     // Threads are many, their peers few: look each name up once a page.
     let mut names: std::collections::HashMap<PeerKey, Option<String>> = Default::default();
@@ -94,7 +103,7 @@ pub(super) fn threads(inner: &Inner, page: &Page) -> Result<Value, Fail> {
             "updated_ms": t.updated_ms,
             "unread": t.unread,
         });
-        if !out.push(t.th, item) {
+        if !out.push(format!("{}/{}", t.peer, t.th), item) {
             break;
         }
     }

@@ -26,6 +26,7 @@ mod refusals;
 pub mod serve;
 pub mod served_fs;
 mod server;
+mod thread_ref;
 pub mod workers;
 
 pub use artifacts::http::TOKEN_FILE as ARTIFACTR_TOKEN_FILE;
@@ -118,6 +119,10 @@ pub struct NodeConfig {
     pub artifactr: Option<String>,
     /// Allow a non-loopback `artifactr` address (`--artifactr-public`).
     pub artifactr_public: bool,
+    /// Threads one peer may open with this node (default
+    /// [`crate::store::MAX_THREADS_PER_PEER`]); a line that would open one more is
+    /// answered `err busy` and not stored.
+    pub max_threads_per_peer: Option<u64>,
 }
 
 /// Why the node could not start.
@@ -239,6 +244,9 @@ impl NodeHandle {
             )
             .map_err(other("store"))?,
         );
+        if let Some(n) = config.max_threads_per_peer {
+            store.set_max_threads_per_peer(n);
+        }
         let tls = Arc::new(TlsConfig::new(&identity).map_err(other("tls"))?);
         let dial_opts = DialOptions {
             allow_plaintext: config.allow_plaintext,
@@ -655,7 +663,8 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
 }
 
 /// Retention sweep every hour, the first an hour after start (a sweep scans the outbox
-/// and the log; it runs on the blocking pool so connections keep going).
+/// and the log; it runs on the blocking pool so connections keep going), and the expiry of
+/// unfinished inbound blobs ([`crate::blob::expire`]).
 async fn housekeeping(inner: Arc<Inner>) {
     let period = Duration::from_secs(3600);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -671,6 +680,7 @@ async fn housekeeping(inner: Arc<Inner>) {
                     Ok(Err(e)) => tracing::warn!("retention: {e}"),
                     Err(e) => tracing::warn!("retention task: {e}"),
                 }
+                blobs::expire_unfinished(&inner).await;
             }
         }
     }

@@ -140,6 +140,13 @@ fn broadcast(inner: &Inner, line: &[u8], except: &[PeerKey]) -> u64 {
 /// document is forwarded as the exact bytes received (`doc_raw`).
 pub(crate) fn received(inner: &Inner, from: PeerKey, msg: PresenceMsg) {
     let now = wire::time::now_ms();
+    // For the log of a refusal: who the document claims to be from, cut to size.
+    let claimed = msg
+        .doc
+        .get("origin")
+        .and_then(Value::as_str)
+        .map(crate::control::shown)
+        .unwrap_or_default();
     let raw = msg
         .doc_raw
         .unwrap_or_else(|| serde_json::to_string(&msg.doc).unwrap_or_default());
@@ -179,7 +186,10 @@ pub(crate) fn received(inner: &Inner, from: PeerKey, msg: PresenceMsg) {
                 }
             }
         }
-        Err(r) => tracing::debug!(via = %from, "presence refused: {r}"),
+        // Every drop is logged with its reason (`relay status` counts them by name).
+        Err(r) => {
+            tracing::debug!(via = %from, origin = %claimed, reason = r.name(), "presence refused: {r}")
+        }
     }
 }
 

@@ -17,9 +17,10 @@
 //!   no symlink out, regular files only, no hard links unless `--allow-hardlinks`.
 //! - Work runs on the served workers ([`super::workers`]), never on tokio's blocking pool,
 //!   and optionally inside a Landlock sandbox (`--sandbox`).
-//! - At most [`MAX_RUNNING_PER_PEER`] requests of one peer run at once, and none while
-//!   the peer's outbox is over its quota (`outbox_quota_bytes`, `outbox_quota_lines`):
-//!   those are answered `err busy` (re = the request id). An fs-read result that would
+//! - At most [`MAX_RUNNING_PER_PEER`] requests of one peer run at once and
+//!   [`MAX_QUEUED_PER_PEER`] more wait for a slot, in arrival order; beyond, and while the
+//!   peer's outbox is over its quota (`outbox_quota_bytes`, `outbox_quota_lines`),
+//!   requests are answered `err busy` (re = the request id). An fs-read result that would
 //!   take the outbox over the quota is answered `err busy` too; an exec result goes
 //!   without its output blobs (`output_dropped` says why), since the command did run.
 //! - exec runs with a clean environment ([`exec_env`]): not the node's, not `AWP_HOME`.
@@ -46,8 +47,11 @@ pub const MAX_TIMEOUT_MS: u64 = 600_000;
 pub const MAX_CAPTURE: usize = 8 * 1024 * 1024;
 /// How long fs-write waits for the request's blob to complete, ms.
 const BLOB_WAIT_MS: u64 = 10_000;
-/// Served requests of one peer running at once; more are answered `err busy`.
+/// Served requests of one peer running at once; more wait in the peer's queue.
 pub const MAX_RUNNING_PER_PEER: usize = 4;
+/// Served requests of one peer waiting for a running slot; more are answered `err busy`
+/// (issue 8 §4: one peer cannot hold the served workers, nor queue without end).
+pub const MAX_QUEUED_PER_PEER: usize = 4;
 /// `PATH` of an exec child.
 pub const EXEC_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
@@ -127,8 +131,15 @@ pub struct ServeConfig {
     pub quota: OutboxQuota,
     /// Threads served work runs on.
     pub workers: Workers,
-    /// Requests running per peer.
-    running: Arc<Mutex<HashMap<PeerKey, usize>>>,
+    /// Requests admitted (running or queued) per peer.
+    running: Arc<Mutex<HashMap<PeerKey, PeerSlots>>>,
+}
+
+/// One peer's served requests: how many are admitted, and the permits to run.
+#[derive(Debug)]
+struct PeerSlots {
+    admitted: usize,
+    run: Arc<tokio::sync::Semaphore>,
 }
 
 impl ServeConfig {
@@ -149,35 +160,49 @@ impl ServeConfig {
     }
 }
 
-/// One running request of a peer; dropping it frees the peer's slot.
+/// One admitted request of a peer (running, or queued until [`Running::run`] gives it a
+/// permit); dropping it frees the peer's place.
 struct Running {
-    map: Arc<Mutex<HashMap<PeerKey, usize>>>,
+    map: Arc<Mutex<HashMap<PeerKey, PeerSlots>>>,
     peer: PeerKey,
+    run: Arc<tokio::sync::Semaphore>,
+}
+
+impl Running {
+    /// Wait for one of the peer's [`MAX_RUNNING_PER_PEER`] running slots (in arrival order).
+    async fn run(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.run.clone().acquire_owned().await.ok()
+    }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = m.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(s) = m.get_mut(&self.peer) {
+            s.admitted -= 1;
+            if s.admitted == 0 {
                 m.remove(&self.peer);
             }
         }
     }
 }
 
-/// A slot for one more request of `peer`, unless [`MAX_RUNNING_PER_PEER`] run.
+/// A place for one more request of `peer`, unless [`MAX_RUNNING_PER_PEER`] run and
+/// [`MAX_QUEUED_PER_PEER`] wait already.
 fn begin(serve: &ServeConfig, peer: PeerKey) -> Option<Running> {
     let mut m = serve.running.lock().unwrap_or_else(|p| p.into_inner());
-    let n = m.entry(peer).or_insert(0);
-    if *n >= MAX_RUNNING_PER_PEER {
+    let s = m.entry(peer).or_insert_with(|| PeerSlots {
+        admitted: 0,
+        run: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_PER_PEER)),
+    });
+    if s.admitted >= MAX_RUNNING_PER_PEER + MAX_QUEUED_PER_PEER {
         return None;
     }
-    *n += 1;
+    s.admitted += 1;
     Some(Running {
         map: serve.running.clone(),
         peer,
+        run: s.run.clone(),
     })
 }
 
@@ -247,19 +272,23 @@ pub(super) fn on_msg(inner: &Arc<Inner>, from: PeerKey, line: &Line) {
     }
     let Some(running) = begin(&inner.serve, from) else {
         return busy(format!(
-            "{MAX_RUNNING_PER_PEER} of your requests are running; ask again when one is answered"
+            "{MAX_RUNNING_PER_PEER} of your requests are running and {MAX_QUEUED_PER_PEER} waiting; ask again when one is answered"
         ));
     };
     let inner = inner.clone();
     let (th, re) = (m.th.clone(), m.id.clone());
     inner.tasks.clone().spawn(async move {
-        let _running = running;
         // Stopping the node does not wait for served work: the task ends (an exec child
-        // is killed), a job on a worker thread finishes on its own.
+        // is killed, a queued request is dropped), a job on a worker thread finishes on
+        // its own.
         tokio::select! {
             _ = inner.shutdown.cancelled() => {}
-            _ = serve_one(&inner, from, kind, req, &th, &re) => {}
+            _ = async {
+                let Some(_slot) = running.run().await else { return };
+                serve_one(&inner, from, kind, req, &th, &re).await
+            } => {}
         }
+        drop(running);
     });
 }
 
@@ -684,15 +713,32 @@ mod tests {
         assert_eq!(Served::from_cap("admin"), None);
     }
 
-    #[test]
-    fn a_peer_runs_at_most_so_many_requests_at_once() {
+    #[tokio::test]
+    async fn a_peer_runs_at_most_so_many_requests_at_once_and_queues_a_bounded_number() {
         let serve = ServeConfig::default();
         let p = PeerKey::parse("ed25519:A6EHv_POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg").unwrap();
         let q = PeerKey::parse("ed25519:Kay64UG8yvCyLhqU000LxzYeUm0L_hLIl5S8kyKWbdc").unwrap();
-        let mut held: Vec<_> = (0..MAX_RUNNING_PER_PEER)
-            .map(|_| begin(&serve, p).expect("a slot"))
+        let mut held: Vec<_> = (0..MAX_RUNNING_PER_PEER + MAX_QUEUED_PER_PEER)
+            .map(|_| begin(&serve, p).expect("a place"))
             .collect();
         assert!(begin(&serve, p).is_none(), "one more is refused");
+        // Four run; the queued ones wait for a permit.
+        let mut permits = Vec::new();
+        for r in &held[..MAX_RUNNING_PER_PEER] {
+            permits.push(r.run().await.expect("a running slot"));
+        }
+        let queued = &held[MAX_RUNNING_PER_PEER];
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), queued.run())
+                .await
+                .is_err(),
+            "a fifth waits"
+        );
+        permits.pop();
+        assert!(
+            queued.run().await.is_some(),
+            "a finished request lets the next run"
+        );
         assert!(begin(&serve, q).is_some(), "another peer is not affected");
         held.pop();
         assert!(

@@ -147,6 +147,10 @@ impl Fail {
         self.0 .2 = Some(hint.into());
         self
     }
+    /// The error code.
+    pub(super) fn code(&self) -> &'static str {
+        self.0 .0
+    }
     fn response(&self) -> Response {
         let mut r = Response::err(self.0 .0, self.0 .1.clone());
         if let Some(e) = r.error.as_mut() {
@@ -287,9 +291,15 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                     .map_err(|_| Fail::new("bad_request", format!("bad read cursor {c:?}")))?,
             };
             let limit = page.items().min(READ_PAGE_LINES);
-            let entries = store
-                .log(after, th.as_deref(), true, limit + 1)
-                .map_err(internal)?;
+            let entries = match th.as_deref() {
+                None => store.log(after, None, true, limit + 1),
+                // One thread: (peer, th); nothing to read in a thread that does not exist.
+                Some(t) => match super::thread_ref::resolve(inner, None, t)? {
+                    Some(n) => store.thread_log(after, &n.peer, &n.th, true, limit + 1),
+                    None => Ok(Vec::new()),
+                },
+            }
+            .map_err(internal)?;
             // More may follow when the scan stopped early or the store had more to give.
             let mut more = entries.len() > limit;
             let mut taken = Vec::new();
@@ -303,9 +313,6 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                     break;
                 }
                 scanned = e.seq;
-                if th.is_some() && !owns_thread(inner, &e) {
-                    continue;
-                }
                 bytes += e.line.len();
                 taken.push(e);
             }
@@ -505,15 +512,6 @@ const READ_PAGE_BYTES: usize = 1024 * 1024;
 /// Most lines in one `read` response.
 const READ_PAGE_LINES: usize = 1000;
 
-/// Whether a log entry comes from the peer its thread is with (a line another peer sent
-/// with the same thread id does not count as that thread's).
-fn owns_thread(inner: &Inner, e: &LogEntry) -> bool {
-    match e.th.as_deref().map(|th| inner.store.thread(th)) {
-        Some(Ok(Some(t))) => t.peer == e.peer,
-        _ => true,
-    }
-}
-
 /// Resolve a peer argument: a full key, or else every known peer whose key starts with
 /// the text (at least 4 characters, with or without `ed25519:`), whose name equals it, or
 /// whose name before `@` equals it. Exactly one distinct peer must match: names are chosen
@@ -580,8 +578,9 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
 /// Most matching peers an `ambiguous_peer` message names.
 const AMBIGUOUS_SHOWN: usize = 8;
 
-/// The peer and thread of a send/state: an existing thread gives its peer; a new thread
-/// needs a peer (and gets `thr_<ULID>` when no id was given).
+/// The peer and thread of a send/state: `th` is resolved by [`super::thread_ref::resolve`]
+/// (`TH`, `PEER/TH`, or TH with `peer`); a new thread needs a peer (and gets `thr_<ULID>`
+/// when no id was given).
 fn thread_and_peer(
     inner: &Inner,
     peer: Option<&str>,
@@ -594,19 +593,12 @@ fn thread_and_peer(
         );
     }
     match th {
-        Some(th) => {
-            let existing = inner.store.thread(th).map_err(internal)?;
-            match (existing, peer) {
-                (Some(t), Some(p)) if t.peer != p => Err(Fail::new(
-                    "bad_request",
-                    format!("thread {th} is with {}, not {p}", t.peer),
-                )),
-                (Some(t), _) => Ok((t.peer, th.to_string(), false)),
-                (None, Some(p)) => Ok((p, th.to_string(), true)),
-                (None, None) => Err(Fail::new("no_such_thread", format!("no thread {th}"))
-                    .hint("name a peer to start it, or list threads with `awp threads`")),
-            }
-        }
+        // A thread is (peer, th): with a peer, its thread of that id (new when it has none).
+        Some(th) => match super::thread_ref::resolve(inner, peer, th)? {
+            Some(n) => Ok((n.peer, n.th, n.info.is_none())),
+            None => Err(Fail::new("no_such_thread", format!("no thread {th}"))
+                .hint("name a peer to start it, or list threads with `awp threads`")),
+        },
         None => match peer {
             Some(p) => Ok((p, format!("thr_{}", ulid::Ulid::generate()), true)),
             None => Err(Fail::new("bad_request", "name a peer or a thread (-t)")),
@@ -1082,6 +1074,17 @@ async fn subscribe(
         Ok(p) => p,
         Err(f) => return write_json(w, &f.response()).await,
     };
+    // A thread filter is (peer, th) once the thread resolves (`TH`, `PEER/TH`, or TH with
+    // the peer filter); a thread that does not exist yet matches its id from any peer.
+    let (peer, th) = match th
+        .as_deref()
+        .map(|t| super::thread_ref::resolve(inner, peer, t))
+    {
+        None => (peer, None),
+        Some(Ok(Some(n))) => (Some(n.peer), Some(n.th)),
+        Some(Ok(None)) => (peer, th),
+        Some(Err(f)) => return write_json(w, &f.response()).await,
+    };
     let mut rx = inner.events.subscribe();
     write_json(w, &Response::ok(json!({"subscribed": true}))).await?;
     let mut last_seq = 0u64;
@@ -1097,7 +1100,7 @@ async fn subscribe(
             }
             for e in &batch {
                 after = e.seq;
-                if peer.is_some_and(|p| p != e.peer) || (th.is_some() && !owns_thread(inner, e)) {
+                if peer.is_some_and(|p| p != e.peer) {
                     continue;
                 }
                 write_json(w, &entry_event(inner, e)).await?;
@@ -1129,16 +1132,6 @@ async fn subscribe(
             }
             if let Some(th) = th.as_deref() {
                 if ev.get("th").and_then(Value::as_str) != Some(th) {
-                    continue;
-                }
-                // Only the thread's own peer speaks in it.
-                let owner = inner
-                    .store
-                    .thread(th)
-                    .ok()
-                    .flatten()
-                    .map(|t| t.peer.to_string());
-                if owner.is_some() && ev.get("peer").and_then(Value::as_str) != owner.as_deref() {
                     continue;
                 }
             }

@@ -5,15 +5,19 @@
 //!
 //! - [`PresenceTable::accept`]: the receive rules (size, shape, origin key, signature,
 //!   time window, newest seq per origin, per-origin rate limit, per-connection byte and
-//!   new-origin budgets, hop bound).
+//!   new-origin budgets, a per-connection share of the table, hop bound).
 //! - Watermarks: the highest `seq` seen per origin outlives the origin's document (evicted
 //!   or expired from the table), so an older document cannot come back (a rollback). The
 //!   node persists them ([`PresenceTable::marks`], [`PresenceTable::restore_marks`]).
 //! - Documents are kept and forwarded as the exact bytes received ([`Held::raw`]).
+//! - Newer is decided by `seq`; a `ts` is believed at most [`BELIEVED_AHEAD_MS`] ahead of
+//!   our clock for age and rate, so a fast clock cannot pin an old document.
 //! - [`doc`]: building and signing our own document, and the `seq` rule.
 //!
 //! Time is always passed in as Unix milliseconds, so the rules are tested with a fake clock.
 
+#[cfg(test)]
+mod bounds_tests;
 pub mod doc;
 #[cfg(test)]
 mod tests;
@@ -30,20 +34,30 @@ pub const MAX_DOC_BYTES: usize = 64 * 1024;
 pub const MAX_AGE_MS: u64 = 10 * 60 * 1000;
 /// A document whose `ts` is further than this (ms) in the future is refused.
 pub const MAX_FUTURE_MS: u64 = 5 * 60 * 1000;
+/// How far ahead of our clock (ms) a document's `ts` is believed when it decides the
+/// document's age (expiry) and the origin's rate limit: a `ts` further ahead counts as our
+/// arrival time plus this. Freshness is decided by `seq` (protocol-notes §Presence), so an
+/// origin whose clock ran fast and was corrected is shown with its newer documents at once
+/// (its seq still grows: `max(last + 1, now)`), instead of being held at its future `ts`
+/// (a clock 4 minutes fast pinned its old document for minutes, issue 8 §4b). Room for the
+/// skew of honest clocks, and no more: every second of it is a document an origin may
+/// send ahead of the rate limit.
+pub const BELIEVED_AHEAD_MS: u64 = 5_000;
 /// A document is forwarded only while `hops + 1` stays below this.
 pub const MAX_HOPS: u64 = 8;
 /// Origins held at most (by default); beyond, the one with the oldest `ts` is evicted.
 pub const MAX_ORIGINS: usize = 1000;
 /// At most one document per origin is accepted per this many milliseconds of the
-/// origin's signed time: a newer document must have a `ts` at least this much later than
-/// the held one.
+/// origin's signed time as believed ([`believed_ts`]): a newer document must have a
+/// believed `ts` at least this much later than the held one's.
 ///
 /// Why signed time and not arrival time: copies of one origin's documents reach a node
 /// over several paths (forwarding, and the anti-entropy burst on every new connection),
 /// so two documents signed seconds apart can arrive milliseconds apart; an arrival-time
-/// limit would drop honest updates at random. Because `ts` must stay within
-/// [`MAX_FUTURE_MS`] of our clock, an origin still cannot sustain more than one accepted
-/// document per second; the most it can do is spend its 15-minute window once.
+/// limit would drop honest updates at random. Because a `ts` is believed at most
+/// [`BELIEVED_AHEAD_MS`] ahead of our clock, an origin still cannot sustain more than one
+/// accepted document per second; the most it can do is spend its 10-minute window (and
+/// those 5 seconds) once.
 pub const RATE_INTERVAL_MS: u64 = 1000;
 
 /// Bytes of documents one peer (connection) may send at once: room for a full
@@ -57,6 +71,10 @@ pub const CONN_BYTES_PER_SEC: u64 = 128 * 1024;
 pub const CONN_BURST_ORIGINS: u64 = 512;
 /// Sustained new origins per second from one peer.
 pub const CONN_ORIGINS_PER_SEC: u64 = 2;
+/// Share of the table (percent of its origins) whose documents one peer may have brought
+/// in as new origins: whatever one connection sends, the rest stays for the others
+/// (issue 8 §4: one connection alone could fill the 1,000-origin table).
+pub const CONN_SHARE_PERCENT: u64 = 75;
 /// Watermarks kept at most (16 per held origin); beyond, the oldest by `ts` go.
 pub const MAX_MARKS: usize = 16 * MAX_ORIGINS;
 
@@ -88,7 +106,8 @@ pub enum Refusal {
     /// another path).
     #[error("seq {got} is not newer than the held {held}")]
     NotNewer { got: u64, held: u64 },
-    /// The document's `ts` is less than [`RATE_INTERVAL_MS`] after the held one's.
+    /// The document's believed `ts` ([`believed_ts`]) is less than [`RATE_INTERVAL_MS`]
+    /// after the held one's.
     #[error("origin over its rate limit (one document per second)")]
     RateLimited,
     /// The sending peer is over its byte budget ([`CONN_BURST_BYTES`],
@@ -99,12 +118,16 @@ pub enum Refusal {
     /// [`CONN_ORIGINS_PER_SEC`]).
     #[error("sender over its budget of new origins")]
     ConnOrigins,
+    /// The sending peer brought in the origins of [`Limits::share_percent`] of the table
+    /// already (held now); a new origin must come from someone else.
+    #[error("sender already brought its share of the table's origins")]
+    ConnShare,
 }
 
 impl Refusal {
     /// A short stable name for counters and logs: `too_large`, `malformed`, `bad_origin`,
     /// `bad_signature`, `stale`, `future`, `own`, `not_newer`, `rate_limited`,
-    /// `conn_bytes`, `conn_origins`.
+    /// `conn_bytes`, `conn_origins`, `conn_share`.
     pub fn name(&self) -> &'static str {
         match self {
             Refusal::TooLarge(_) => "too_large",
@@ -118,6 +141,7 @@ impl Refusal {
             Refusal::RateLimited => "rate_limited",
             Refusal::ConnBytes => "conn_bytes",
             Refusal::ConnOrigins => "conn_origins",
+            Refusal::ConnShare => "conn_share",
         }
     }
 }
@@ -152,6 +176,9 @@ pub struct Held {
     pub hops: u64,
     /// The peer we got it from.
     pub via: PeerKey,
+    /// The peer whose document made the origin held (new to the table); it keeps the
+    /// origin counted in its share ([`Limits::share_percent`]) while the origin is held.
+    pub introduced_by: PeerKey,
     /// When we accepted it, Unix ms.
     pub received_ms: u64,
 }
@@ -178,11 +205,29 @@ impl Counters {
     }
 }
 
-/// The highest `seq` seen of one origin and that document's `ts` (Unix ms).
+/// The highest `seq` seen of one origin and that document's believed `ts` (Unix ms: its
+/// `ts`, at most [`BELIEVED_AHEAD_MS`] after its arrival; see [`believed_ts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mark {
     pub seq: u64,
     pub ts_ms: u64,
+}
+
+/// A document's `ts` as believed: `ts_ms`, but at most [`BELIEVED_AHEAD_MS`] after
+/// `arrived_ms`, the time (Unix ms, our clock) it arrived.
+pub fn believed_ts(ts_ms: u64, arrived_ms: u64) -> u64 {
+    ts_ms.min(arrived_ms.saturating_add(BELIEVED_AHEAD_MS))
+}
+
+impl Held {
+    /// Its `ts` as believed ([`believed_ts`] at its arrival): what its age is counted from.
+    pub fn believed_ts_ms(&self) -> u64 {
+        believed_ts(self.ts_ms, self.received_ms)
+    }
+
+    fn fresh_at(&self, now_ms: u64) -> bool {
+        self.believed_ts_ms().saturating_add(MAX_AGE_MS) >= now_ms
+    }
 }
 
 /// A token bucket: up to `cap` tokens, `per_sec` more each second.
@@ -235,6 +280,9 @@ pub struct Limits {
     pub burst_origins: u64,
     /// New origins per second after the burst ([`CONN_ORIGINS_PER_SEC`]).
     pub origins_per_sec: u64,
+    /// Percent of the table's origins one peer may have brought in and held
+    /// ([`CONN_SHARE_PERCENT`]; at least one origin).
+    pub share_percent: u64,
 }
 
 impl Default for Limits {
@@ -244,6 +292,7 @@ impl Default for Limits {
             bytes_per_sec: CONN_BYTES_PER_SEC,
             burst_origins: CONN_BURST_ORIGINS,
             origins_per_sec: CONN_ORIGINS_PER_SEC,
+            share_percent: CONN_SHARE_PERCENT,
         }
     }
 }
@@ -269,6 +318,8 @@ pub struct PresenceTable {
     marks_changed: bool,
     /// Budgets of the peers documents came from.
     budgets: HashMap<PeerKey, Budget>,
+    /// Held origins per peer that brought them in ([`Held::introduced_by`]).
+    introduced: HashMap<PeerKey, usize>,
     limits: Limits,
     counters: Counters,
 }
@@ -307,6 +358,7 @@ impl PresenceTable {
             marks: HashMap::new(),
             marks_changed: false,
             budgets: HashMap::new(),
+            introduced: HashMap::new(),
             counters: Counters::default(),
         }
     }
@@ -315,8 +367,9 @@ impl PresenceTable {
     /// at `now_ms` (Unix ms). Checks, cheapest first: encoded size ≤ [`MAX_DOC_BYTES`];
     /// shape (`origin`, `seq`, `ts`, `sig` present and typed, optional fields typed as in
     /// the schema); origin key parses and is not weak; not our own origin; `ts` within
-    /// [`MAX_AGE_MS`] past / [`MAX_FUTURE_MS`] future; seq above the held seq; `ts`
-    /// at least [`RATE_INTERVAL_MS`] after the held one's; then the signature
+    /// [`MAX_AGE_MS`] past / [`MAX_FUTURE_MS`] future; seq above the held seq (newer is
+    /// by seq only); believed `ts` ([`believed_ts`]) at least [`RATE_INTERVAL_MS`] after
+    /// the held one's; then the signature
     /// (strict Ed25519 over the canonical JSON without `sig`).
     ///
     /// On success the document replaces the held one; see [`Accepted::forward_to_hops`].
@@ -385,6 +438,9 @@ impl PresenceTable {
         if head.ts_ms > now_ms.saturating_add(MAX_FUTURE_MS) {
             return Err(Refusal::Future);
         }
+        // Newer is by seq alone; the rate limit compares believed times, so a `ts` that
+        // was ahead of our clock does not hold back the documents after it.
+        let believed = believed_ts(head.ts_ms, now_ms);
         if let Some(m) = self.marks.get(&head.origin) {
             if head.seq <= m.seq {
                 return Err(Refusal::NotNewer {
@@ -392,11 +448,14 @@ impl PresenceTable {
                     held: m.seq,
                 });
             }
-            if head.ts_ms < m.ts_ms.saturating_add(RATE_INTERVAL_MS) {
+            if believed < m.ts_ms.saturating_add(RATE_INTERVAL_MS) {
                 return Err(Refusal::RateLimited);
             }
         }
         let new_origin = !self.held.contains_key(&head.origin);
+        if new_origin && self.introduced.get(&from).copied().unwrap_or(0) >= self.share() {
+            return Err(Refusal::ConnShare);
+        }
         self.spend(&from, size as u64, new_origin, now_ms)?;
         if !verify_object(&head.origin, &doc) {
             return Err(Refusal::BadSignature);
@@ -411,7 +470,14 @@ impl PresenceTable {
                 self.evict_oldest();
             }
         }
-        self.set_mark(head.origin, head.seq, head.ts_ms, now_ms);
+        self.set_mark(head.origin, head.seq, believed, now_ms);
+        let introduced_by = match self.held.get(&head.origin) {
+            Some(h) => h.introduced_by,
+            None => {
+                *self.introduced.entry(from).or_insert(0) += 1;
+                from
+            }
+        };
         self.held.insert(
             head.origin,
             Held {
@@ -422,6 +488,7 @@ impl PresenceTable {
                 ts_ms: head.ts_ms,
                 hops,
                 via: from,
+                introduced_by,
                 received_ms: now_ms,
             },
         );
@@ -431,6 +498,21 @@ impl PresenceTable {
             seq: head.seq,
             forward_to_hops: (next < MAX_HOPS).then_some(next),
         })
+    }
+
+    /// Origins one peer may have brought in and held ([`Limits::share_percent`]).
+    fn share(&self) -> usize {
+        ((self.max_origins as u64).saturating_mul(self.limits.share_percent) / 100).max(1) as usize
+    }
+
+    /// Forget that `h`'s introducer holds a place for it (it left the table).
+    fn uncount(introduced: &mut HashMap<PeerKey, usize>, h: &Held) {
+        if let Some(n) = introduced.get_mut(&h.introduced_by) {
+            *n -= 1;
+            if *n == 0 {
+                introduced.remove(&h.introduced_by);
+            }
+        }
     }
 
     /// Charge `from` `bytes` (and one new origin when `new_origin`), or refuse.
@@ -519,21 +601,29 @@ impl PresenceTable {
         let oldest = self
             .held
             .values()
-            .min_by_key(|h| (h.ts_ms, h.received_ms))
+            .min_by_key(|h| (h.believed_ts_ms(), h.received_ms))
             .map(|h| h.origin);
         if let Some(k) = oldest {
-            self.held.remove(&k);
+            if let Some(h) = self.held.remove(&k) {
+                Self::uncount(&mut self.introduced, &h);
+            }
             self.counters.evicted += 1;
             self.counters.expired += 1;
         }
     }
 
-    /// Forget documents whose `ts` is more than [`MAX_AGE_MS`] before `now_ms`. Returns
-    /// how many were dropped.
+    /// Forget documents whose believed `ts` ([`Held::believed_ts_ms`]) is more than
+    /// [`MAX_AGE_MS`] before `now_ms`. Returns how many were dropped.
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let before = self.held.len();
-        self.held
-            .retain(|_, h| h.ts_ms.saturating_add(MAX_AGE_MS) >= now_ms);
+        let introduced = &mut self.introduced;
+        self.held.retain(|_, h| {
+            let keep = h.fresh_at(now_ms);
+            if !keep {
+                Self::uncount(introduced, h);
+            }
+            keep
+        });
         let n = before - self.held.len();
         self.counters.expired += n as u64;
         self.expire_marks(now_ms);
@@ -547,20 +637,15 @@ impl PresenceTable {
         n
     }
 
-    /// The held document of `origin`, if fresh at `now_ms`.
+    /// The held document of `origin`, if fresh at `now_ms` (by its believed `ts`).
     pub fn get(&self, origin: &PeerKey, now_ms: u64) -> Option<&Held> {
-        self.held
-            .get(origin)
-            .filter(|h| h.ts_ms.saturating_add(MAX_AGE_MS) >= now_ms)
+        self.held.get(origin).filter(|h| h.fresh_at(now_ms))
     }
 
-    /// Every held document that is fresh at `now_ms`, newest `ts` first.
+    /// Every held document that is fresh at `now_ms` (by its believed `ts`), newest `ts`
+    /// first.
     pub fn fresh(&self, now_ms: u64) -> Vec<&Held> {
-        let mut v: Vec<&Held> = self
-            .held
-            .values()
-            .filter(|h| h.ts_ms.saturating_add(MAX_AGE_MS) >= now_ms)
-            .collect();
+        let mut v: Vec<&Held> = self.held.values().filter(|h| h.fresh_at(now_ms)).collect();
         v.sort_by(|a, b| b.ts_ms.cmp(&a.ts_ms).then(a.origin.cmp(&b.origin)));
         v
     }

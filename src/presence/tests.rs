@@ -275,7 +275,9 @@ fn storage_is_capped_by_evicting_the_oldest() {
             s[31] = 0xaa;
             s
         });
-        t.accept(signed(&who, 1, NOW + i, json!({})), 0, from(), NOW + i)
+        // From four peers: one alone may fill only its share of the table.
+        let via = id(200 + (i % 4) as u8).key();
+        t.accept(signed(&who, 1, NOW + i, json!({})), 0, via, NOW + i)
             .unwrap();
     }
     assert_eq!(t.len(), CAP);

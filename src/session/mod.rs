@@ -357,6 +357,26 @@ impl Session {
             let (Some(id), Some(th)) = (line.id(), line.th()) else {
                 continue;
             };
+            if received == Received::TooManyThreads {
+                // Not stored, so not acked: refused, naming the bound (the sender keeps it).
+                let max = self.store.max_threads_per_peer();
+                tracing::info!(%peer, %id, "refusing a line that opens thread {th:?}: over {max} threads");
+                if !closed {
+                    let err = Line::Err(wire::ErrLine {
+                        id: self.store.next_control_id(),
+                        ts: now_ts(),
+                        th: Some(th.to_string()),
+                        re: Some(id.to_string()),
+                        code: code::BUSY.into(),
+                        detail: Some(format!(
+                            "you have {max} threads with this node, the most it keeps per peer; no new thread"
+                        )),
+                        blob_ref: None,
+                    });
+                    self.held_acks.push(err.encode());
+                }
+                continue;
+            }
             if !closed {
                 let ack = Line::Ack(wire::Ack {
                     id: self.store.next_control_id(),

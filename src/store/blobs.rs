@@ -223,14 +223,9 @@ impl Store {
             }
         }
         if let Some((th, id)) = seen {
-            let skey = pkey(peer, th.as_bytes());
-            let raise = match tx.get(T::Seen, &skey)? {
-                Some(old) => id.as_bytes() > old.as_slice(),
-                None => true,
-            };
-            if raise {
-                tx.put(T::Seen, skey, id.as_bytes().to_vec());
-            }
+            // Bounded per peer: chunks may name thread ids that never open a thread.
+            let bound = Some(self.max_threads_per_peer());
+            super::threads::raise_seen(&mut tx, peer, th, id, bound)?;
         }
         tx.commit()
     }
@@ -267,6 +262,22 @@ impl Store {
             bytes = bytes.saturating_add(read_u64("blobs_in_pending", &v)?);
         }
         Ok((n, bytes))
+    }
+
+    /// Every inbound blob still pending, as (peer, ref), by peer then ref (from the pending
+    /// index: finished and refused records are not read).
+    pub fn pending_blob_refs(&self) -> Result<Vec<(PeerKey, String)>, StoreError> {
+        if !self.blobs_in_indexed()? {
+            let _w = self.writer();
+            self.blobs_in_index_ready()?;
+        }
+        let mut out = Vec::new();
+        for kv in self.trees.t(T::BlobsInPending).iter() {
+            let (k, _) = kv.map_err(db_err)?;
+            let (peer, r) = split_pkey("blobs_in_pending", &k)?;
+            out.push((peer, utf8("blobs_in_pending", &r)?));
+        }
+        Ok(out)
     }
 
     fn blobs_in_indexed(&self) -> Result<bool, StoreError> {

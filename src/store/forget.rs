@@ -32,7 +32,7 @@ impl Forgotten {
 
 impl Store {
     /// Forget `peer`: remove its peer record, its addresses, its threads, every log entry
-    /// to or from it (and the log entries of its threads), its queued outbound lines (and
+    /// to or from it (which covers its threads' entries), its queued outbound lines (and
     /// their count) and its `seen` entries, in ONE transaction. Not durable until
     /// [`Store::flush`].
     ///
@@ -61,24 +61,24 @@ impl Store {
             }
         }
         tx.del(T::OutboxN, raw.to_vec());
+        super::threads::clear_seen_count(&mut tx, peer);
+        let n = super::threads::thread_count(&tx, peer)? as i64;
+        super::threads::add_threads(&mut tx, peer, -n)?;
         tx.del(T::OutboxB, raw.to_vec());
-        let mut threads = std::collections::HashSet::new();
         for kv in self.trees.t(T::Threads).iter() {
             let (k, v) = kv.map_err(db_err)?;
             let t: ThreadRec = dec("threads", &v)?;
             if t.peer == peer_hex {
-                threads.insert(k.to_vec());
                 tx.del(T::Threads, k.to_vec());
                 out.threads += 1;
             }
         }
+        // Threads are per peer (`threads.rs`): every entry of the peer's threads is to or
+        // from the peer; another peer's thread of the same id is not touched.
         for kv in self.trees.t(T::Log).iter() {
             let (k, v) = kv.map_err(db_err)?;
             let (l, _): (LogRec, Payload) = unpack("log", &v)?;
-            let of_thread =
-                l.th.as_ref()
-                    .is_some_and(|th| threads.contains(th.as_bytes()));
-            if l.peer == peer_hex || of_thread {
+            if l.peer == peer_hex {
                 tx.del(T::Log, k.to_vec());
                 out.log += 1;
             }

@@ -5,10 +5,11 @@ use super::codec::{
     unpack, utf8, AddrRec, LogRec, OutRec, Payload, PeerRec, ThreadRec,
 };
 use super::group::Group;
+use super::threads::{add_threads, raise_seen, thread_count, tkey};
 use super::tx::{db_err, Trees, Tx, T};
 use super::{
     AddrSource, AddressRecord, Dir, Introduced, LineBuilder, LogEntry, OutboxEntry, PeerRecord,
-    Received, StoreError, ThreadInfo, RETENTION_MS,
+    Received, StoreError, RETENTION_MS,
 };
 use crate::wire::ids::IdGen;
 use crate::wire::{self, Line, PeerKey};
@@ -124,6 +125,8 @@ pub struct Store {
     group: Arc<Group>,
     /// The database directory (free space is measured on its file system).
     dir: PathBuf,
+    /// Threads one peer may open with us (`threads.rs`).
+    pub(super) max_threads: std::sync::atomic::AtomicU64,
     /// Work run inside [`Store::receive_batch`]'s transaction (see [`super::InboundHook`]).
     pub(super) hook: std::sync::OnceLock<Arc<dyn super::InboundHook>>,
     /// Declared last: marks the directory closed after the sled handles are dropped.
@@ -208,9 +211,11 @@ impl Store {
             }),
             group,
             dir: dir.to_path_buf(),
+            max_threads: std::sync::atomic::AtomicU64::new(super::threads::MAX_THREADS_PER_PEER),
             hook: std::sync::OnceLock::new(),
             _mark: guard,
         };
+        store.key_threads_by_peer()?;
         store.count_outbox_bytes()?;
         Ok(store)
     }
@@ -345,6 +350,9 @@ impl Store {
             };
             tx.put(T::Log, u64_be(*seq), pack(&lrec, &bytes)?);
             if let Some(th) = &th {
+                if tx.get(T::Threads, &tkey(th, peer))?.is_none() {
+                    add_threads(tx, peer, 1)?;
+                }
                 let mut t = self.thread_for_update(tx, th, peer, now, true)?;
                 t.updated = t.updated.max(now);
                 match &line {
@@ -355,7 +363,7 @@ impl Store {
                     }
                     _ => {}
                 }
-                tx.put(T::Threads, th.as_bytes(), enc(&t)?);
+                tx.put(T::Threads, tkey(th, peer), enc(&t)?);
             }
             out.push(OutboxEntry {
                 id,
@@ -395,7 +403,7 @@ impl Store {
         now: u64,
         ours: bool,
     ) -> Result<ThreadRec, StoreError> {
-        Ok(match tx.get(T::Threads, th.as_bytes())? {
+        Ok(match tx.get(T::Threads, &tkey(th, peer))? {
             Some(v) => dec("threads", &v)?,
             None => ThreadRec {
                 peer: hex(peer.as_bytes()),
@@ -686,6 +694,14 @@ impl Store {
                 out.push(Received::Duplicate);
                 continue;
             }
+            if tx.get(T::Threads, &tkey(th, peer))?.is_none() {
+                // A new thread: within the peer's bound, or the line is not stored.
+                if thread_count(&tx, peer)? >= self.max_threads_per_peer() {
+                    out.push(Received::TooManyThreads);
+                    continue;
+                }
+                add_threads(&mut tx, peer, 1)?;
+            }
             batch_ids.insert(id);
             seq += 1;
             let kind = line.kind().to_owned();
@@ -702,21 +718,9 @@ impl Store {
             };
             tx.put(T::Log, u64_be(seq), pack(&lrec, raw)?);
             tx.put(T::Received, rkey, u64_be(seq).to_vec());
-            let skey = pkey(peer, th.as_bytes());
-            let raise = match tx.get(T::Seen, &skey)? {
-                Some(old) => id.as_bytes() > old.as_slice(),
-                None => true,
-            };
-            if raise {
-                tx.put(T::Seen, skey, id.as_bytes().to_vec());
-            }
+            raise_seen(&mut tx, peer, th, id, None)?;
+            // Threads are per peer: another peer's thread of the same id is not touched.
             let mut t = self.thread_for_update(&tx, th, peer, now, false)?;
-            if t.peer != peer_hex {
-                // Another peer's thread id: the line is logged (and deduplicated) under its
-                // sender, but it must not change a thread that belongs to someone else.
-                out.push(Received::New(seq));
-                continue;
-            }
             t.updated = t.updated.max(now);
             if unread {
                 t.unread += 1;
@@ -729,7 +733,7 @@ impl Store {
                 }
                 _ => {}
             }
-            tx.put(T::Threads, th.as_bytes(), enc(&t)?);
+            tx.put(T::Threads, tkey(th, peer), enc(&t)?);
             if matches!(line, Line::Msg(_) | Line::State(_)) {
                 new_lines.push(line);
             }
@@ -761,40 +765,6 @@ impl Store {
             out.insert(utf8("seen", &th)?, utf8("seen", &v)?);
         }
         Ok(out)
-    }
-
-    /// All threads, most recently updated first (ties by thread id).
-    pub fn threads(&self) -> Result<Vec<ThreadInfo>, StoreError> {
-        let mut out = Vec::new();
-        for kv in self.trees.t(T::Threads).iter() {
-            let (k, v) = kv.map_err(db_err)?;
-            out.push(thread_info(utf8("threads", &k)?, &v)?);
-        }
-        out.sort_by(|a, b| b.updated_ms.cmp(&a.updated_ms).then(a.th.cmp(&b.th)));
-        Ok(out)
-    }
-
-    /// Up to `limit` threads with id > `after` (from the first when None), in thread-id
-    /// byte order: one page of the `threads` listing, read without loading the others.
-    pub fn threads_after(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<ThreadInfo>, StoreError> {
-        page_after(
-            self.trees.t(T::Threads),
-            after.map(str::as_bytes),
-            limit,
-            |k, v| thread_info(utf8("threads", k)?, v),
-        )
-    }
-
-    /// One thread.
-    pub fn thread(&self, th: &str) -> Result<Option<ThreadInfo>, StoreError> {
-        match self.trees.t(T::Threads).get(th).map_err(db_err)? {
-            Some(v) => Ok(Some(thread_info(th.to_owned(), &v)?)),
-            None => Ok(None),
-        }
     }
 
     /// Log entries with seq > `after`, optionally of one thread / only unread inbound, in
@@ -844,10 +814,11 @@ impl Store {
             l.read = true;
             tx.put(T::Log, u64_be(seq).to_vec(), repack(&l, line)?);
             if let Some(th) = &l.th {
-                if let Some(tv) = tx.get(T::Threads, th.as_bytes())? {
+                let tk = tkey(th, &peer_from_hex("log", &l.peer)?);
+                if let Some(tv) = tx.get(T::Threads, &tk)? {
                     let mut t: ThreadRec = dec("threads", &tv)?;
                     t.unread = t.unread.saturating_sub(1);
-                    tx.put(T::Threads, th.as_bytes(), enc(&t)?);
+                    tx.put(T::Threads, tk, enc(&t)?);
                 }
             }
             changed += 1;
@@ -1327,23 +1298,6 @@ fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
         at_ms: l.at,
         read: l.read,
         acked: l.acked,
-    })
-}
-
-fn thread_info(th: String, v: &[u8]) -> Result<ThreadInfo, StoreError> {
-    let t: ThreadRec = dec("threads", v)?;
-    Ok(ThreadInfo {
-        th,
-        peer: peer_from_hex("threads", &t.peer)?,
-        subject: t.subject,
-        mine: t.mine,
-        my_note: t.my_note,
-        theirs: t.theirs,
-        their_note: t.their_note,
-        since_ms: t.since,
-        updated_ms: t.updated,
-        unread: t.unread,
-        opened_by_us: t.ours,
     })
 }
 

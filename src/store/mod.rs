@@ -11,11 +11,13 @@
 //! - `log`: seq (u64 big-endian) → direction, peer, id, thread, kind, at, read, acked, line.
 //! - `received`: peer ‖ id → log seq (permanent dedup index, never pruned).
 //! - `seen`: peer ‖ th → largest content id received (byte-string order).
-//! - `threads`: th → summary. `peers`: peer → record. `addresses`: peer ‖ address → record.
+//! - `threads`: th ‖ peer → summary (see `threads.rs`; older stores keyed by th are re-keyed
+//!   on open). `peers`: peer → record. `addresses`: peer ‖ address → record.
 //! - `outbox_n`: peer → number of queued lines (u64 BE; absent when zero).
 //! - `outbox_b`: peer → bytes of its queued outbox records (u64 BE; absent when zero), the
 //!   per-peer quota's measure ([`Store::outbox_usage`]).
-//! - `meta`: `last_id`, `log_seq`, and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
+//! - `meta`: `last_id`, `log_seq`, `thread_n/` ‖ peer and `seen_n/` ‖ peer (threads and
+//!   seen entries per peer, see `threads.rs`), and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
 //! - `blobs_in`, `blobs_out`: peer ‖ ref → blob records (see `blobs.rs`).
 //! - `art_ws`, `art_events`, `art_dedup`, `art_hold`, `art_snap`: artifact threads
 //!   (see `artifacts.rs`).
@@ -37,6 +39,7 @@ mod group;
 mod imp;
 #[cfg(test)]
 mod tests;
+mod threads;
 mod tx;
 
 pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};
@@ -46,6 +49,7 @@ pub use faults::{free_bytes, is_disk_full, StoreFaults, DISK_RESERVE};
 pub use forget::Forgotten;
 pub use grants::{GrantRecord, GrantRole};
 pub use imp::Store;
+pub use threads::MAX_THREADS_PER_PEER;
 
 /// Retention of outbox lines and log entries: 7 days, in milliseconds.
 pub const RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
@@ -98,6 +102,9 @@ pub enum Received {
     New(u64),
     /// Already received from this peer: re-ack, no other effect.
     Duplicate,
+    /// Not stored: it would open a thread beyond the peer's bound
+    /// ([`Store::set_max_threads_per_peer`], default [`MAX_THREADS_PER_PEER`]). Not acked.
+    TooManyThreads,
 }
 
 /// Direction of a log entry.

@@ -888,11 +888,11 @@ fn measure_rates() {
 }
 
 #[test]
-fn another_peer_cannot_change_a_thread_it_does_not_own() {
+fn a_second_peer_using_a_thread_id_gets_its_own_thread_and_leaves_the_first_alone() {
     let (_d, s) = open();
     let (owner, stranger) = (key(1), key(2));
     send(&s, &owner, "thr_own");
-    let before = s.thread("thr_own").unwrap().unwrap();
+    let before = s.thread_with(&owner, "thr_own").unwrap().unwrap();
     let st = state(
         "thr_own",
         "done",
@@ -901,15 +901,29 @@ fn another_peer_cannot_change_a_thread_it_does_not_own() {
         "2026-01-01T00:00:00Z",
     );
     let r = s.receive(&stranger, &st, &st.encode()).unwrap();
-    assert!(
-        matches!(r, Received::New(n) if n > 0),
-        "logged under its sender"
-    );
-    let after = s.thread("thr_own").unwrap().unwrap();
+    assert!(matches!(r, Received::New(n) if n > 0));
+    let after = s.thread_with(&owner, "thr_own").unwrap().unwrap();
     assert_eq!(after.peer, owner);
     assert_eq!(after.theirs, before.theirs);
     assert_eq!(after.their_note, None);
     assert_eq!(after.unread, before.unread);
+    let theirs = s.thread_with(&stranger, "thr_own").unwrap().unwrap();
+    assert_eq!(theirs.theirs.as_deref(), Some("done"));
+    assert_eq!(theirs.unread, 1);
+    assert!(!theirs.opened_by_us);
+    let named: Vec<PeerKey> = s
+        .threads_named("thr_own")
+        .unwrap()
+        .into_iter()
+        .map(|t| t.peer)
+        .collect();
+    assert_eq!(named.len(), 2);
+    assert!(named.contains(&owner) && named.contains(&stranger));
+    // An id of one peer is not "the" thread any more: both must be named with their peer.
+    assert!(s.thread("thr_own").unwrap().is_none());
+    let log = s.thread_log(0, &stranger, "thr_own", false, 10).unwrap();
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].peer, stranger);
 }
 
 #[test]

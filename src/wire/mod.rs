@@ -33,7 +33,8 @@ pub mod code {
     pub const BLOB_REFUSED: &str = "blob_refused";
     pub const INTERNAL: &str = "internal";
     /// Extension (not in §9.7; does not close): a served request refused for now because
-    /// the peer has too many requests running or too much output queued. Ask again later.
+    /// the peer has too many requests running or too much output queued, or a line not
+    /// stored because it would open a thread over the per-peer bound. Ask again later.
     pub const BUSY: &str = "busy";
 
     /// Whether receiving (or sending) this code closes the connection (§9.7 table).

@@ -243,7 +243,9 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
                     }
                     Err(e) => {
                         // A plain AWP thread with a peer becomes an artifact thread hosted here.
-                        let Some(t) = inner.store.thread(th).map_err(internal)? else {
+                        let Some(t) =
+                            crate::node::thread_ref::resolve(inner, None, th)?.and_then(|n| n.info)
+                        else {
                             return Err(e);
                         };
                         cmd["thread_id"] = json!(t.th);
