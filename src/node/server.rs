@@ -49,7 +49,8 @@ async fn write_json(
     w: &mut (impl AsyncWriteExt + Unpin),
     v: &impl serde::Serialize,
 ) -> std::io::Result<()> {
-    let mut b = serde_json::to_vec(v).map_err(std::io::Error::other)?;
+    let mut b =
+        crate::wire::escape_separators(serde_json::to_vec(v).map_err(std::io::Error::other)?);
     b.push(b'\n');
     w.write_all(&b).await?;
     w.flush().await

@@ -645,6 +645,10 @@ impl Session {
             );
             return;
         }
+        if let Err(detail) = check_nonce(&hello.nonce) {
+            self.close_with(code::AUTH, Some(hello.id.clone()), &detail);
+            return;
+        }
         if let Some(cert) = self.cfg.cert_key {
             if cert != key {
                 self.close_with(
@@ -992,6 +996,23 @@ impl Session {
         let entry = self.batch.pop_front()?;
         self.cursor = Some(entry.id);
         Some(entry.line)
+    }
+}
+
+/// Bytes in a hello nonce (protocol-notes §Handshake).
+pub const HELLO_NONCE_LEN: usize = 32;
+
+/// A hello `nonce` is exactly [`HELLO_NONCE_LEN`] bytes in canonical base64url (no
+/// padding, url alphabet, zero trailing bits: the form encoders emit, issue 8 §4b);
+/// anything else is refused with a detail for `err auth`.
+pub fn check_nonce(nonce: &str) -> Result<(), String> {
+    match wire::b64::decode_canonical_url(nonce) {
+        Ok(n) if n.len() == HELLO_NONCE_LEN => Ok(()),
+        Ok(n) => Err(format!(
+            "hello nonce is {} bytes, not {HELLO_NONCE_LEN}",
+            n.len()
+        )),
+        Err(_) => Err("hello nonce is not canonical unpadded base64url".into()),
     }
 }
 
