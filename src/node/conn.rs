@@ -57,7 +57,7 @@ pub(crate) struct Handles {
 pub enum Dial {
     /// Accepted by a listener; holds a slot of the node's handshake limit until auth is
     /// verified (or the connection ends).
-    Inbound(Option<Arc<tokio::sync::OwnedSemaphorePermit>>),
+    Inbound(Option<Arc<super::handshakes::HandshakeSlot>>),
     /// We dialed `address`; `expected` is the key we dialed for, if known.
     Outbound {
         address: String,

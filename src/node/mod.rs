@@ -18,6 +18,7 @@ mod blobs;
 mod conn;
 mod dialer;
 pub(crate) mod grants;
+pub mod handshakes;
 mod lists;
 mod presence;
 pub mod serve;
@@ -162,8 +163,10 @@ pub(crate) struct Inner {
     pub next_conn: AtomicU64,
     pub started: Instant,
     pub tasks: tokio_util::task::TaskTracker,
-    /// Slots for inbound handshakes in progress ([`MAX_HANDSHAKES`]).
-    pub handshake_slots: Arc<tokio::sync::Semaphore>,
+    /// Slots for inbound handshakes in progress ([`MAX_HANDSHAKES`], a share per source).
+    pub handshake_slots: handshakes::HandshakeSlots,
+    /// When the last "limit reached" warning was logged (one a minute at most).
+    pub refused_warned: Mutex<Option<Instant>>,
     pub presence: presence::PresenceState,
     pub relay: bool,
     pub max_connections: usize,
@@ -286,7 +289,11 @@ impl NodeHandle {
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
             tasks: tokio_util::task::TaskTracker::new(),
-            handshake_slots: Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES)),
+            handshake_slots: handshakes::HandshakeSlots::new(
+                MAX_HANDSHAKES,
+                handshakes::PER_SOURCE_SHARE,
+            ),
+            refused_warned: Mutex::new(None),
             presence,
             relay: config.relay,
             max_connections,
@@ -576,18 +583,30 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
         };
         match incoming {
             Ok(inc) => {
-                let (Ok(permit), Ok(hs_slot)) = (
-                    inner.conn_limit.clone().try_acquire_owned(),
-                    inner.handshake_slots.clone().try_acquire_owned(),
-                ) else {
+                let slot = inner.handshake_slots.try_acquire(inc.source());
+                let (Ok(permit), Ok(hs_slot)) =
+                    (inner.conn_limit.clone().try_acquire_owned(), slot)
+                else {
                     let n = inner.refused_conns.fetch_add(1, Ordering::Relaxed) + 1;
-                    tracing::warn!(
-                        remote = %inc.remote(),
-                        limit = inner.max_connections,
-                        handshakes = MAX_HANDSHAKES,
-                        refused = n,
-                        "connection or handshake limit reached: closing the new socket"
-                    );
+                    // A flood would log a line per socket: one warning a minute.
+                    let mut last = inner
+                        .refused_warned
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                        *last = Some(Instant::now());
+                        tracing::warn!(
+                            remote = %inc.remote(),
+                            limit = inner.max_connections,
+                            handshakes = MAX_HANDSHAKES,
+                            per_source = handshakes::PER_SOURCE_SHARE,
+                            refused = n,
+                            "connection, handshake or per-source handshake limit reached: \
+                             closing new sockets (logged once a minute)"
+                        );
+                    } else {
+                        tracing::debug!(remote = %inc.remote(), refused = n, "limit reached: closing the new socket");
+                    }
                     drop(inc);
                     continue;
                 };
