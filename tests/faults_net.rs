@@ -486,3 +486,24 @@ async fn a_socket_connected_to_itself_is_refused_quietly() {
         .unwrap();
     awp_node::net::refuse_self_connection(&c).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_from_both_sides_at_once_succeeds_on_both() {
+    use awp_node::control::Request;
+    // A race: bounded tries, each with a fresh pair (before the fix most tries failed).
+    for round in 0..5 {
+        let a = TestNode::start("a").await;
+        let b = TestNode::start("b").await;
+        let req = |to: &TestNode| Request::Connect {
+            address: to.address(),
+            timeout_ms: Some(10_000),
+        };
+        let (ra, rb) = tokio::join!(a.ctl(req(&b)), b.ctl(req(&a)));
+        assert!(ra.ok, "round {round}: a connect b: {:?}", ra.error);
+        assert!(rb.ok, "round {round}: b connect a: {:?}", rb.error);
+        assert_eq!(ra.body["peer"], b.key());
+        assert_eq!(rb.body["peer"], a.key());
+        a.stop().await;
+        b.stop().await;
+    }
+}

@@ -94,13 +94,17 @@ pub async fn run(
     run_with(inner, conn, dial, handshake_deadline, None).await
 }
 
+/// What `awp connect` learns from [`run_with`]: the peer once the connection is up, or why
+/// it failed with the key it was with (authenticated, or the one dialed for), if known.
+pub type UpResult = Result<PeerKey, (String, Option<PeerKey>)>;
+
 /// [`run`], reporting the moment the connection is up (or fails) on `up_tx`.
 pub async fn run_with(
     inner: Arc<Inner>,
     conn: net::Conn,
     dial: Dial,
     handshake_deadline: tokio::time::Instant,
-    mut up_tx: Option<tokio::sync::oneshot::Sender<Result<PeerKey, String>>>,
+    mut up_tx: Option<tokio::sync::oneshot::Sender<UpResult>>,
 ) -> Outcome {
     let net::Conn {
         mut reader,
@@ -471,7 +475,7 @@ pub async fn run_with(
     }
     let _ = done_tx.send(true);
     if let Some(tx) = up_tx.take() {
-        let _ = tx.send(Err(reason.clone()));
+        let _ = tx.send(Err((reason.clone(), session.peer().or(expected))));
     }
     Outcome {
         peer: session.peer(),
