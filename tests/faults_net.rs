@@ -507,3 +507,128 @@ async fn connect_from_both_sides_at_once_succeeds_on_both() {
         b.stop().await;
     }
 }
+
+/// Read from `raw` until the stream ends (at most 100 lines, 10 s each): the kinds of
+/// lines read, and whether the end was clean (EOF after TLS close_notify) rather than cut.
+async fn read_to_end(raw: &mut Raw) -> (Vec<String>, Result<(), String>) {
+    let mut kinds = Vec::new();
+    for _ in 0..100 {
+        match tokio::time::timeout(Duration::from_secs(10), raw.reader.read_line()).await {
+            Ok(Ok(Some(l))) => kinds.push(
+                wire::parse_line(&l)
+                    .map(|l| l.kind().to_string())
+                    .unwrap_or_default(),
+            ),
+            Ok(Ok(None)) => return (kinds, Ok(())),
+            Ok(Err(e)) => return (kinds, Err(format!("{e:?}"))),
+            Err(_) => return (kinds, Err("no end within 10 s".into())),
+        }
+    }
+    (kinds, Err("too many lines".into()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_sends_close_notify_to_a_peer_that_never_answers_bye() {
+    // The node runs on a runtime of its own that is dropped once `stopped()` returns, as
+    // the process of `awp down` exits then: whatever was not sent by that time never is.
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let node_thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let node = TestNode::start("n").await;
+            addr_tx.send(node.address()).unwrap();
+            let _ =
+                tokio::task::spawn_blocking(move || stop_rx.recv_timeout(Duration::from_secs(30)))
+                    .await;
+            node.handle.shutdown();
+            node.handle.stopped().await;
+            node.home
+        })
+    });
+    let addr = tokio::task::spawn_blocking(move || addr_rx.recv().unwrap())
+        .await
+        .unwrap();
+    let mut raw = Raw::dial(&addr, 24).await;
+    raw.handshake().await;
+    raw.write(resume_line().as_bytes()).await;
+    stop_tx.send(()).unwrap();
+    // We never answer the node's bye.
+    let (kinds, end) = read_to_end(&mut raw).await;
+    let home = tokio::task::spawn_blocking(move || node_thread.join().unwrap())
+        .await
+        .unwrap();
+    drop(home);
+    assert!(kinds.iter().any(|k| k == "bye"), "{kinds:?}");
+    assert_eq!(
+        end,
+        Ok(()),
+        "the node closed TLS with close_notify ({kinds:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_close_and_a_truncated_stream_are_told_apart() {
+    let node = TestNode::start("n").await;
+    let mut events = node.handle.subscribe();
+    // 1: the peer closes TLS properly (close_notify, then FIN).
+    let mut clean = Raw::dial(&node.address(), 25).await;
+    clean.handshake().await;
+    clean.write(resume_line().as_bytes()).await;
+    tokio::io::AsyncWriteExt::shutdown(&mut clean.writer)
+        .await
+        .unwrap();
+    // 2: another peer's TCP stream just ends inside TLS (no close_notify).
+    let (tcp, mut cut) = {
+        use awp_node::identity::Identity;
+        use awp_node::net::{Address, LineReader, TlsConfig};
+        let Ok(Address::Tls { host, port, pin }) = node.address().parse::<Address>() else {
+            panic!()
+        };
+        let identity = Identity::from_seed(&[26; 32]);
+        let tls = TlsConfig::new(&identity).unwrap();
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .unwrap();
+        let std_tcp = tcp.into_std().unwrap();
+        let tcp2 = tokio::net::TcpStream::from_std(std_tcp.try_clone().unwrap()).unwrap();
+        let connector = tokio_rustls::TlsConnector::from(tls.client_config(pin).unwrap());
+        let name =
+            rustls::pki_types::ServerName::try_from(awp_node::net::tls::SERVER_NAME).unwrap();
+        let stream = connector.connect(name, tcp2).await.unwrap();
+        let (r, w) = tokio::io::split(stream);
+        let raw = Raw {
+            identity,
+            reader: LineReader::new(Box::new(r)),
+            writer: Box::new(w),
+        };
+        (std_tcp, raw)
+    };
+    cut.handshake().await;
+    cut.write(resume_line().as_bytes()).await;
+    // FIN below TLS, with no close_notify first.
+    tcp.shutdown(std::net::Shutdown::Write).unwrap();
+    let (k_clean, k_cut) = (
+        clean.identity.key().to_string(),
+        cut.identity.key().to_string(),
+    );
+    let mut reasons = std::collections::HashMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while reasons.len() < 2 {
+        let ev = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .expect("both peers go down")
+            .unwrap();
+        if ev.get("event").and_then(|e| e.as_str()) == Some("peer_down") {
+            let peer = ev["peer"].as_str().unwrap().to_string();
+            reasons.insert(peer, ev["reason"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    assert_eq!(reasons[&k_clean], "the peer closed the connection");
+    assert!(reasons[&k_cut].contains("truncated"), "{}", reasons[&k_cut]);
+    drop(cut);
+}

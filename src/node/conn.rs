@@ -80,7 +80,19 @@ pub struct Outcome {
 enum ReadItem {
     Line(Vec<u8>),
     TooLarge,
+    /// Clean end: EOF (on TLS, after the peer's close_notify).
     Eof,
+    /// Unclean end: truncated TLS, reset or another read error.
+    Cut(String),
+}
+
+/// How an unclean end of the read side is logged.
+fn cut_detail(e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        "stream truncated (no TLS close_notify)".into()
+    } else {
+        e.to_string()
+    }
 }
 
 /// Run a connection to completion. `handshake_deadline` bounds the time to auth verified.
@@ -164,7 +176,8 @@ pub async fn run_with(
                         bytes += l.len();
                         ReadItem::Line(l)
                     }
-                    Ok(None) | Err(ReadError::Io(_)) => ReadItem::Eof,
+                    Ok(None) => ReadItem::Eof,
+                    Err(ReadError::Io(e)) => ReadItem::Cut(cut_detail(&e)),
                     Err(ReadError::TooLarge) => ReadItem::TooLarge,
                 };
                 let end = !matches!(it, ReadItem::Line(_));
@@ -395,7 +408,14 @@ pub async fn run_with(
                 session.close_local("replaced by a newer connection", false, Instant::now());
             }
             _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing => {
-                session.close_local("shutdown", true, Instant::now());
+                // A short linger: the transport must be closed (TLS close_notify) before
+                // the node stops waiting for its connections.
+                session.close_local_within(
+                    "shutdown",
+                    true,
+                    crate::session::SHUTDOWN_BYE_LINGER,
+                    Instant::now(),
+                );
             }
             _ = werr_rx.changed() => {
                 write_failed = true;
@@ -417,6 +437,7 @@ pub async fn run_with(
                             ReadItem::Line(l) => session.handle_line(&l, now),
                             ReadItem::TooLarge => session.handle_read_error(true),
                             ReadItem::Eof => session.handle_eof(),
+                            ReadItem::Cut(d) => session.handle_cut(d),
                         }
                         n += 1;
                     }

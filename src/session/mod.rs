@@ -32,6 +32,10 @@ pub const MISSED_PONGS: u32 = 2;
 pub const RESUME_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long to wait for the peer's bye after ours (§Liveness and close).
 pub const BYE_LINGER: Duration = Duration::from_secs(5);
+/// How long to wait for the peer's bye when the node shuts down: short enough that the
+/// transport is closed properly (TLS close_notify) before the node stops waiting for its
+/// connections (3 s, issue 8 §4b).
+pub const SHUTDOWN_BYE_LINGER: Duration = Duration::from_secs(1);
 /// Outbox lines fetched from the store per batch during replay.
 pub const REPLAY_BATCH: usize = 512;
 /// Above this many queued control lines the driver should stop reading until they drain.
@@ -49,6 +53,7 @@ enum HeldInput {
     Line(Vec<u8>),
     TooLarge,
     Eof,
+    Cut(String),
 }
 
 /// What this side of the connection is.
@@ -105,8 +110,11 @@ pub enum CloseReason {
     },
     /// Bye exchanged (either side first).
     Bye { reason: Option<String> },
-    /// The peer closed the transport.
+    /// The peer closed the transport cleanly (EOF; on TLS after its close_notify).
     Eof,
+    /// The transport ended without a clean close: a TLS stream cut without close_notify
+    /// (truncation), a reset, or another read error (the detail says which).
+    Truncated(String),
     /// No pong after two pings.
     Dead,
     /// Storage failed; `err internal` sent.
@@ -129,6 +137,7 @@ impl std::fmt::Display for CloseReason {
             CloseReason::Bye { reason: Some(r) } => write!(f, "bye ({r})"),
             CloseReason::Bye { reason: None } => write!(f, "bye"),
             CloseReason::Eof => write!(f, "the peer closed the connection"),
+            CloseReason::Truncated(d) => write!(f, "the connection was cut: {d}"),
             CloseReason::Dead => write!(f, "no answer to two pings"),
             CloseReason::Storage(e) => write!(f, "storage failure: {e}"),
             CloseReason::Local(r) => write!(f, "{r}"),
@@ -486,6 +495,19 @@ impl Session {
         }
     }
 
+    /// The transport ended without a clean close (`detail` says how: truncated TLS,
+    /// reset, …). Like [`Session::handle_eof`], but the close reason is
+    /// [`CloseReason::Truncated`] so that logs tell the two apart.
+    pub fn handle_cut(&mut self, detail: String) {
+        if self.phase == Phase::Admission {
+            self.held_input.push(HeldInput::Cut(detail));
+            return;
+        }
+        if self.phase != Phase::Closed {
+            self.finish(CloseReason::Truncated(detail));
+        }
+    }
+
     /// The transport reached EOF.
     pub fn handle_eof(&mut self) {
         if self.phase == Phase::Admission {
@@ -541,12 +563,26 @@ impl Session {
                 HeldInput::Line(l) => self.handle_line(&l, now),
                 HeldInput::TooLarge => self.handle_read_error(true),
                 HeldInput::Eof => self.handle_eof(),
+                HeldInput::Cut(d) => self.handle_cut(d),
             }
         }
     }
 
-    /// Close locally: with bye (graceful, `reason`) when open, otherwise at once.
+    /// Close locally: with bye (graceful, `reason`) when open, otherwise at once. The
+    /// peer's bye is awaited [`BYE_LINGER`].
     pub fn close_local(&mut self, reason: &str, send_bye: bool, now: Instant) {
+        self.close_local_within(reason, send_bye, BYE_LINGER, now);
+    }
+
+    /// [`Session::close_local`], waiting at most `linger` for the peer's bye (e.g.
+    /// [`SHUTDOWN_BYE_LINGER`]).
+    pub fn close_local_within(
+        &mut self,
+        reason: &str,
+        send_bye: bool,
+        linger: Duration,
+        now: Instant,
+    ) {
         match self.phase {
             Phase::Open if send_bye => {
                 let bye = Line::Bye(wire::Bye {
@@ -557,7 +593,7 @@ impl Session {
                 });
                 self.control.push_back(bye.encode());
                 self.phase = Phase::Closing;
-                self.bye_deadline = Some(now + BYE_LINGER);
+                self.bye_deadline = Some(now + linger);
                 self.close = Some(CloseReason::Local(reason.to_string()));
             }
             Phase::Closed => {}
