@@ -632,3 +632,126 @@ async fn a_clean_close_and_a_truncated_stream_are_told_apart() {
     assert!(reasons[&k_cut].contains("truncated"), "{}", reasons[&k_cut]);
     drop(cut);
 }
+
+/// A node with a short ping period and quick redials, listening on TLS 127.0.0.1.
+async fn quick_node(ping_idle: Duration) -> TestNode {
+    use awp_node::node::{DialTiming, NodeConfig, NodeHandle};
+    let home = tempfile::TempDir::new().unwrap();
+    let handle = NodeHandle::start(NodeConfig {
+        home: home.path().to_path_buf(),
+        listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+        name: Some("quick".into()),
+        ping_idle: Some(ping_idle),
+        dial_timing: DialTiming {
+            backoff_min: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(1),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await
+    .expect("node starts");
+    TestNode { home, handle }
+}
+
+/// A peer of the test's own: a TLS listener with the identity of `seed`, its pinned address.
+async fn raw_listener(
+    seed: u8,
+) -> (
+    awp_node::net::Listener,
+    String,
+    awp_node::identity::Identity,
+) {
+    use awp_node::identity::Identity;
+    use awp_node::net::{DialOptions, Listener, TlsConfig};
+    let identity = Identity::from_seed(&[seed; 32]);
+    let tls = TlsConfig::new(&identity).unwrap();
+    let l = Listener::bind(
+        &"tls:127.0.0.1:0".parse().unwrap(),
+        &tls,
+        &DialOptions::default(),
+    )
+    .await
+    .unwrap();
+    let addr = l.local_address().with_pin(identity.key()).to_string();
+    (l, addr, identity)
+}
+
+/// Accept one connection on `l` and speak the handshake and resume as `identity`.
+async fn accept_raw(l: &awp_node::net::Listener, seed: u8) -> Raw {
+    let inc = tokio::time::timeout(Duration::from_secs(15), l.accept())
+        .await
+        .expect("the node dials")
+        .unwrap();
+    let c = inc.handshake().await.unwrap();
+    let mut raw = Raw {
+        identity: awp_node::identity::Identity::from_seed(&[seed; 32]),
+        reader: c.reader,
+        writer: c.writer,
+    };
+    raw.handshake().await;
+    raw.write(resume_line().as_bytes()).await;
+    raw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_peer_is_found_dead_freed_and_redialed() {
+    use awp_node::control::Request;
+    let node = quick_node(Duration::from_millis(300)).await;
+    let mut events = node.handle.subscribe();
+    let (l, b_addr, b) = raw_listener(28).await;
+    let home = node.path();
+    let connect = tokio::spawn(async move {
+        common::ctl(
+            &home,
+            Request::Connect {
+                address: b_addr,
+                timeout_ms: Some(10_000),
+            },
+        )
+        .await
+    });
+    // The peer answers the handshake, then falls silent: it neither reads nor writes.
+    let silent = accept_raw(&l, 28).await;
+    let r = connect.await.unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    // Work for it in the outbox: the node must keep dialing it.
+    node.send(Some(&b.key().to_string()), None, "are you there?")
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let reason = loop {
+        let ev = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .expect("the silent peer is found dead")
+            .unwrap();
+        if ev.get("event").and_then(|e| e.as_str()) == Some("peer_down") {
+            break ev["reason"].as_str().unwrap_or_default().to_string();
+        }
+    };
+    assert_eq!(reason, "no answer to two pings");
+    // Its connection is freed ...
+    let status = node.ctl(Request::Status).await;
+    let conns = status.body["connections"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !conns.iter().any(|c| c["peer"] == b.key().to_string()),
+        "{conns:?}"
+    );
+    // ... and the node dials it again (backoff from 200 ms here) while lines wait.
+    let mut again = accept_raw(&l, 28).await;
+    let mut got_msg = false;
+    for _ in 0..20 {
+        match again.read_line().await {
+            Some(Line::Msg(_)) => {
+                got_msg = true;
+                break;
+            }
+            Some(_) => continue,
+            None => break,
+        }
+    }
+    assert!(got_msg, "the queued msg is replayed on the redial");
+    drop(silent);
+}

@@ -154,6 +154,7 @@ pub async fn run_with(
         inner.store.clone(),
         Instant::now(),
     );
+    session.set_ping_idle(inner.ping_idle, Instant::now());
     if !inner.relay {
         session.set_blob_receiver(crate::blob::BlobReceiver::new(
             inner.store.clone(),

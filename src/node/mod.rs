@@ -114,6 +114,10 @@ pub struct NodeConfig {
     pub artifactr: Option<String>,
     /// Allow a non-loopback `artifactr` address (`--artifactr-public`).
     pub artifactr_public: bool,
+    /// Idle time before a connection pings its peer; the peer is dead after two more
+    /// unanswered periods. `None`: [`crate::session::PING_IDLE`] (30 s, protocol-notes
+    /// §Liveness). Tests shorten it.
+    pub ping_idle: Option<Duration>,
 }
 
 /// Why the node could not start.
@@ -185,6 +189,8 @@ pub(crate) struct Inner {
     pub artifacts: Arc<artifacts::Artifacts>,
     /// The bound address of the local artifactr.v1 endpoint, when it is on.
     pub artifactr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Idle time before a ping ([`NodeConfig::ping_idle`]).
+    pub ping_idle: Duration,
 }
 
 /// A started node.
@@ -305,6 +311,7 @@ impl NodeHandle {
             grant_cache: Mutex::new(crate::grant::VerifyCache::default()),
             artifacts: artifacts::Artifacts::new(),
             artifactr: std::sync::OnceLock::new(),
+            ping_idle: config.ping_idle.unwrap_or(crate::session::PING_IDLE),
         });
         inner.artifacts.install(&inner);
         // Finish moving blobs that a crash left between "complete" and their final path.

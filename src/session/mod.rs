@@ -213,6 +213,8 @@ pub struct Session {
     /// Input received during [`Phase::Admission`], with its byte count.
     held_input: Vec<HeldInput>,
     held_input_bytes: usize,
+    /// Idle time before a ping ([`PING_IDLE`] unless set).
+    ping_idle: Duration,
 }
 
 impl Session {
@@ -272,7 +274,16 @@ impl Session {
             blobs: None,
             held_input: Vec::new(),
             held_input_bytes: 0,
+            ping_idle: PING_IDLE,
         }
+    }
+
+    /// Ping after `idle` without input instead of [`PING_IDLE`] (at least 1 ms); the
+    /// connection is dead after [`MISSED_PONGS`] such periods more. For tests and small
+    /// deployments that want a silent peer found sooner.
+    pub fn set_ping_idle(&mut self, idle: Duration, now: Instant) {
+        self.ping_idle = idle.max(Duration::from_millis(1));
+        self.ping_deadline = now + self.ping_idle;
     }
 
     /// Take in blobs (protocol-notes §Blobs): chunk lines are then stored with the batch
@@ -620,7 +631,7 @@ impl Session {
         self.lines_in += 1;
         self.last_rx = now;
         self.pings_out = 0;
-        self.ping_deadline = now + PING_IDLE;
+        self.ping_deadline = now + self.ping_idle;
         let line = match wire::parse_line(raw) {
             Ok(line) => line,
             Err(e) => {
@@ -972,7 +983,7 @@ impl Session {
                         ts: now_ts(),
                     });
                     self.control.push_back(ping.encode());
-                    self.ping_deadline = now + PING_IDLE;
+                    self.ping_deadline = now + self.ping_idle;
                 }
             }
             Phase::Closing if self.bye_deadline.is_some_and(|d| now >= d) => {
