@@ -755,3 +755,71 @@ async fn a_silent_peer_is_found_dead_freed_and_redialed() {
     assert!(got_msg, "the queued msg is replayed on the redial");
     drop(silent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_leaves_memory_flat_with_100_mb_queued() {
+    use awp_node::control::Request;
+    use awp_node::identity::Identity;
+    use awp_node::store::{LineBuilder, Store};
+    const LINES: usize = 100;
+    const TEXT: usize = 1_000_000;
+    // A first start makes the identity; the node is stopped while the outbox is filled.
+    let home = TestNode::start("n").await.stop().await;
+    let peer = Identity::from_seed(&[29; 32]);
+    // 100 MB for the peer in the outbox, queued before the node starts (through the control
+    // socket it would take minutes in a debug build).
+    let t0 = std::time::Instant::now();
+    {
+        let store = Store::open(&home.path().join("db")).unwrap();
+        let text = "x".repeat(TEXT);
+        let build = |id: &str, ts: &str| {
+            Line::Msg(wire::Msg {
+                id: id.into(),
+                ts: ts.into(),
+                th: "thr_big".into(),
+                re: None,
+                subject: None,
+                parts: vec![wire::Part::Text(wire::TextPart { text: text.clone() })],
+            })
+        };
+        for _ in 0..LINES / 10 {
+            let builders: Vec<LineBuilder<'_>> =
+                (0..10).map(|_| &build as LineBuilder<'_>).collect();
+            store.enqueue(&peer.key(), &builders).unwrap();
+        }
+        store.flush_blocking().unwrap();
+    }
+    eprintln!("queued {LINES} lines of {TEXT} bytes in {:?}", t0.elapsed());
+    let node = TestNode::start_in(home, "n").await;
+    let before = rss_bytes();
+    // The peer connects, handshakes, and never reads again.
+    let mut stalled = Raw::dial(&node.address(), 29).await;
+    stalled.handshake().await;
+    stalled.write(resume_line().as_bytes()).await;
+    // The node replays into a full socket; sample its memory meanwhile (bounded: 3 s).
+    let mut peak = before;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(rss_bytes());
+    }
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "queued {} MB; resident before {} MiB, peak {} MiB while the peer reads nothing",
+        LINES * TEXT / 1_000_000,
+        before >> 20,
+        peak >> 20
+    );
+    // Flat: a few MiB of lines in flight, socket and TLS buffers and the store's cache,
+    // far below what is queued (before the replay batches were bounded by bytes, the
+    // whole outbox was loaded: about 200 MiB more here).
+    assert!(grown < 80 << 20, "memory grew by {} MiB", grown >> 20);
+    // The lines stay parked in the outbox, and the connection is still there.
+    let s = node.ctl(Request::Status).await;
+    assert!(
+        s.body["outbox"].as_u64().unwrap() > 50,
+        "{:?}",
+        s.body["outbox"]
+    );
+    drop(stalled);
+    node.stop().await;
+}

@@ -36,8 +36,15 @@ pub const BYE_LINGER: Duration = Duration::from_secs(5);
 /// transport is closed properly (TLS close_notify) before the node stops waiting for its
 /// connections (3 s, issue 8 §4b).
 pub const SHUTDOWN_BYE_LINGER: Duration = Duration::from_secs(1);
-/// Outbox lines fetched from the store per batch during replay.
+/// Most outbox lines fetched from the store per batch during replay.
 pub const REPLAY_BATCH: usize = 512;
+/// Bytes of outbox lines a replay batch aims at: the next fetch asks for as many lines as
+/// fit at the size of the last batch's lines (at most [`REPLAY_BATCH`], at least 1), so a
+/// peer that stops reading holds at most about this much (plus one line of up to 1 MiB)
+/// in the session whatever is queued (issue 8 §3).
+pub const REPLAY_BYTES: usize = 2 * 1024 * 1024;
+/// Lines in the first fetch of a replay, before line sizes are known.
+pub const REPLAY_FIRST: usize = 8;
 /// Above this many queued control lines the driver should stop reading until they drain.
 pub const CONTROL_HIGH_WATER: usize = 16_384;
 /// Most bytes of input held during [`Phase::Admission`] (the driver stops reading while
@@ -215,6 +222,8 @@ pub struct Session {
     held_input_bytes: usize,
     /// Idle time before a ping ([`PING_IDLE`] unless set).
     ping_idle: Duration,
+    /// Lines to fetch in the next replay batch (see [`REPLAY_BYTES`]).
+    replay_fetch: usize,
 }
 
 impl Session {
@@ -275,6 +284,7 @@ impl Session {
             held_input: Vec::new(),
             held_input_bytes: 0,
             ping_idle: PING_IDLE,
+            replay_fetch: REPLAY_FIRST,
         }
     }
 
@@ -1026,12 +1036,15 @@ impl Session {
         }
         if self.batch.is_empty() && self.outbox_maybe_more {
             let peer = self.peer?;
-            match self
-                .store
-                .outbox_after(&peer, self.cursor.as_deref(), REPLAY_BATCH)
-            {
+            let want = self.replay_fetch.clamp(1, REPLAY_BATCH);
+            match self.store.outbox_after(&peer, self.cursor.as_deref(), want) {
                 Ok(batch) => {
-                    self.outbox_maybe_more = batch.len() == REPLAY_BATCH;
+                    self.outbox_maybe_more = batch.len() == want;
+                    let bytes: usize = batch.iter().map(|e| e.line.len()).sum();
+                    if !batch.is_empty() {
+                        let avg = (bytes / batch.len()).max(1);
+                        self.replay_fetch = (REPLAY_BYTES / avg).clamp(1, REPLAY_BATCH);
+                    }
                     self.batch = batch.into();
                 }
                 Err(e) => {
