@@ -823,3 +823,83 @@ async fn a_peer_that_stops_reading_leaves_memory_flat_with_100_mb_queued() {
     drop(stalled);
     node.stop().await;
 }
+
+/// Log output of this test binary (a process-wide subscriber, installed once).
+fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOGS: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
+        std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs: &'static std::sync::Mutex<Vec<u8>> =
+            Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
+        struct W(&'static std::sync::Mutex<Vec<u8>>);
+        impl std::io::Write for W {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || W(logs))
+            .try_init();
+        logs
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_id_with_other_content_is_acked_kept_and_logged_once_a_minute() {
+    let logs = captured_logs();
+    let node = TestNode::start("n").await;
+    let mut raw = Raw::dial(&node.address(), 30).await;
+    raw.handshake().await;
+    raw.write(resume_line().as_bytes()).await;
+    let id = "01K0000000000000000000DUP1";
+    let msg = |text: &str| {
+        format!(
+            r#"{{"t":"msg","id":"{id}","ts":"{TS}","th":"thr_dup","parts":[{{"k":"text","text":"{text}"}}]}}"#
+        )
+    };
+    // The first copy, an exact replay of it, then two lines reusing the id.
+    for text in ["first", "first", "second", "third"] {
+        raw.write(msg(text).as_bytes()).await;
+        let mut acked = false;
+        for _ in 0..20 {
+            match raw.read_line().await {
+                Some(Line::Ack(a)) if a.re == id => {
+                    acked = true;
+                    break;
+                }
+                Some(_) => continue,
+                None => break,
+            }
+        }
+        assert!(acked, "{text} is acked");
+    }
+    let entries = node.inbound().await;
+    let texts: Vec<_> = entries
+        .iter()
+        .filter(|e| e["id"] == id)
+        .map(|e| e["line"]["parts"][0]["text"].clone())
+        .collect();
+    assert_eq!(
+        texts,
+        vec![serde_json::json!("first")],
+        "the first copy is kept"
+    );
+    let peer = raw.identity.key().to_string();
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).to_string();
+    let warnings: Vec<_> = text
+        .lines()
+        .filter(|l| l.contains("reuses the id") && l.contains(&peer))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("WARN") && warnings[0].contains(id),
+        "{}",
+        warnings[0]
+    );
+}

@@ -383,10 +383,13 @@ impl Session {
             }
         };
         let closed = self.phase == Phase::Closed;
-        for ((line, _), received) in batch.into_iter().zip(results) {
+        for ((line, raw), received) in batch.into_iter().zip(results) {
             let (Some(id), Some(th)) = (line.id(), line.th()) else {
                 continue;
             };
+            if received == Received::Duplicate {
+                self.warn_if_changed(&peer, id, &raw);
+            }
             if !closed {
                 let ack = Line::Ack(wire::Ack {
                     id: self.store.next_control_id(),
@@ -401,6 +404,31 @@ impl Session {
                     self.held_events.push(SessionEvent::Received { seq, line });
                 }
             }
+        }
+    }
+
+    /// A duplicate (by peer and id) is re-acked and the first copy kept (protocol-notes
+    /// §Threads, acks, resume). When its content differs from that copy (as JSON values:
+    /// a replay of the same line is not news), say so at warn, at most once per peer per
+    /// [`CHANGED_DUPLICATE_WARN_EVERY`] (issue 8 §4b).
+    fn warn_if_changed(&self, peer: &PeerKey, id: &str, raw: &[u8]) {
+        let Ok(Some(first)) = self.store.received_line(peer, id) else {
+            return;
+        };
+        if first == raw {
+            return;
+        }
+        let parse = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).ok();
+        if parse(&first).is_some_and(|a| Some(a) == parse(raw)) {
+            return;
+        }
+        if changed_duplicate_warn_due(peer, Instant::now()) {
+            tracing::warn!(
+                %peer,
+                id,
+                "a line reuses the id of an earlier line with other content: acked, the first \
+                 copy kept (further ones from this peer are not logged for a minute)"
+            );
         }
     }
 
@@ -1057,6 +1085,28 @@ impl Session {
         self.cursor = Some(entry.id);
         Some(entry.line)
     }
+}
+
+/// At most one "same id, other content" warning per peer in this period.
+pub const CHANGED_DUPLICATE_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether a "same id, other content" warning about `peer` may be logged at `now` (and if
+/// so, note it). Process-wide, so that reconnecting does not reset it; entries older than
+/// the period are dropped, so the table holds only peers warned about in the last minute.
+fn changed_duplicate_warn_due(peer: &PeerKey, now: Instant) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static WARNED: OnceLock<Mutex<HashMap<PeerKey, Instant>>> = OnceLock::new();
+    let mut warned = WARNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    warned.retain(|_, at| now.saturating_duration_since(*at) < CHANGED_DUPLICATE_WARN_EVERY);
+    if warned.contains_key(peer) {
+        return false;
+    }
+    warned.insert(*peer, now);
+    true
 }
 
 /// Bytes in a hello nonce (protocol-notes §Handshake).

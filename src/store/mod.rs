@@ -33,6 +33,7 @@ mod forget;
 mod grants;
 mod group;
 mod imp;
+mod received;
 #[cfg(test)]
 mod tests;
 mod tx;
