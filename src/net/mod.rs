@@ -501,17 +501,21 @@ impl Incoming {
         self.source
     }
 
-    /// Finish the transport handshake (TLS, bounded by [`TLS_HANDSHAKE_TIMEOUT`]) and
-    /// return the connection. For TLS the client must present an Ed25519 certificate
-    /// (non-weak key) and negotiate ALPN `awp/0`; else [`NetError::Tls`].
-    ///
-    /// On every binding the peer must send its first byte within [`FIRST_BYTE_TIMEOUT`]
-    /// (else [`NetError::Io`] with kind `TimedOut`); the bytes stay unread for the
-    /// handshake.
-    pub async fn handshake(self) -> Result<Conn, NetError> {
+    /// Wait until the peer has sent its first byte (the TLS ClientHello, or the first
+    /// byte of its hello line), at most [`FIRST_BYTE_TIMEOUT`]; else [`NetError::Io`] with
+    /// kind `TimedOut`. Nothing is consumed. The node calls it before
+    /// [`Incoming::handshake`], so a socket that says nothing frees its handshake slot soon.
+    pub async fn first_byte(&self) -> Result<(), NetError> {
         tokio::time::timeout(FIRST_BYTE_TIMEOUT, first_byte(&self.stream))
             .await
             .map_err(|_| timed_out(format!("first byte from {}", self.remote)))??;
+        Ok(())
+    }
+
+    /// Finish the transport handshake (TLS, bounded by [`TLS_HANDSHAKE_TIMEOUT`]) and
+    /// return the connection. For TLS the client must present an Ed25519 certificate
+    /// (non-weak key) and negotiate ALPN `awp/0`; else [`NetError::Tls`].
+    pub async fn handshake(self) -> Result<Conn, NetError> {
         match (self.stream, self.acceptor) {
             (Stream::Tcp(s), Some(acceptor)) => {
                 let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(s))

@@ -623,6 +623,11 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
                     let hs_slot = Arc::new(hs_slot);
                     let remote = inc.remote();
                     let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+                    // A socket that sends nothing frees its slot after a short while.
+                    if let Err(e) = inc.first_byte().await {
+                        tracing::debug!(%remote, "inbound socket: {e}");
+                        return;
+                    }
                     let conn = match tokio::time::timeout_at(deadline, inc.handshake()).await {
                         Ok(Ok(c)) => c,
                         Ok(Err(e)) => {
