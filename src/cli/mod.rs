@@ -355,7 +355,10 @@ pub fn out(line: &str) -> Result<(), Failure> {
 
 /// Write one JSON value as a line.
 pub fn out_json(v: &serde_json::Value) -> Result<(), Failure> {
-    out(&v.to_string())
+    // U+2028/U+2029 escaped: line splitters of other languages cut at them.
+    out(&crate::wire::separators::escape_separators_str(
+        v.to_string(),
+    ))
 }
 
 #[cfg(test)]

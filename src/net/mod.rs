@@ -35,6 +35,37 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// from accept to auth verified, protocol-notes §Handshake) is enforced above this module.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Time an accepted socket has to send its first byte (the TLS ClientHello, or the hello
+/// line on `tcp:` and `unix:`). Dialers write at once (protocol-notes §Handshake), so only
+/// an idle socket waits this long; it then frees its handshake slot (issue 8 §4b).
+pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where an accepted socket comes from, for per-source limits: an IPv4 address, an IPv6
+/// /64 prefix (IPv4-mapped IPv6 counts as IPv4), or for a Unix socket the peer's process
+/// id from `SO_PEERCRED` (`UnixPid(None)` when the kernel gives none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// An IPv4 address.
+    V4(std::net::Ipv4Addr),
+    /// The first 64 bits of an IPv6 address.
+    V6Prefix(u64),
+    /// A Unix socket peer's process id.
+    UnixPid(Option<i32>),
+}
+
+impl Source {
+    /// The source of a TCP peer at `ip`.
+    pub fn of_ip(ip: IpAddr) -> Source {
+        match ip {
+            IpAddr::V4(v4) => Source::V4(v4),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Source::V4(v4),
+                None => Source::V6Prefix((u128::from(v6) >> 64) as u64),
+            },
+        }
+    }
+}
+
 /// Which binding a connection uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
@@ -158,8 +189,26 @@ async fn connect_tcp(addrs: &[SocketAddr]) -> Result<TcpStream, NetError> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, attempt)
         .await
         .map_err(|_| timed_out(format!("connecting to {addrs:?}")))??;
+    refuse_self_connection(&stream)?;
     stream.set_nodelay(true)?;
     Ok(stream)
+}
+
+/// A socket connected to itself is refused (`ConnectionRefused`, as if nobody listened).
+///
+/// Dialing a port of the ephemeral range on this host while nothing listens there can
+/// pick that very port as the local end: TCP simultaneous open then connects the socket to
+/// itself, and the TLS handshake would meet its own ClientHello (issue 8 §3). Local
+/// address equal to remote address is that case.
+pub fn refuse_self_connection(stream: &TcpStream) -> std::io::Result<()> {
+    let (local, peer) = (stream.local_addr()?, stream.peer_addr()?);
+    if local == peer {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            format!("connection to {peer} refused (the socket connected to itself)"),
+        ));
+    }
+    Ok(())
 }
 
 /// The ALPN and certificate checks shared by both sides after a TLS handshake.
@@ -292,6 +341,7 @@ enum Stream {
 pub struct Incoming {
     stream: Stream,
     remote: String,
+    source: Source,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
 }
 
@@ -412,14 +462,17 @@ impl Listener {
                 Ok(Incoming {
                     stream: Stream::Tcp(s),
                     remote: peer.to_string(),
+                    source: Source::of_ip(peer.ip()),
                     acceptor: self.acceptor.clone(),
                 })
             }
             Bound::Unix { listener, path, .. } => {
                 let (s, _) = listener.accept().await?;
+                let pid = s.peer_cred().ok().and_then(|c| c.pid());
                 Ok(Incoming {
                     stream: Stream::Unix(s),
                     remote: path.display().to_string(),
+                    source: Source::UnixPid(pid),
                     acceptor: None,
                 })
             }
@@ -443,6 +496,22 @@ impl Incoming {
         self.remote.clone()
     }
 
+    /// Where the socket comes from (for per-source limits).
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// Wait until the peer has sent its first byte (the TLS ClientHello, or the first
+    /// byte of its hello line), at most [`FIRST_BYTE_TIMEOUT`]; else [`NetError::Io`] with
+    /// kind `TimedOut`. Nothing is consumed. The node calls it before
+    /// [`Incoming::handshake`], so a socket that says nothing frees its handshake slot soon.
+    pub async fn first_byte(&self) -> Result<(), NetError> {
+        tokio::time::timeout(FIRST_BYTE_TIMEOUT, first_byte(&self.stream))
+            .await
+            .map_err(|_| timed_out(format!("first byte from {}", self.remote)))??;
+        Ok(())
+    }
+
     /// Finish the transport handshake (TLS, bounded by [`TLS_HANDSHAKE_TIMEOUT`]) and
     /// return the connection. For TLS the client must present an Ed25519 certificate
     /// (non-weak key) and negotiate ALPN `awp/0`; else [`NetError::Tls`].
@@ -461,6 +530,27 @@ impl Incoming {
             (Stream::Tcp(s), None) => Ok(into_conn(s, None, Transport::Tcp, self.remote)),
             (Stream::Unix(s), _) => Ok(into_conn(s, None, Transport::Unix, self.remote)),
         }
+    }
+}
+
+/// Wait until the socket has a byte to read (or is at EOF), leaving it unread.
+/// (`readable()` alone may report readiness before anything arrived.)
+async fn first_byte(stream: &Stream) -> std::io::Result<()> {
+    let mut b = [0u8; 1];
+    match stream {
+        Stream::Tcp(s) => s.peek(&mut b).await.map(|_| ()),
+        Stream::Unix(s) => loop {
+            s.readable().await?;
+            let peek = s.try_io(tokio::io::Interest::READABLE, || {
+                rustix::net::recv(s, &mut b, rustix::net::RecvFlags::PEEK)
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
+            match peek {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
+        },
     }
 }
 

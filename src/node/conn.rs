@@ -62,7 +62,7 @@ pub(crate) struct Handles {
 pub enum Dial {
     /// Accepted by a listener; holds a slot of the node's handshake limit until auth is
     /// verified (or the connection ends).
-    Inbound(Option<Arc<tokio::sync::OwnedSemaphorePermit>>),
+    Inbound(Option<Arc<super::handshakes::HandshakeSlot>>),
     /// We dialed `address`; `expected` is the key we dialed for, if known.
     Outbound {
         address: String,
@@ -85,7 +85,19 @@ pub struct Outcome {
 enum ReadItem {
     Line(Vec<u8>),
     TooLarge,
+    /// Clean end: EOF (on TLS, after the peer's close_notify).
     Eof,
+    /// Unclean end: truncated TLS, reset or another read error.
+    Cut(String),
+}
+
+/// How an unclean end of the read side is logged.
+fn cut_detail(e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        "stream truncated (no TLS close_notify)".into()
+    } else {
+        e.to_string()
+    }
 }
 
 /// Run a connection to completion. `handshake_deadline` bounds the time to auth verified.
@@ -99,13 +111,17 @@ pub async fn run(
     run_with(inner, conn, dial, handshake_deadline, None).await
 }
 
+/// What `awp connect` learns from [`run_with`]: the peer once the connection is up, or why
+/// it failed with the key it was with (authenticated, or the one dialed for), if known.
+pub type UpResult = Result<PeerKey, (String, Option<PeerKey>)>;
+
 /// [`run`], reporting the moment the connection is up (or fails) on `up_tx`.
 pub async fn run_with(
     inner: Arc<Inner>,
     conn: net::Conn,
     dial: Dial,
     handshake_deadline: tokio::time::Instant,
-    mut up_tx: Option<tokio::sync::oneshot::Sender<Result<PeerKey, String>>>,
+    mut up_tx: Option<tokio::sync::oneshot::Sender<UpResult>>,
 ) -> Outcome {
     let net::Conn {
         mut reader,
@@ -143,6 +159,7 @@ pub async fn run_with(
         inner.store.clone(),
         Instant::now(),
     );
+    session.set_ping_idle(inner.ping_idle, Instant::now());
     if !inner.relay {
         session.set_blob_receiver(crate::blob::BlobReceiver::new(
             inner.store.clone(),
@@ -165,7 +182,8 @@ pub async fn run_with(
                         bytes += l.len();
                         ReadItem::Line(l)
                     }
-                    Ok(None) | Err(ReadError::Io(_)) => ReadItem::Eof,
+                    Ok(None) => ReadItem::Eof,
+                    Err(ReadError::Io(e)) => ReadItem::Cut(cut_detail(&e)),
                     Err(ReadError::TooLarge) => ReadItem::TooLarge,
                 };
                 let end = !matches!(it, ReadItem::Line(_));
@@ -409,7 +427,14 @@ pub async fn run_with(
                 session.close_local("replaced by a newer connection", false, Instant::now());
             }
             _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing => {
-                session.close_local("shutdown", true, Instant::now());
+                // A short linger: the transport must be closed (TLS close_notify) before
+                // the node stops waiting for its connections.
+                session.close_local_within(
+                    "shutdown",
+                    true,
+                    crate::session::SHUTDOWN_BYE_LINGER,
+                    Instant::now(),
+                );
             }
             _ = bye.cancelled(), if session.phase() != Phase::Closing => {
                 let reason = bye_reason.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -435,6 +460,7 @@ pub async fn run_with(
                             ReadItem::Line(l) => session.handle_line(&l, now),
                             ReadItem::TooLarge => session.handle_read_error(true),
                             ReadItem::Eof => session.handle_eof(),
+                            ReadItem::Cut(d) => session.handle_cut(d),
                         }
                         n += 1;
                     }
@@ -493,7 +519,7 @@ pub async fn run_with(
     }
     let _ = done_tx.send(true);
     if let Some(tx) = up_tx.take() {
-        let _ = tx.send(Err(reason.clone()));
+        let _ = tx.send(Err((reason.clone(), session.peer().or(expected))));
     }
     Outcome {
         peer: session.peer(),

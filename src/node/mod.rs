@@ -19,6 +19,7 @@ mod conn;
 mod dialer;
 mod disconnect;
 pub(crate) mod grants;
+pub mod handshakes;
 mod lists;
 mod port;
 mod presence;
@@ -123,6 +124,10 @@ pub struct NodeConfig {
     /// [`crate::store::MAX_THREADS_PER_PEER`]); a line that would open one more is
     /// answered `err busy` and not stored.
     pub max_threads_per_peer: Option<u64>,
+    /// Idle time before a connection pings its peer; the peer is dead after two more
+    /// unanswered periods. `None`: [`crate::session::PING_IDLE`] (30 s, protocol-notes
+    /// §Liveness). Tests shorten it.
+    pub ping_idle: Option<Duration>,
 }
 
 /// Why the node could not start.
@@ -175,8 +180,10 @@ pub(crate) struct Inner {
     pub next_conn: AtomicU64,
     pub started: Instant,
     pub tasks: tokio_util::task::TaskTracker,
-    /// Slots for inbound handshakes in progress ([`MAX_HANDSHAKES`]).
-    pub handshake_slots: Arc<tokio::sync::Semaphore>,
+    /// Slots for inbound handshakes in progress ([`MAX_HANDSHAKES`], a share per source).
+    pub handshake_slots: handshakes::HandshakeSlots,
+    /// When the last "limit reached" warning was logged (one a minute at most).
+    pub refused_warned: Mutex<Option<Instant>>,
     pub presence: presence::PresenceState,
     pub relay: bool,
     pub max_connections: usize,
@@ -195,6 +202,8 @@ pub(crate) struct Inner {
     pub artifacts: Arc<artifacts::Artifacts>,
     /// The bound address of the local artifactr.v1 endpoint, when it is on.
     pub artifactr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Idle time before a ping ([`NodeConfig::ping_idle`]).
+    pub ping_idle: Duration,
 }
 
 /// A started node.
@@ -303,7 +312,11 @@ impl NodeHandle {
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
             tasks: tokio_util::task::TaskTracker::new(),
-            handshake_slots: Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES)),
+            handshake_slots: handshakes::HandshakeSlots::new(
+                MAX_HANDSHAKES,
+                handshakes::PER_SOURCE_SHARE,
+            ),
+            refused_warned: Mutex::new(None),
             presence,
             relay: config.relay,
             max_connections,
@@ -315,6 +328,7 @@ impl NodeHandle {
             grant_cache: Mutex::new(crate::grant::VerifyCache::default()),
             artifacts: artifacts::Artifacts::new(),
             artifactr: std::sync::OnceLock::new(),
+            ping_idle: config.ping_idle.unwrap_or(crate::session::PING_IDLE),
         });
         inner.artifacts.install(&inner);
         // Finish moving blobs that a crash left between "complete" and their final path.
@@ -619,18 +633,30 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
         };
         match incoming {
             Ok(inc) => {
-                let (Ok(permit), Ok(hs_slot)) = (
-                    inner.conn_limit.clone().try_acquire_owned(),
-                    inner.handshake_slots.clone().try_acquire_owned(),
-                ) else {
+                let slot = inner.handshake_slots.try_acquire(inc.source());
+                let (Ok(permit), Ok(hs_slot)) =
+                    (inner.conn_limit.clone().try_acquire_owned(), slot)
+                else {
                     let n = inner.refused_conns.fetch_add(1, Ordering::Relaxed) + 1;
-                    tracing::warn!(
-                        remote = %inc.remote(),
-                        limit = inner.max_connections,
-                        handshakes = MAX_HANDSHAKES,
-                        refused = n,
-                        "connection or handshake limit reached: closing the new socket"
-                    );
+                    // A flood would log a line per socket: one warning a minute.
+                    let mut last = inner
+                        .refused_warned
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                        *last = Some(Instant::now());
+                        tracing::warn!(
+                            remote = %inc.remote(),
+                            limit = inner.max_connections,
+                            handshakes = MAX_HANDSHAKES,
+                            per_source = handshakes::PER_SOURCE_SHARE,
+                            refused = n,
+                            "connection, handshake or per-source handshake limit reached: \
+                             closing new sockets (logged once a minute)"
+                        );
+                    } else {
+                        tracing::debug!(remote = %inc.remote(), refused = n, "limit reached: closing the new socket");
+                    }
                     drop(inc);
                     continue;
                 };
@@ -640,6 +666,11 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
                     let hs_slot = Arc::new(hs_slot);
                     let remote = inc.remote();
                     let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+                    // A socket that sends nothing frees its slot after a short while.
+                    if let Err(e) = inc.first_byte().await {
+                        tracing::debug!(%remote, "inbound socket: {e}");
+                        return;
+                    }
                     let conn = match tokio::time::timeout_at(deadline, inc.handshake()).await {
                         Ok(Ok(c)) => c,
                         Ok(Err(e)) => {

@@ -49,7 +49,8 @@ async fn write_json(
     w: &mut (impl AsyncWriteExt + Unpin),
     v: &impl serde::Serialize,
 ) -> std::io::Result<()> {
-    let mut b = serde_json::to_vec(v).map_err(std::io::Error::other)?;
+    let mut b =
+        crate::wire::escape_separators(serde_json::to_vec(v).map_err(std::io::Error::other)?);
     b.push(b'\n');
     w.write_all(&b).await?;
     w.flush().await
@@ -992,6 +993,8 @@ async fn connect_at(inner: &Arc<Inner>, addr: &Address, deadline: tokio::time::I
         }
         Err(_) => return Err(Fail::new("connect_failed", format!("{address}: timed out"))),
     };
+    // Subscribed before dialing: the peer may come up by its own connection meanwhile.
+    let mut events = inner.events.subscribe();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let inner2 = inner.clone();
     let dial = Dial::Outbound {
@@ -1006,14 +1009,23 @@ async fn connect_at(inner: &Arc<Inner>, addr: &Address, deadline: tokio::time::I
             super::dialer::disconnected(&inner2, peer);
         }
     });
+    let connected = |key: PeerKey| json!({"peer": key.to_string(), "peer_name": inner.peer_name(&key), "address": address});
     match tokio::time::timeout_at(deadline, rx).await {
         Ok(Ok(Ok(key))) => {
             let _ = inner.store.flush().await;
-            Ok(
-                json!({"peer": key.to_string(), "peer_name": inner.peer_name(&key), "address": address}),
-            )
+            Ok(connected(key))
         }
-        Ok(Ok(Err(reason))) => Err(Fail::new("connect_failed", format!("{address}: {reason}"))),
+        // Both sides dialed at once (or the peer's connection replaced ours): the peer
+        // counts as connected when either side's connection is up (issue 8 §3).
+        Ok(Ok(Err((_, Some(key)))))
+            if wait_up_either_way(inner, &key, &mut events, deadline).await =>
+        {
+            let _ = inner.store.flush().await;
+            Ok(connected(key))
+        }
+        Ok(Ok(Err((reason, _)))) => {
+            Err(Fail::new("connect_failed", format!("{address}: {reason}")))
+        }
         _ => Err(Fail::new(
             "connect_failed",
             format!("{address}: handshake timed out"),
@@ -1043,6 +1055,42 @@ fn pin_mismatch(address: &str, want: PeerKey, got: PeerKey) -> Fail {
          `awp whoami` prints on the peer's host (pinned fingerprint {})",
         want.fingerprint()
     ))
+}
+
+/// Whether `key` has an up connection now, or gets one (by either side's dial) before
+/// `deadline`: watched through `peer_up` events of a subscription made before the dial.
+async fn wait_up_either_way(
+    inner: &Inner,
+    key: &PeerKey,
+    events: &mut tokio::sync::broadcast::Receiver<crate::control::Event>,
+    deadline: tokio::time::Instant,
+) -> bool {
+    let key_s = key.to_string();
+    let is_up = || {
+        inner
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .is_some_and(|c| c.up)
+    };
+    loop {
+        if is_up() {
+            return true;
+        }
+        let ev = match tokio::time::timeout_at(deadline, events.recv()).await {
+            Err(_) => return is_up(),
+            Ok(Ok(ev)) => ev,
+            // Missed events: look at the connection table again.
+            Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => continue,
+            Ok(Err(_)) => return is_up(),
+        };
+        if ev.get("event").and_then(Value::as_str) == Some("peer_up")
+            && ev.get("peer").and_then(Value::as_str) == Some(key_s.as_str())
+        {
+            return true;
+        }
+    }
 }
 
 fn entry_event(inner: &Inner, e: &LogEntry) -> Value {

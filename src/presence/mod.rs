@@ -695,7 +695,8 @@ pub fn decode_marks(bytes: &[u8]) -> Vec<(PeerKey, Mark)> {
 }
 
 /// A `presence` line `{t, id, ts, doc, hops}` whose `doc` is `raw_doc` byte for byte (a
-/// document's text as received, or our own document's encoding). `None` when `raw_doc` is
+/// document's text as received, or our own document's encoding), except that raw U+2028 /
+/// U+2029 are escaped (see [`crate::wire::separators`]). `None` when `raw_doc` is
 /// not one JSON value.
 pub fn encode_line(id: &str, ts: &str, raw_doc: &str, hops: u64) -> Option<Vec<u8>> {
     #[derive(serde::Serialize)]
@@ -715,6 +716,8 @@ pub fn encode_line(id: &str, ts: &str, raw_doc: &str, hops: u64) -> Option<Vec<u
         hops,
     })
     .ok()
+    // The same document value; only U+2028/U+2029 are escaped (signatures are over JCS).
+    .map(crate::wire::escape_separators)
 }
 
 /// Length of the compact JSON encoding of `doc`, in bytes.

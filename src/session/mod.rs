@@ -32,8 +32,19 @@ pub const MISSED_PONGS: u32 = 2;
 pub const RESUME_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long to wait for the peer's bye after ours (§Liveness and close).
 pub const BYE_LINGER: Duration = Duration::from_secs(5);
-/// Outbox lines fetched from the store per batch during replay.
+/// How long to wait for the peer's bye when the node shuts down: short enough that the
+/// transport is closed properly (TLS close_notify) before the node stops waiting for its
+/// connections (3 s, issue 8 §4b).
+pub const SHUTDOWN_BYE_LINGER: Duration = Duration::from_secs(1);
+/// Most outbox lines fetched from the store per batch during replay.
 pub const REPLAY_BATCH: usize = 512;
+/// Bytes of outbox lines a replay batch aims at: the next fetch asks for as many lines as
+/// fit at the size of the last batch's lines (at most [`REPLAY_BATCH`], at least 1), so a
+/// peer that stops reading holds at most about this much (plus one line of up to 1 MiB)
+/// in the session whatever is queued (issue 8 §3).
+pub const REPLAY_BYTES: usize = 2 * 1024 * 1024;
+/// Lines in the first fetch of a replay, before line sizes are known.
+pub const REPLAY_FIRST: usize = 8;
 /// Above this many queued control lines the driver should stop reading until they drain.
 pub const CONTROL_HIGH_WATER: usize = 16_384;
 /// Most bytes of input held during [`Phase::Admission`] (the driver stops reading while
@@ -49,6 +60,7 @@ enum HeldInput {
     Line(Vec<u8>),
     TooLarge,
     Eof,
+    Cut(String),
 }
 
 /// What this side of the connection is.
@@ -105,8 +117,11 @@ pub enum CloseReason {
     },
     /// Bye exchanged (either side first).
     Bye { reason: Option<String> },
-    /// The peer closed the transport.
+    /// The peer closed the transport cleanly (EOF; on TLS after its close_notify).
     Eof,
+    /// The transport ended without a clean close: a TLS stream cut without close_notify
+    /// (truncation), a reset, or another read error (the detail says which).
+    Truncated(String),
     /// No pong after two pings.
     Dead,
     /// Storage failed; `err internal` sent.
@@ -129,6 +144,7 @@ impl std::fmt::Display for CloseReason {
             CloseReason::Bye { reason: Some(r) } => write!(f, "bye ({r})"),
             CloseReason::Bye { reason: None } => write!(f, "bye"),
             CloseReason::Eof => write!(f, "the peer closed the connection"),
+            CloseReason::Truncated(d) => write!(f, "the connection was cut: {d}"),
             CloseReason::Dead => write!(f, "no answer to two pings"),
             CloseReason::Storage(e) => write!(f, "storage failure: {e}"),
             CloseReason::Local(r) => write!(f, "{r}"),
@@ -204,6 +220,10 @@ pub struct Session {
     /// Input received during [`Phase::Admission`], with its byte count.
     held_input: Vec<HeldInput>,
     held_input_bytes: usize,
+    /// Idle time before a ping ([`PING_IDLE`] unless set).
+    ping_idle: Duration,
+    /// Lines to fetch in the next replay batch (see [`REPLAY_BYTES`]).
+    replay_fetch: usize,
 }
 
 impl Session {
@@ -263,7 +283,17 @@ impl Session {
             blobs: None,
             held_input: Vec::new(),
             held_input_bytes: 0,
+            ping_idle: PING_IDLE,
+            replay_fetch: REPLAY_FIRST,
         }
+    }
+
+    /// Ping after `idle` without input instead of [`PING_IDLE`] (at least 1 ms); the
+    /// connection is dead after [`MISSED_PONGS`] such periods more. For tests and small
+    /// deployments that want a silent peer found sooner.
+    pub fn set_ping_idle(&mut self, idle: Duration, now: Instant) {
+        self.ping_idle = idle.max(Duration::from_millis(1));
+        self.ping_deadline = now + self.ping_idle;
     }
 
     /// Take in blobs (protocol-notes §Blobs): chunk lines are then stored with the batch
@@ -353,7 +383,7 @@ impl Session {
             }
         };
         let closed = self.phase == Phase::Closed;
-        for ((line, _), received) in batch.into_iter().zip(results) {
+        for ((line, raw), received) in batch.into_iter().zip(results) {
             let (Some(id), Some(th)) = (line.id(), line.th()) else {
                 continue;
             };
@@ -377,6 +407,9 @@ impl Session {
                 }
                 continue;
             }
+            if received == Received::Duplicate {
+                self.warn_if_changed(&peer, id, &raw);
+            }
             if !closed {
                 let ack = Line::Ack(wire::Ack {
                     id: self.store.next_control_id(),
@@ -391,6 +424,31 @@ impl Session {
                     self.held_events.push(SessionEvent::Received { seq, line });
                 }
             }
+        }
+    }
+
+    /// A duplicate (by peer and id) is re-acked and the first copy kept (protocol-notes
+    /// §Threads, acks, resume). When its content differs from that copy (as JSON values:
+    /// a replay of the same line is not news), say so at warn, at most once per peer per
+    /// [`CHANGED_DUPLICATE_WARN_EVERY`] (issue 8 §4b).
+    fn warn_if_changed(&self, peer: &PeerKey, id: &str, raw: &[u8]) {
+        let Ok(Some(first)) = self.store.received_line(peer, id) else {
+            return;
+        };
+        if first == raw {
+            return;
+        }
+        let parse = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).ok();
+        if parse(&first).is_some_and(|a| Some(a) == parse(raw)) {
+            return;
+        }
+        if changed_duplicate_warn_due(peer, Instant::now()) {
+            tracing::warn!(
+                %peer,
+                id,
+                "a line reuses the id of an earlier line with other content: acked, the first \
+                 copy kept (further ones from this peer are not logged for a minute)"
+            );
         }
     }
 
@@ -506,6 +564,19 @@ impl Session {
         }
     }
 
+    /// The transport ended without a clean close (`detail` says how: truncated TLS,
+    /// reset, …). Like [`Session::handle_eof`], but the close reason is
+    /// [`CloseReason::Truncated`] so that logs tell the two apart.
+    pub fn handle_cut(&mut self, detail: String) {
+        if self.phase == Phase::Admission {
+            self.held_input.push(HeldInput::Cut(detail));
+            return;
+        }
+        if self.phase != Phase::Closed {
+            self.finish(CloseReason::Truncated(detail));
+        }
+    }
+
     /// The transport reached EOF.
     pub fn handle_eof(&mut self) {
         if self.phase == Phase::Admission {
@@ -561,12 +632,26 @@ impl Session {
                 HeldInput::Line(l) => self.handle_line(&l, now),
                 HeldInput::TooLarge => self.handle_read_error(true),
                 HeldInput::Eof => self.handle_eof(),
+                HeldInput::Cut(d) => self.handle_cut(d),
             }
         }
     }
 
-    /// Close locally: with bye (graceful, `reason`) when open, otherwise at once.
+    /// Close locally: with bye (graceful, `reason`) when open, otherwise at once. The
+    /// peer's bye is awaited [`BYE_LINGER`].
     pub fn close_local(&mut self, reason: &str, send_bye: bool, now: Instant) {
+        self.close_local_within(reason, send_bye, BYE_LINGER, now);
+    }
+
+    /// [`Session::close_local`], waiting at most `linger` for the peer's bye (e.g.
+    /// [`SHUTDOWN_BYE_LINGER`]).
+    pub fn close_local_within(
+        &mut self,
+        reason: &str,
+        send_bye: bool,
+        linger: Duration,
+        now: Instant,
+    ) {
         match self.phase {
             Phase::Open if send_bye => {
                 let bye = Line::Bye(wire::Bye {
@@ -577,7 +662,7 @@ impl Session {
                 });
                 self.control.push_back(bye.encode());
                 self.phase = Phase::Closing;
-                self.bye_deadline = Some(now + BYE_LINGER);
+                self.bye_deadline = Some(now + linger);
                 self.close = Some(CloseReason::Local(reason.to_string()));
             }
             Phase::Closed => {}
@@ -604,7 +689,7 @@ impl Session {
         self.lines_in += 1;
         self.last_rx = now;
         self.pings_out = 0;
-        self.ping_deadline = now + PING_IDLE;
+        self.ping_deadline = now + self.ping_idle;
         let line = match wire::parse_line(raw) {
             Ok(line) => line,
             Err(e) => {
@@ -663,6 +748,10 @@ impl Session {
                 Some(hello.id.clone()),
                 "hello carries our own key",
             );
+            return;
+        }
+        if let Err(detail) = check_nonce(&hello.nonce) {
+            self.close_with(code::AUTH, Some(hello.id.clone()), &detail);
             return;
         }
         if let Some(cert) = self.cfg.cert_key {
@@ -952,7 +1041,7 @@ impl Session {
                         ts: now_ts(),
                     });
                     self.control.push_back(ping.encode());
-                    self.ping_deadline = now + PING_IDLE;
+                    self.ping_deadline = now + self.ping_idle;
                 }
             }
             Phase::Closing if self.bye_deadline.is_some_and(|d| now >= d) => {
@@ -995,12 +1084,15 @@ impl Session {
         }
         if self.batch.is_empty() && self.outbox_maybe_more {
             let peer = self.peer?;
-            match self
-                .store
-                .outbox_after(&peer, self.cursor.as_deref(), REPLAY_BATCH)
-            {
+            let want = self.replay_fetch.clamp(1, REPLAY_BATCH);
+            match self.store.outbox_after(&peer, self.cursor.as_deref(), want) {
                 Ok(batch) => {
-                    self.outbox_maybe_more = batch.len() == REPLAY_BATCH;
+                    self.outbox_maybe_more = batch.len() == want;
+                    let bytes: usize = batch.iter().map(|e| e.line.len()).sum();
+                    if !batch.is_empty() {
+                        let avg = (bytes / batch.len()).max(1);
+                        self.replay_fetch = (REPLAY_BYTES / avg).clamp(1, REPLAY_BATCH);
+                    }
                     self.batch = batch.into();
                 }
                 Err(e) => {
@@ -1012,6 +1104,45 @@ impl Session {
         let entry = self.batch.pop_front()?;
         self.cursor = Some(entry.id);
         Some(entry.line)
+    }
+}
+
+/// At most one "same id, other content" warning per peer in this period.
+pub const CHANGED_DUPLICATE_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether a "same id, other content" warning about `peer` may be logged at `now` (and if
+/// so, note it). Process-wide, so that reconnecting does not reset it; entries older than
+/// the period are dropped, so the table holds only peers warned about in the last minute.
+fn changed_duplicate_warn_due(peer: &PeerKey, now: Instant) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static WARNED: OnceLock<Mutex<HashMap<PeerKey, Instant>>> = OnceLock::new();
+    let mut warned = WARNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    warned.retain(|_, at| now.saturating_duration_since(*at) < CHANGED_DUPLICATE_WARN_EVERY);
+    if warned.contains_key(peer) {
+        return false;
+    }
+    warned.insert(*peer, now);
+    true
+}
+
+/// Bytes in a hello nonce (protocol-notes §Handshake).
+pub const HELLO_NONCE_LEN: usize = 32;
+
+/// A hello `nonce` is exactly [`HELLO_NONCE_LEN`] bytes in canonical base64url (no
+/// padding, url alphabet, zero trailing bits: the form encoders emit, issue 8 §4b);
+/// anything else is refused with a detail for `err auth`.
+pub fn check_nonce(nonce: &str) -> Result<(), String> {
+    match wire::b64::decode_canonical_url(nonce) {
+        Ok(n) if n.len() == HELLO_NONCE_LEN => Ok(()),
+        Ok(n) => Err(format!(
+            "hello nonce is {} bytes, not {HELLO_NONCE_LEN}",
+            n.len()
+        )),
+        Err(_) => Err("hello nonce is not canonical unpadded base64url".into()),
     }
 }
 

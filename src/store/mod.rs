@@ -37,6 +37,7 @@ mod forget;
 mod grants;
 mod group;
 mod imp;
+mod received;
 #[cfg(test)]
 mod tests;
 mod threads;

@@ -29,6 +29,14 @@ pub fn decode_any(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
     engines[0].decode(s).or_else(|_| engines[1].decode(s))
 }
 
+/// Decode `s` only when it is exactly the canonical form [`encode_url`] emits: base64url
+/// alphabet, no padding, zero trailing bits (the form of hello and grant nonces).
+/// Errors with `base64::DecodeError` otherwise.
+pub fn decode_canonical_url(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
+    // The engine refuses padding, the standard alphabet and non-zero trailing bits.
+    URL_SAFE_NO_PAD.decode(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +55,14 @@ mod tests {
         }
         for s in ["-_8", "+/8", "-_8=", "+/8="] {
             assert_eq!(decode_any(s).unwrap(), [0xfb, 0xff], "{s}");
+        }
+    }
+
+    #[test]
+    fn canonical_url_decoder_refuses_every_other_form() {
+        assert_eq!(decode_canonical_url("-_8").unwrap(), [0xfb, 0xff]);
+        for s in ["+/8", "-_8=", "-_9", "a", "!!!"] {
+            assert!(decode_canonical_url(s).is_err(), "{s}");
         }
     }
 

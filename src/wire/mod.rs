@@ -8,11 +8,13 @@ pub mod ids;
 pub mod key;
 pub mod parse;
 pub mod schema;
+pub mod separators;
 pub mod time;
 pub mod types;
 
 pub use key::{KeyError, PeerKey};
 pub use parse::{parse_line, FrameError};
+pub use separators::escape_separators;
 pub use types::*;
 
 /// Largest accepted line, in bytes, excluding the terminating `\n` (exactly this many is

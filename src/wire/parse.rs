@@ -54,7 +54,8 @@ fn bad(detail: impl Into<String>, id: Option<&str>) -> FrameError {
 /// Parse one line (without its `\n`). Refuses: over [`super::MAX_LINE`], invalid UTF-8,
 /// not a JSON object, duplicate keys at any depth, integers beyond ±(2^53−1), missing `t`,
 /// a known type with a required field missing or of the wrong type, a `ts` that is not
-/// RFC 3339. Unknown `t` gives [`Line::Unknown`]; unknown fields are ignored.
+/// RFC 3339, a leading byte order mark (U+FEFF, named in the detail). Unknown `t` gives
+/// [`Line::Unknown`]; unknown fields are ignored.
 ///
 /// Also refuses, on known types, an empty `id` and an `id`, `th`, `re` or `seen` entry
 /// longer than [`MAX_ID_LEN`] bytes. Whitespace around the object (including a trailing
@@ -65,6 +66,12 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
         return Err(FrameError::TooLarge { max: MAX_LINE });
     }
     let text = std::str::from_utf8(bytes).map_err(|_| bad("invalid UTF-8", None))?;
+    if text.starts_with('\u{feff}') {
+        return Err(bad(
+            "line starts with a byte order mark (U+FEFF): send UTF-8 without a BOM",
+            None,
+        ));
+    }
     let value = strict_from_str(text).map_err(|e| {
         let id = readable_id(text);
         bad(format!("invalid JSON: {e}"), id.as_deref())
@@ -383,7 +390,8 @@ pub enum EncodeError {
 
 impl Line {
     /// Exact encoding without the `\n`: compact JSON, `t,id,ts,th,re` first, no HTML
-    /// escaping. `Unknown` encodes as `{"t":…,"id":…}`.
+    /// escaping, U+2028/U+2029 escaped (see [`super::separators`]). `Unknown` encodes as
+    /// `{"t":…,"id":…}`.
     ///
     /// Integers beyond ±(2^53−1) (which no valid line carries: sizes, counters and
     /// milliseconds stay far below) are clamped to the bound so that the wire rule holds;
@@ -391,7 +399,7 @@ impl Line {
     pub fn encode(&self) -> Vec<u8> {
         let mut v = self.to_value();
         clamp_integers(&mut v);
-        serde_json::to_vec(&v).expect("a Value always serialises")
+        super::escape_separators(serde_json::to_vec(&v).expect("a Value always serialises"))
     }
 
     /// Like [`Line::encode`], but errors with [`EncodeError::UnsafeInteger`] when an integer
@@ -401,7 +409,9 @@ impl Line {
         if let Some(n) = find_unsafe_integer(&v) {
             return Err(EncodeError::UnsafeInteger(n));
         }
-        Ok(serde_json::to_vec(&v).expect("a Value always serialises"))
+        Ok(super::escape_separators(
+            serde_json::to_vec(&v).expect("a Value always serialises"),
+        ))
     }
 
     /// This line as a JSON object with `t` first, then the struct's fields in declaration
