@@ -89,6 +89,11 @@ pub struct Layer {
     pub artifactr: Option<String>,
     /// Allow a non-loopback `artifactr` address.
     pub artifactr_public: Option<bool>,
+    /// Relays to keep a standing connection to, each a pinned `tls:` address
+    /// (spec/relay-circuits.md; `--via`, `AWP_VIA`).
+    pub via: Option<Vec<String>>,
+    /// Circuit policy when this node runs as a relay (the `[relay]` table).
+    pub relay: Option<crate::net::circuit::Policy>,
 }
 
 impl Layer {
@@ -161,6 +166,8 @@ impl Layer {
                     })
                 })
                 .transpose()?,
+            via: list("AWP_VIA"),
+            relay: None,
         })
     }
 
@@ -179,6 +186,8 @@ impl Layer {
             outbox_quota_lines: over.outbox_quota_lines.or(self.outbox_quota_lines),
             artifactr: over.artifactr.or(self.artifactr),
             artifactr_public: over.artifactr_public.or(self.artifactr_public),
+            via: over.via.or(self.via),
+            relay: over.relay.or(self.relay),
         }
     }
 }
@@ -212,6 +221,21 @@ pub fn artifactr_addr(v: &str, public: bool) -> Result<std::net::SocketAddr, Con
     Ok(a)
 }
 
+/// A `via` relay: a `tls:` address pinned to the relay's key (spec/relay-circuits.md).
+pub fn via_addr(v: &str) -> Result<Address, ConfigError> {
+    match v.trim().parse::<Address>() {
+        Ok(a @ Address::Tls { pin: Some(_), .. }) => Ok(a),
+        Ok(_) => Err(ConfigError::Value {
+            key: "via",
+            detail: format!("{v:?}: a relay is a pinned tls: address (tls:HOST:PORT#ed25519:KEY)"),
+        }),
+        Err(e) => Err(ConfigError::Value {
+            key: "via",
+            detail: e.to_string(),
+        }),
+    }
+}
+
 /// Effective settings, parsed.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
@@ -229,6 +253,10 @@ pub struct Settings {
     pub outbox_quota_lines: u64,
     /// The local artifactr.v1 endpoint (off when `None`), checked by [`artifactr_addr`].
     pub artifactr: Option<std::net::SocketAddr>,
+    /// Relays to keep a standing connection to (pinned `tls:` addresses).
+    pub via: Vec<Address>,
+    /// Circuit policy when running as a relay.
+    pub relay: crate::net::circuit::Policy,
 }
 
 fn keys(key: &'static str, v: Option<Vec<String>>) -> Result<Vec<PeerKey>, ConfigError> {
@@ -273,6 +301,20 @@ impl Settings {
                 .as_deref()
                 .map(|a| artifactr_addr(a, l.artifactr_public.unwrap_or(false)))
                 .transpose()?,
+            via: l
+                .via
+                .unwrap_or_default()
+                .iter()
+                .map(|a| via_addr(a))
+                .collect::<Result<_, _>>()?,
+            relay: {
+                let p = l.relay.unwrap_or_default();
+                p.allowed_keys().map_err(|detail| ConfigError::Value {
+                    key: "relay.allow",
+                    detail,
+                })?;
+                p
+            },
         })
     }
 

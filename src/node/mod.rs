@@ -15,6 +15,7 @@
 
 mod artifacts;
 mod blobs;
+mod circuits;
 mod conn;
 mod dialer;
 pub(crate) mod grants;
@@ -113,6 +114,11 @@ pub struct NodeConfig {
     pub artifactr: Option<String>,
     /// Allow a non-loopback `artifactr` address (`--artifactr-public`).
     pub artifactr_public: bool,
+    /// Relays to keep a standing connection to (`--via`, pinned `tls:` addresses; over
+    /// config.toml `via` and `AWP_VIA`). See spec/relay-circuits.md.
+    pub via: Vec<Address>,
+    /// Circuit policy in relay mode (over config.toml `[relay]`).
+    pub circuit_policy: Option<net::circuit::Policy>,
 }
 
 /// Why the node could not start.
@@ -182,6 +188,8 @@ pub(crate) struct Inner {
     pub artifacts: Arc<artifacts::Artifacts>,
     /// The bound address of the local artifactr.v1 endpoint, when it is on.
     pub artifactr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Relay circuits: the relay side (relay mode) and our standing connections.
+    pub circuits: circuits::Circuits,
 }
 
 /// A started node.
@@ -248,6 +256,9 @@ impl NodeHandle {
             outbox_quota_bytes: config.outbox_quota_bytes,
             artifactr: config.artifactr.clone(),
             artifactr_public: config.artifactr_public.then_some(true),
+            via: (!config.via.is_empty())
+                .then(|| config.via.iter().map(|a| a.to_string()).collect()),
+            relay: config.circuit_policy.clone(),
             ..Default::default()
         };
         let settings = crate::config::Settings::load(&home, flags).map_err(other("config"))?;
@@ -265,6 +276,8 @@ impl NodeHandle {
             .max(1);
         let presence =
             presence::PresenceState::new(identity.key(), settings.presence, config.presence_timing);
+        let circuits = circuits::Circuits::new(config.relay, &tls, settings.relay.clone())
+            .map_err(other("relay policy"))?;
         let inner = Arc::new(Inner {
             home: home.clone(),
             identity,
@@ -298,6 +311,7 @@ impl NodeHandle {
             grant_cache: Mutex::new(crate::grant::VerifyCache::default()),
             artifacts: artifacts::Artifacts::new(),
             artifactr: std::sync::OnceLock::new(),
+            circuits,
         });
         inner.artifacts.install(&inner);
         // Finish moving blobs that a crash left between "complete" and their final path.
@@ -341,6 +355,7 @@ impl NodeHandle {
         for l in &listeners {
             addrs.extend(net::dialable_addresses(&l.local_address(), &key));
         }
+        addrs.extend(circuits::addresses(&inner));
         *inner.addresses.lock().unwrap_or_else(|p| p.into_inner()) = addrs.clone();
         for l in listeners {
             let inner2 = inner.clone();
@@ -369,6 +384,7 @@ impl NodeHandle {
         // Housekeeping: retention, and redial peers with queued lines or open threads.
         inner.tasks.spawn(housekeeping(inner.clone()));
         inner.tasks.spawn(presence::run(inner.clone()));
+        circuits::start(&inner);
         for peer in dialer::wanted_peers(&inner) {
             dialer::ensure(&inner, peer);
         }
@@ -597,8 +613,14 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
                     let hs_slot = Arc::new(hs_slot);
                     let remote = inc.remote();
                     let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
-                    let conn = match tokio::time::timeout_at(deadline, inc.handshake()).await {
-                        Ok(Ok(c)) => c,
+                    let routed = tokio::time::timeout_at(deadline, circuits::accept(&inner2, inc));
+                    let conn = match routed.await {
+                        Ok(Ok(net::circuit::Routed::Awp(c))) => c,
+                        Ok(Ok(net::circuit::Routed::Circuit(io, key, remote))) => {
+                            drop(hs_slot);
+                            circuits::serve(&inner2, io, key, remote).await;
+                            return;
+                        }
                         Ok(Err(e)) => {
                             tracing::info!(%remote, "inbound transport handshake failed: {e}");
                             return;

@@ -550,5 +550,7 @@ pub(crate) fn status(inner: &Inner) -> Value {
         "expired": counters.expired,
         "published": p.published.load(Ordering::Relaxed),
         "own_seq": own_seq,
+        "circuits": inner.circuits.status()["circuits"],
+        "via": inner.circuits.status()["via"],
     })
 }
