@@ -231,7 +231,12 @@ fn circuit_lines(body: &serde_json::Map<String, Value>) -> Vec<String> {
             ));
         }
     }
-    for v in body.get("via").and_then(Value::as_array).into_iter().flatten() {
+    for v in body
+        .get("via")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let up = v.get("up").and_then(Value::as_bool) == Some(true);
         lines.push(format!(
             "via:         {} {}{}",

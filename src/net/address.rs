@@ -154,7 +154,10 @@ impl std::str::FromStr for Address {
                         peer,
                     })
                 }
-                Ok(_) => Err(malformed(s, "the relay address needs its key (#ed25519:KEY)")),
+                Ok(_) => Err(malformed(
+                    s,
+                    "the relay address needs its key (#ed25519:KEY)",
+                )),
                 Err(AddressError::Malformed(_, why)) => Err(malformed(s, why)),
                 Err(e) => Err(malformed(s, e.to_string())),
             }

@@ -150,7 +150,10 @@ pub fn request_line(
     }
     let bytes = crate::canonical::signing_bytes(&obj)
         .map_err(|e| NetError::Tls(format!("signing a circuit request: {e}")))?;
-    obj.insert("sig".into(), json!(wire::b64::encode_url(&tls.sign(&bytes)?)));
+    obj.insert(
+        "sig".into(),
+        json!(wire::b64::encode_url(&tls.sign(&bytes)?)),
+    );
     let mut line = serde_json::to_vec(&Value::Object(obj))
         .map_err(|e| NetError::Tls(format!("encoding a circuit request: {e}")))?;
     line.push(b'\n');
@@ -570,7 +573,12 @@ pub async fn join(
         )));
     }
     Ok((
-        into_conn(stream, Some(key), Transport::Tls, format!("circuit via {remote}")),
+        into_conn(
+            stream,
+            Some(key),
+            Transport::Tls,
+            format!("circuit via {remote}"),
+        ),
         seen,
     ))
 }
@@ -865,11 +873,17 @@ impl RelayCircuits {
             return Ok(Routed::Circuit(Box::new(stream), key, remote));
         }
         let key = tls_peer_key(state)?;
-        Ok(into_conn(stream, Some(key), Transport::Tls, remote)).map(Routed::Awp)
+        Ok(Routed::Awp(into_conn(stream, Some(key), Transport::Tls, remote)))
     }
 
     /// Serve one circuit connection (from [`RelayCircuits::accept`]) to its end.
-    pub async fn serve(&self, mut stream: BoxIo, key: PeerKey, remote: String, stop: CancellationToken) {
+    pub async fn serve(
+        &self,
+        mut stream: BoxIo,
+        key: PeerKey,
+        remote: String,
+        stop: CancellationToken,
+    ) {
         let line = match tokio::time::timeout(LINE_TIMEOUT, read_control_line(&mut stream)).await {
             Ok(Ok(Some(l))) => l,
             _ => return,
@@ -877,17 +891,24 @@ impl RelayCircuits {
         let req = match parse_request(&line, &self.key, wire::time::now_ms()) {
             Ok(r) if r.key == key => r,
             Ok(_) => {
-                self.refuse(&mut stream, "auth", "request key is not the certificate key").await;
+                self.refuse(
+                    &mut stream,
+                    "auth",
+                    "request key is not the certificate key",
+                )
+                .await;
                 return;
             }
             Err(e) => {
                 tracing::info!(%remote, peer = %key, "circuit request refused: {e}");
-                self.refuse(&mut stream, "bad_request", &e.to_string()).await;
+                self.refuse(&mut stream, "bad_request", &e.to_string())
+                    .await;
                 return;
             }
         };
         if !self.allowed(&key) {
-            self.refuse(&mut stream, "forbidden", "key not allowed on this relay").await;
+            self.refuse(&mut stream, "forbidden", "key not allowed on this relay")
+                .await;
             return;
         }
         match req.kind.clone() {
@@ -905,7 +926,10 @@ impl RelayCircuits {
                     Some(p) => {
                         let _ = p.join.send((stream, remote));
                     }
-                    None => self.refuse(&mut stream, "not_here", "no such circuit").await,
+                    None => {
+                        self.refuse(&mut stream, "not_here", "no such circuit")
+                            .await
+                    }
                 }
             }
         }
@@ -913,11 +937,21 @@ impl RelayCircuits {
 
     async fn refuse(&self, stream: &mut BoxIo, code: &str, detail: &str) {
         self.refused.fetch_add(1, Ordering::Relaxed);
-        let _ = write_line(stream, &json!({"t":"circuit_err","code":code,"detail":detail})).await;
+        let _ = write_line(
+            stream,
+            &json!({"t":"circuit_err","code":code,"detail":detail}),
+        )
+        .await;
         let _ = stream.shutdown().await;
     }
 
-    async fn standing(&self, mut stream: BoxIo, key: PeerKey, remote: String, stop: CancellationToken) {
+    async fn standing(
+        &self,
+        mut stream: BoxIo,
+        key: PeerKey,
+        remote: String,
+        stop: CancellationToken,
+    ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, mut rx) = mpsc::channel::<Value>(OFFER_QUEUE);
         // A new standing connection of the same key replaces the old one (its sender is
@@ -936,7 +970,9 @@ impl RelayCircuits {
                 // Only pongs are expected; anything else is read and dropped.
                 loop {
                     match read_control_line(&mut r).await {
-                        Ok(Some(_)) => heard.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed),
+                        Ok(Some(_)) => {
+                            heard.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed)
+                        }
                         _ => return,
                     }
                 }
@@ -970,14 +1006,23 @@ impl RelayCircuits {
         tracing::info!(peer = %key, "circuit listener down");
     }
 
-    async fn connect(&self, mut stream: BoxIo, req: Request, to: PeerKey, remote: String, stop: CancellationToken) {
+    async fn connect(
+        &self,
+        mut stream: BoxIo,
+        req: Request,
+        to: PeerKey,
+        remote: String,
+        stop: CancellationToken,
+    ) {
         let from = req.key;
         if to == from {
-            self.refuse(&mut stream, "bad_request", "a circuit to oneself").await;
+            self.refuse(&mut stream, "bad_request", "a circuit to oneself")
+                .await;
             return;
         }
         if !self.allowed(&to) {
-            self.refuse(&mut stream, "forbidden", "target not allowed on this relay").await;
+            self.refuse(&mut stream, "forbidden", "target not allowed on this relay")
+                .await;
             return;
         }
         let circuit = random_token();
@@ -1028,13 +1073,15 @@ impl RelayCircuits {
             "observed": remote,
         });
         if offers.try_send(offer).is_err() {
-            self.refuse(&mut stream, "busy", "the target's offer queue is full").await;
+            self.refuse(&mut stream, "busy", "the target's offer queue is full")
+                .await;
             return;
         }
         let (mut target, target_remote) = match tokio::time::timeout(JOIN_TIMEOUT, join_rx).await {
             Ok(Ok(j)) => j,
             _ => {
-                self.refuse(&mut stream, "timeout", "the target did not join").await;
+                self.refuse(&mut stream, "timeout", "the target did not join")
+                    .await;
                 return;
             }
         };

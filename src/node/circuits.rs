@@ -125,11 +125,7 @@ async fn standing(inner: Arc<Inner>, via: Address) {
             }
             Err(e) => tracing::info!(relay = %via, "standing connection to the relay failed: {e}"),
         }
-        set_via(
-            &inner,
-            &via,
-            json!({"relay": via.to_string(), "up": false}),
-        );
+        set_via(&inner, &via, json!({"relay": via.to_string(), "up": false}));
         tokio::select! {
             _ = inner.shutdown.cancelled() => return,
             _ = tokio::time::sleep(jittered(backoff)) => {}
@@ -165,7 +161,12 @@ pub(super) async fn accept(inner: &Inner, inc: net::Incoming) -> Result<Routed, 
 }
 
 /// Serve a circuit connection accepted by this relay.
-pub(super) async fn serve(inner: &Inner, io: circuit::BoxIo, key: crate::wire::PeerKey, remote: String) {
+pub(super) async fn serve(
+    inner: &Inner,
+    io: circuit::BoxIo,
+    key: crate::wire::PeerKey,
+    remote: String,
+) {
     if let Some(r) = &inner.circuits.relay {
         r.serve(io, key, remote, inner.shutdown.clone()).await;
     }
