@@ -356,3 +356,95 @@ async fn a_sigkilled_relay_loses_no_message() {
     relay.kill().unwrap();
     relay.wait().unwrap();
 }
+
+/// The relay's policy: only allowed keys (both ends), at most N circuits per key, idle
+/// circuits closed; `relay status` counts refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_policy_limits_who_and_how_many() {
+    let alice_home = TempDir::new().unwrap();
+    let dave_home = TempDir::new().unwrap();
+    let bob_home = TempDir::new().unwrap();
+    // Keys are made on first start: make them now to write the allowlist.
+    let key_of = |home: &TempDir| {
+        awp_node::identity::Identity::load_or_create(home.path())
+            .unwrap()
+            .key()
+            .to_string()
+    };
+    let allow = vec![key_of(&alice_home), key_of(&dave_home), key_of(&bob_home)];
+    let relay = start("relay@test", |c| {
+        c.relay = true;
+        c.circuit_policy = Some(circuit::Policy {
+            allow,
+            max_circuits_per_key: 1,
+            circuit_idle_secs: 1,
+            ..Default::default()
+        });
+    })
+    .await;
+    let via: Address = relay.address().parse().unwrap();
+    let start_in = |home: TempDir, name: &'static str, via: Vec<Address>| async move {
+        let handle = NodeHandle::start(NodeConfig {
+            home: home.path().to_path_buf(),
+            listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+            name: Some(name.into()),
+            dial_timing: fast_dials(),
+            via,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        TestNode { home, handle }
+    };
+    let bob = start_in(bob_home, "bob@test", vec![via.clone()]).await;
+    let alice = start_in(alice_home, "alice@test", vec![]).await;
+    let dave = start_in(dave_home, "dave@test", vec![]).await;
+    let carol = start("carol@test", |_| {}).await;
+    via_up(&bob).await;
+    let dial = |n: &TestNode| {
+        let home = n.path();
+        let address = circuit_address(&bob);
+        async move {
+            ctl(
+                &home,
+                Request::Connect {
+                    address,
+                    timeout_ms: Some(10_000),
+                },
+            )
+            .await
+        }
+    };
+    // Carol is not on the allowlist.
+    let r = dial(&carol).await;
+    assert!(!r.ok);
+    let err = r.error.unwrap().message;
+    assert!(err.contains("forbidden"), "{err}");
+    // Alice is; her circuit is Bob's one circuit.
+    let r = dial(&alice).await;
+    assert!(r.ok, "{:?}", r.error);
+    // Dave is allowed too, but Bob is at his limit of one circuit.
+    let r = dial(&dave).await;
+    assert!(!r.ok);
+    let err = r.error.unwrap().message;
+    assert!(err.contains("busy"), "{err}");
+    let s = relay_status(relay.home.path()).await;
+    assert_eq!(s["circuits"]["refused"], 2, "{s}");
+    assert_eq!(
+        s["circuits"]["circuits"].as_array().unwrap().len(),
+        1,
+        "{s}"
+    );
+    // Nothing moves on Alice's circuit: after a second of silence the relay closes it.
+    eventually(10, || async {
+        let s = relay_status(relay.home.path()).await;
+        s["circuits"]["circuits"]
+            .as_array()
+            .is_some_and(|c| c.is_empty())
+            .then_some(())
+    })
+    .await;
+    // Its slot is free again: Dave gets through now.
+    let r = dial(&dave).await;
+    assert!(r.ok, "{:?}", r.error);
+}

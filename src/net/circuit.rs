@@ -873,7 +873,12 @@ impl RelayCircuits {
             return Ok(Routed::Circuit(Box::new(stream), key, remote));
         }
         let key = tls_peer_key(state)?;
-        Ok(Routed::Awp(into_conn(stream, Some(key), Transport::Tls, remote)))
+        Ok(Routed::Awp(into_conn(
+            stream,
+            Some(key),
+            Transport::Tls,
+            remote,
+        )))
     }
 
     /// Serve one circuit connection (from [`RelayCircuits::accept`]) to its end.
@@ -1149,5 +1154,338 @@ impl RelayCircuits {
             "refused": self.refused.load(Ordering::Relaxed),
             "bytes": self.bytes.load(Ordering::Relaxed) + live_bytes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Identity;
+
+    fn tls(seed: u8) -> TlsConfig {
+        TlsConfig::new(&Identity::from_seed(&[seed; 32])).unwrap()
+    }
+
+    const NOW: u64 = 1_800_000_000_000;
+
+    /// A signed request object from `who` to relay `relay`, with `edit` applied before
+    /// signing.
+    fn signed(
+        who: &TlsConfig,
+        relay: PeerKey,
+        kind: &Kind,
+        edit: impl FnOnce(&mut Map<String, Value>),
+    ) -> Vec<u8> {
+        let line = request_line(who, relay, kind, NOW).unwrap();
+        let mut obj = parse_object(&line[..line.len() - 1]).unwrap();
+        obj.remove("sig");
+        edit(&mut obj);
+        let bytes = crate::canonical::signing_bytes(&obj).unwrap();
+        obj.insert(
+            "sig".into(),
+            json!(wire::b64::encode_url(&who.sign(&bytes).unwrap())),
+        );
+        serde_json::to_vec(&Value::Object(obj)).unwrap()
+    }
+
+    #[test]
+    fn a_request_line_round_trips() {
+        let (a, r, b) = (tls(1), tls(2), tls(3));
+        for kind in [
+            Kind::Listen,
+            Kind::Connect { to: b.key() },
+            Kind::Join {
+                circuit: "abc_-1".into(),
+            },
+        ] {
+            let line = request_line(&a, r.key(), &kind, NOW).unwrap();
+            assert_eq!(line.last(), Some(&b'\n'));
+            let req = parse_request(&line[..line.len() - 1], &r.key(), NOW + 1000).unwrap();
+            assert_eq!(req.key, a.key());
+            assert_eq!(req.kind, kind);
+        }
+    }
+
+    #[test]
+    fn each_bad_request_is_refused() {
+        let (a, r, b) = (tls(1), tls(2), tls(3));
+        let relay = r.key();
+        let connect = Kind::Connect { to: b.key() };
+        let m = |s: &str| {
+            matches!(
+                parse_request(s.as_bytes(), &relay, NOW),
+                Err(RequestError::Malformed(_))
+            )
+        };
+        // Not JSON, not an object, not UTF-8, too long, duplicate keys.
+        assert!(m("not json"));
+        assert!(m("[1]"));
+        assert!(matches!(
+            parse_request(b"{\"t\":\"\xff\"}", &relay, NOW),
+            Err(RequestError::Malformed(_))
+        ));
+        let long = format!("{{\"t\":\"{}\"}}", "x".repeat(MAX_CONTROL_LINE));
+        assert!(m(&long));
+        assert!(m(r#"{"t":"circuit_listen","t":"circuit_listen"}"#));
+        // Unknown type, missing fields, wrong types.
+        let cases: Vec<(&str, Box<dyn Fn(&mut Map<String, Value>)>)> = vec![
+            (
+                "unknown t",
+                Box::new(|o| {
+                    o.insert("t".into(), json!("circuit_teleport"));
+                }),
+            ),
+            (
+                "no key",
+                Box::new(|o| {
+                    o.remove("key");
+                }),
+            ),
+            (
+                "bad key",
+                Box::new(|o| {
+                    o.insert("key".into(), json!("ed25519:AAAA"));
+                }),
+            ),
+            (
+                "no relay",
+                Box::new(|o| {
+                    o.remove("relay");
+                }),
+            ),
+            (
+                "no ts",
+                Box::new(|o| {
+                    o.remove("ts");
+                }),
+            ),
+            (
+                "string ts",
+                Box::new(|o| {
+                    o.insert("ts".into(), json!("1"));
+                }),
+            ),
+            (
+                "negative ts",
+                Box::new(|o| {
+                    o.insert("ts".into(), json!(-1));
+                }),
+            ),
+            (
+                "no nonce",
+                Box::new(|o| {
+                    o.remove("nonce");
+                }),
+            ),
+            (
+                "bad nonce",
+                Box::new(|o| {
+                    o.insert("nonce".into(), json!("a b"));
+                }),
+            ),
+            (
+                "long nonce",
+                Box::new(|o| {
+                    o.insert("nonce".into(), json!("a".repeat(65)));
+                }),
+            ),
+            (
+                "no to",
+                Box::new(|o| {
+                    o.remove("to");
+                }),
+            ),
+            (
+                "bad to",
+                Box::new(|o| {
+                    o.insert("to".into(), json!(7));
+                }),
+            ),
+        ];
+        for (what, edit) in cases {
+            let line = signed(&a, relay, &connect, edit);
+            assert!(
+                matches!(
+                    parse_request(&line, &relay, NOW),
+                    Err(RequestError::Malformed(_))
+                ),
+                "{what}"
+            );
+        }
+        let join = Kind::Join {
+            circuit: "c".into(),
+        };
+        for bad in [json!(""), json!("a/b"), json!("a".repeat(65)), json!(1)] {
+            let line = signed(&a, relay, &join, |o| {
+                o.insert("circuit".into(), bad.clone());
+            });
+            assert!(
+                matches!(
+                    parse_request(&line, &relay, NOW),
+                    Err(RequestError::Malformed(_))
+                ),
+                "{bad}"
+            );
+        }
+        // Another relay.
+        let line = request_line(&a, b.key(), &connect, NOW).unwrap();
+        assert_eq!(
+            parse_request(&line[..line.len() - 1], &relay, NOW).unwrap_err(),
+            RequestError::WrongRelay
+        );
+        // Clock: 5 minutes either way is fine, beyond is not.
+        let line = request_line(&a, relay, &connect, NOW).unwrap();
+        let line = &line[..line.len() - 1];
+        assert!(parse_request(line, &relay, NOW + MAX_SKEW_MS).is_ok());
+        assert!(parse_request(line, &relay, NOW - MAX_SKEW_MS).is_ok());
+        assert_eq!(
+            parse_request(line, &relay, NOW + MAX_SKEW_MS + 1).unwrap_err(),
+            RequestError::Clock
+        );
+        assert_eq!(
+            parse_request(line, &relay, NOW - MAX_SKEW_MS - 1).unwrap_err(),
+            RequestError::Clock
+        );
+        // Signature: altered after signing, signed by another key, or missing.
+        let mut obj = parse_object(line).unwrap();
+        obj.insert("to".into(), json!(a.key().to_string()));
+        assert_eq!(
+            verify_request(obj, &relay, NOW).unwrap_err(),
+            RequestError::BadSignature
+        );
+        let forged = signed(&b, relay, &connect, |o| {
+            o.insert("key".into(), json!(a.key().to_string()));
+        });
+        assert_eq!(
+            parse_request(&forged, &relay, NOW).unwrap_err(),
+            RequestError::BadSignature
+        );
+        let mut obj = parse_object(line).unwrap();
+        obj.remove("sig");
+        assert_eq!(
+            verify_request(obj, &relay, NOW).unwrap_err(),
+            RequestError::BadSignature
+        );
+    }
+
+    #[test]
+    fn an_offer_must_carry_a_request_to_us_through_this_relay() {
+        let (a, r, b, c) = (tls(1), tls(2), tls(3), tls(4));
+        let req = |to: PeerKey, relay: PeerKey| {
+            let l = request_line(&a, relay, &Kind::Connect { to }, NOW).unwrap();
+            parse_object(&l[..l.len() - 1]).unwrap()
+        };
+        let offer = |circuit: Value, req: Value| match json!({"t":"circuit_offer","circuit":circuit,"req":req,"observed":"192.0.2.1:4000"})
+        {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        let ok = verify_offer(
+            &offer(json!("c1"), Value::Object(req(b.key(), r.key()))),
+            &b.key(),
+            &r.key(),
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(ok.from, a.key());
+        assert_eq!(ok.circuit, "c1");
+        assert_eq!(ok.observed, Some("192.0.2.1:4000".parse().unwrap()));
+        // A request for someone else, through another relay, of another kind, none, bad id.
+        assert!(verify_offer(
+            &offer(json!("c1"), Value::Object(req(c.key(), r.key()))),
+            &b.key(),
+            &r.key(),
+            NOW
+        )
+        .is_err());
+        assert_eq!(
+            verify_offer(
+                &offer(json!("c1"), Value::Object(req(b.key(), c.key()))),
+                &b.key(),
+                &r.key(),
+                NOW
+            )
+            .unwrap_err(),
+            RequestError::WrongRelay
+        );
+        let l = request_line(&a, r.key(), &Kind::Listen, NOW).unwrap();
+        let listen = parse_object(&l[..l.len() - 1]).unwrap();
+        assert!(verify_offer(
+            &offer(json!("c1"), Value::Object(listen)),
+            &b.key(),
+            &r.key(),
+            NOW
+        )
+        .is_err());
+        assert!(verify_offer(&offer(json!("c1"), json!(null)), &b.key(), &r.key(), NOW).is_err());
+        assert!(verify_offer(
+            &offer(json!("c/1"), Value::Object(req(b.key(), r.key()))),
+            &b.key(),
+            &r.key(),
+            NOW
+        )
+        .is_err());
+    }
+
+    #[tokio::test]
+    async fn control_lines_are_capped_and_leave_what_follows_unread() {
+        let mut input: &[u8] = b"{\"t\":\"x\"}\nRAW";
+        assert_eq!(
+            read_control_line(&mut input).await.unwrap().unwrap(),
+            b"{\"t\":\"x\"}"
+        );
+        assert_eq!(input, b"RAW");
+        let long = vec![b'a'; MAX_CONTROL_LINE + 1];
+        let mut r: &[u8] = &long;
+        assert_eq!(
+            read_control_line(&mut r).await.unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
+        let mut r: &[u8] = b"";
+        assert!(read_control_line(&mut r).await.unwrap().is_none());
+        let mut r: &[u8] = b"partial";
+        assert!(read_control_line(&mut r).await.is_err());
+    }
+
+    #[test]
+    fn the_bucket_holds_a_circuit_to_its_rate() {
+        let t0 = Instant::now();
+        let mut unlimited = Bucket::new(0, t0);
+        assert_eq!(unlimited.take(usize::MAX / 2, t0), None);
+        // 1 MiB/s: the 256 KiB burst passes at once, then each 16 KiB waits 1/64 s.
+        let rate = 1024 * 1024;
+        let mut b = Bucket::new(rate, t0);
+        let mut waited = Duration::ZERO;
+        let mut sent = 0u64;
+        while sent < 4 * rate {
+            if let Some(w) = b.take(SPLICE_BUF, t0 + waited) {
+                waited += w;
+            }
+            sent += SPLICE_BUF as u64;
+        }
+        // 4 MiB at 1 MiB/s with a 256 KiB head start: 3.75 s of waiting.
+        let want = 3.75;
+        assert!((waited.as_secs_f64() - want).abs() < 0.02, "{waited:?}");
+    }
+
+    #[test]
+    fn policy_defaults_and_allowlist() {
+        let p = Policy::default();
+        assert_eq!(
+            (
+                p.max_circuits_per_key,
+                p.max_circuits,
+                p.circuit_rate,
+                p.circuit_idle_secs
+            ),
+            (16, 1024, 0, 300)
+        );
+        let k = tls(1).key();
+        let p: Policy = toml::from_str(&format!("allow = [\"{k}\"]\nmax_circuits = 2")).unwrap();
+        assert_eq!(p.allowed_keys().unwrap(), vec![k]);
+        assert_eq!(p.max_circuits, 2);
+        let bad: Policy = toml::from_str("allow = [\"nope\"]").unwrap();
+        assert!(bad.allowed_keys().is_err());
+        assert!(toml::from_str::<Policy>("max_circuitz = 1").is_err());
     }
 }
