@@ -1168,6 +1168,8 @@ mod tests {
 
     const NOW: u64 = 1_800_000_000_000;
 
+    type Edit = Box<dyn Fn(&mut Map<String, Value>)>;
+
     /// A signed request object from `who` to relay `relay`, with `edit` applied before
     /// signing.
     fn signed(
@@ -1228,7 +1230,7 @@ mod tests {
         assert!(m(&long));
         assert!(m(r#"{"t":"circuit_listen","t":"circuit_listen"}"#));
         // Unknown type, missing fields, wrong types.
-        let cases: Vec<(&str, Box<dyn Fn(&mut Map<String, Value>)>)> = vec![
+        let cases: Vec<(&str, Edit)> = vec![
             (
                 "unknown t",
                 Box::new(|o| {
