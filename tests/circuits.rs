@@ -33,6 +33,8 @@ async fn start(name: &str, f: impl FnOnce(&mut NodeConfig)) -> TestNode {
         listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
         name: Some(name.to_string()),
         dial_timing: fast_dials(),
+        // These tests are about the circuit itself; the upgrade has its own test.
+        no_direct_upgrade: true,
         ..Default::default()
     };
     f(&mut cfg);
@@ -390,6 +392,7 @@ async fn the_relay_policy_limits_who_and_how_many() {
             name: Some(name.into()),
             dial_timing: fast_dials(),
             via,
+            no_direct_upgrade: true,
             ..Default::default()
         })
         .await
@@ -447,4 +450,79 @@ async fn the_relay_policy_limits_who_and_how_many() {
     // Its slot is free again: Dave gets through now.
     let r = dial(&dave).await;
     assert!(r.ok, "{:?}", r.error);
+}
+
+/// Over an established circuit both ends learn each other's address from the relay and
+/// connect directly; the session moves to the direct connection (nothing lost) and the
+/// circuit closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_circuit_is_upgraded_to_a_direct_connection() {
+    let relay = start("relay@test", |c| c.relay = true).await;
+    let via: Address = relay.address().parse().unwrap();
+    let bob = start("bob@test", |c| {
+        c.via = vec![via.clone()];
+        c.no_direct_upgrade = false;
+    })
+    .await;
+    let alice = start("alice@test", |c| c.no_direct_upgrade = false).await;
+    via_up(&bob).await;
+    let mut events = alice.handle.subscribe();
+    let r = alice
+        .ctl(Request::Connect {
+            address: circuit_address(&bob),
+            timeout_ms: Some(10_000),
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    let first = alice.send(Some(&bob.key()), None, "m0").await;
+    let th = first["th"].as_str().unwrap().to_string();
+    // The upgrade is announced.
+    let ev = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let ev = events.recv().await.unwrap();
+            if ev.get("event").and_then(Value::as_str) == Some("upgrade") {
+                return ev;
+            }
+        }
+    })
+    .await
+    .expect("an upgrade event");
+    assert_eq!(ev["ok"], true, "{ev:?}");
+    for i in 1..10 {
+        alice.send(None, Some(&th), &format!("m{i}")).await;
+    }
+    eventually(20, || async {
+        (inbound_texts(&bob).await.len() == 10).then_some(())
+    })
+    .await;
+    let texts = inbound_texts(&bob).await;
+    let want: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+    assert_eq!(texts, want);
+    // Alice's connection to Bob is direct now, and the relay carries no circuit.
+    eventually(10, || async {
+        let r = alice.ctl(Request::Status).await;
+        let conns = r.body["connections"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        conns
+            .iter()
+            .any(|c| {
+                c["peer"].as_str() == Some(bob.key().as_str())
+                    && !c["remote"]
+                        .as_str()
+                        .unwrap_or("")
+                        .starts_with("circuit via")
+            })
+            .then_some(())
+    })
+    .await;
+    eventually(10, || async {
+        let s = relay_status(relay.home.path()).await;
+        s["circuits"]["circuits"]
+            .as_array()
+            .is_some_and(|c| c.is_empty())
+            .then_some(())
+    })
+    .await;
 }

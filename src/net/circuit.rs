@@ -22,6 +22,7 @@ use super::{Incoming, NetError, TlsConfig, Transport, TLS_HANDSHAKE_TIMEOUT};
 use crate::wire::{self, PeerKey};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -318,11 +319,64 @@ async fn dial_outer(
     relay: PeerKey,
     tls: &TlsConfig,
 ) -> Result<(BoxIo, String), NetError> {
+    dial_outer_local(host, port, relay, tls)
+        .await
+        .map(|(s, r, _)| (s, r))
+}
+
+/// A TCP socket with SO_REUSEADDR and SO_REUSEPORT, bound to `local` (port 0: any), so
+/// that the direct upgrade can dial and listen from the port the relay observed.
+fn reuse_socket(local: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
+    let s = if local.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    s.set_reuseaddr(true)?;
+    s.set_reuseport(true)?;
+    s.bind(local)?;
+    Ok(s)
+}
+
+/// Connect from a reusable port (see [`reuse_socket`]) within [`super::CONNECT_TIMEOUT`].
+async fn connect_reusable(addrs: &[SocketAddr]) -> Result<tokio::net::TcpStream, NetError> {
+    let mut last = None;
+    for a in addrs {
+        let any: SocketAddr = if a.is_ipv4() {
+            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let sock = reuse_socket(any)?;
+        match tokio::time::timeout(super::CONNECT_TIMEOUT, sock.connect(*a)).await {
+            Ok(Ok(s)) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => return Err(timed_out("connecting to the relay")),
+        }
+    }
+    // Fall back to an ordinary connect (e.g. where SO_REUSEPORT is refused).
+    match last {
+        Some(_) => connect_tcp(addrs).await,
+        None => Err(std::io::Error::other("no addresses to connect to").into()),
+    }
+}
+
+/// [`dial_outer`], also returning the local address of the TCP connection.
+async fn dial_outer_local(
+    host: &str,
+    port: u16,
+    relay: PeerKey,
+    tls: &TlsConfig,
+) -> Result<(BoxIo, String, SocketAddr), NetError> {
     let mut config = (*tls.client_config(Some(relay))?).clone();
     config.alpn_protocols = vec![ALPN.to_vec()];
     let addrs = resolve(host, port).await?;
-    let tcp = connect_tcp(&addrs).await?;
+    let tcp = connect_reusable(&addrs).await?;
     let remote = tcp.peer_addr()?.to_string();
+    let local = tcp.local_addr()?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let stream = tokio::time::timeout(
         TLS_HANDSHAKE_TIMEOUT,
@@ -337,7 +391,7 @@ async fn dial_outer(
             String::from_utf8_lossy(ALPN)
         )));
     }
-    Ok((Box::new(stream), remote))
+    Ok((Box::new(stream), remote, local))
 }
 
 /// What a circuit told us about the two ends' public addresses, as the relay saw them.
@@ -347,6 +401,9 @@ pub struct Observed {
     pub me: Option<std::net::SocketAddr>,
     /// The other end's address as the relay saw it.
     pub peer: Option<std::net::SocketAddr>,
+    /// Our local address of the circuit's TCP connection (the port the relay observed
+    /// through any NAT).
+    pub local: Option<std::net::SocketAddr>,
 }
 
 /// Run the end-to-end TLS 1.3 handshake inside a circuit, as the client, pinned to
@@ -398,7 +455,7 @@ pub async fn dial_observed(addr: &Address, tls: &TlsConfig) -> Result<(Conn, Obs
             "not a relay: address".into(),
         )));
     };
-    let (mut outer, remote) = dial_outer(host, *port, *relay, tls).await?;
+    let (mut outer, remote, local) = dial_outer_local(host, *port, *relay, tls).await?;
     let line = request_line(
         tls,
         *relay,
@@ -411,8 +468,10 @@ pub async fn dial_observed(addr: &Address, tls: &TlsConfig) -> Result<(Conn, Obs
     let seen = Observed {
         me: observed(&ok, "observed"),
         peer: observed(&ok, "peer_observed"),
+        local: Some(local),
     };
     let conn = inner_client(outer, tls, *peer, format!("circuit via {remote}")).await?;
+    remember_path(tls.key(), *peer, seen.clone());
     Ok((conn, seen))
 }
 
@@ -544,7 +603,7 @@ pub async fn join(
     else {
         return Err(NetError::Tls("relay address without its key".into()));
     };
-    let (mut outer, remote) = dial_outer(host, *port, *relay, tls).await?;
+    let (mut outer, remote, local) = dial_outer_local(host, *port, *relay, tls).await?;
     let line = request_line(
         tls,
         *relay,
@@ -559,6 +618,7 @@ pub async fn join(
     let seen = Observed {
         me: observed(&ok, "observed"),
         peer: observed(&ok, "peer_observed").or(offer.observed),
+        local: Some(local),
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
     let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(outer))
@@ -572,6 +632,7 @@ pub async fn join(
             offer.from
         )));
     }
+    remember_path(tls.key(), key, seen.clone());
     Ok((
         into_conn(
             stream,
@@ -581,6 +642,109 @@ pub async fn join(
         ),
         seen,
     ))
+}
+
+/// Recently established circuits' [`Observed`] addresses by (our key, peer key), for the
+/// direct upgrade (the node takes them when the circuit's connection is up). Bounded.
+static PATHS: Mutex<Option<HashMap<(PeerKey, PeerKey), Observed>>> = Mutex::new(None);
+/// Entries kept at most in [`PATHS`].
+const MAX_PATHS: usize = 4096;
+
+fn remember_path(me: PeerKey, peer: PeerKey, seen: Observed) {
+    let mut p = PATHS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = p.get_or_insert_with(HashMap::new);
+    if map.len() >= MAX_PATHS {
+        map.clear();
+    }
+    map.insert((me, peer), seen);
+}
+
+/// The addresses observed by the last circuit between `me` and `peer` (taken: once).
+pub fn take_path(me: &PeerKey, peer: &PeerKey) -> Option<Observed> {
+    PATHS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_mut()
+        .and_then(|m| m.remove(&(*me, *peer)))
+}
+
+/// Connect attempts of a direct upgrade.
+pub const PUNCH_ATTEMPTS: u32 = 8;
+/// Pause between attempts that failed at once (a reset: the other side not yet dialing).
+pub const PUNCH_PAUSE: Duration = Duration::from_millis(250);
+/// One attempt's connect timeout (SYNs are retransmitted meanwhile).
+pub const PUNCH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Hole punching (spec/relay-circuits.md §Direct upgrade): from our circuit's local port
+/// `seen.local`, dial the peer's observed address `seen.peer` repeatedly and, at the same
+/// time, accept on that port (so either a TCP simultaneous open or the other side's SYN
+/// reaching us gives the connection). Only a connection from the peer's observed IP is
+/// taken. `None` when no TCP connection formed within [`PUNCH_ATTEMPTS`].
+pub async fn punch(seen: &Observed) -> Option<tokio::net::TcpStream> {
+    let (local, peer) = (seen.local?, seen.peer?);
+    if local.is_ipv4() != peer.is_ipv4() {
+        return None;
+    }
+    let listener = reuse_socket(local).and_then(|s| s.listen(4)).ok();
+    let accept = async {
+        match &listener {
+            Some(l) => loop {
+                match l.accept().await {
+                    Ok((s, from)) if from.ip() == peer.ip() => return s,
+                    Ok(_) => continue,
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            },
+            None => std::future::pending().await,
+        }
+    };
+    let dial = async {
+        for _ in 0..PUNCH_ATTEMPTS {
+            let started = Instant::now();
+            if let Ok(sock) = reuse_socket(local) {
+                if let Ok(Ok(s)) = tokio::time::timeout(PUNCH_TIMEOUT, sock.connect(peer)).await {
+                    return Some(s);
+                }
+            }
+            if started.elapsed() < PUNCH_PAUSE {
+                tokio::time::sleep(PUNCH_PAUSE).await;
+            }
+        }
+        None
+    };
+    let s = tokio::select! {
+        s = accept => Some(s),
+        s = dial => s,
+    }?;
+    let _ = s.set_nodelay(true);
+    Some(s)
+}
+
+/// The end-to-end TLS handshake over a punched TCP connection: as the client (pinned to
+/// `peer`) when we dialed the circuit, else as the server (the client key must be
+/// `peer`). Roles follow the circuit's, so both ends agree without another message.
+pub async fn direct(
+    tcp: tokio::net::TcpStream,
+    tls: &TlsConfig,
+    peer: PeerKey,
+    client: bool,
+) -> Result<Conn, NetError> {
+    let remote = tcp.peer_addr()?.to_string();
+    if client {
+        return inner_client(Box::new(tcp), tls, peer, remote).await;
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+    let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+        .await
+        .map_err(|_| NetError::Tls(format!("handshake with {remote} timed out")))?
+        .map_err(tls_failure)?;
+    let key = tls_peer_key(stream.get_ref().1)?;
+    if key != peer {
+        return Err(NetError::Tls(format!(
+            "certificate key {key} on the direct connection is not {peer}"
+        )));
+    }
+    Ok(into_conn(stream, Some(key), Transport::Tls, remote))
 }
 
 /// Who may use a relay's circuits and how much (config.toml `[relay]`).

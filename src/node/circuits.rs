@@ -25,12 +25,15 @@ pub(crate) struct Circuits {
     pub relay: Option<Arc<RelayCircuits>>,
     /// Standing connections by relay address: up, and our address as the relay saw it.
     pub vias: Mutex<HashMap<String, Value>>,
+    /// Try the direct upgrade of circuits (on unless `NodeConfig::no_direct_upgrade`).
+    pub upgrade: bool,
 }
 
 impl Circuits {
     /// Relay side only in relay mode. Errors: a bad `[relay]` allowlist.
     pub fn new(
         relay: bool,
+        upgrade: bool,
         tls: &net::TlsConfig,
         policy: circuit::Policy,
     ) -> Result<Circuits, String> {
@@ -41,6 +44,7 @@ impl Circuits {
                 None
             },
             vias: Mutex::new(HashMap::new()),
+            upgrade,
         })
     }
 
@@ -71,11 +75,114 @@ pub(super) fn addresses(inner: &Inner) -> Vec<Address> {
         .collect()
 }
 
-/// Start one standing connection per `via` relay.
+/// Start one standing connection per `via` relay, and the direct upgrade of circuits.
 pub(super) fn start(inner: &Arc<Inner>) {
     for via in inner.settings.via.clone() {
         inner.tasks.spawn(standing(inner.clone(), via));
     }
+    if inner.circuits.upgrade {
+        inner.tasks.spawn(upgrades(inner.clone()));
+    }
+}
+
+/// Watch connections come up; for each one through a circuit, try the direct upgrade.
+async fn upgrades(inner: Arc<Inner>) {
+    let mut events = inner.events.subscribe();
+    loop {
+        let ev = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            ev = events.recv() => ev,
+        };
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(_) => return,
+        };
+        if ev.get("event").and_then(Value::as_str) != Some("peer_up")
+            || !ev
+                .get("remote")
+                .and_then(Value::as_str)
+                .is_some_and(|r| r.starts_with("circuit via "))
+        {
+            continue;
+        }
+        let Some(peer) = ev
+            .get("peer")
+            .and_then(Value::as_str)
+            .and_then(|k| crate::wire::PeerKey::parse(k).ok())
+        else {
+            continue;
+        };
+        let dialed = ev.get("dialed").and_then(Value::as_bool) == Some(true);
+        if let Some(seen) = circuit::take_path(&inner.identity.key(), &peer) {
+            inner
+                .tasks
+                .spawn(upgrade(inner.clone(), peer, dialed, seen));
+        }
+    }
+}
+
+/// Whether our connection to `peer` still runs through a circuit.
+fn on_circuit(inner: &Inner, peer: &crate::wire::PeerKey) -> bool {
+    inner
+        .conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(peer)
+        .is_some_and(|c| c.remote.starts_with("circuit via "))
+}
+
+/// The direct upgrade (spec/relay-circuits.md §Direct upgrade): punch a direct TCP
+/// connection between the addresses the relay observed, run a fresh TLS handshake on it
+/// with the circuit's roles, and let it replace the circuit's connection (resume makes
+/// the move lossless; the replaced circuit closes). On failure the circuit stays.
+async fn upgrade(
+    inner: Arc<Inner>,
+    peer: crate::wire::PeerKey,
+    dialed: bool,
+    seen: circuit::Observed,
+) {
+    let Some(target) = seen.peer else { return };
+    let tcp = tokio::select! {
+        _ = inner.shutdown.cancelled() => return,
+        t = circuit::punch(&seen) => t,
+    };
+    let Some(tcp) = tcp else {
+        tracing::info!(%peer, %target, "direct upgrade failed: no direct connection; the circuit stays");
+        inner.emit(json!({"event":"upgrade","peer":peer.to_string(),"ok":false,"address":target.to_string()}));
+        return;
+    };
+    if !on_circuit(&inner, &peer) {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + super::HANDSHAKE_TIMEOUT;
+    let conn = match circuit::direct(tcp, &inner.tls, peer, dialed).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::info!(%peer, %target, "direct upgrade failed: {e}; the circuit stays");
+            return;
+        }
+    };
+    tracing::info!(%peer, remote = %conn.remote, "direct upgrade: moving the session off the circuit");
+    inner.emit(
+        json!({"event":"upgrade","peer":peer.to_string(),"ok":true,"address":conn.remote.clone()}),
+    );
+    let dial = if dialed {
+        let address = Address::Tls {
+            host: target.ip().to_string(),
+            port: target.port(),
+            pin: Some(peer),
+        }
+        .to_string();
+        Dial::Outbound {
+            address,
+            expected: Some(peer),
+            source: crate::store::AddrSource::Hello,
+        }
+    } else {
+        Dial::Inbound(None)
+    };
+    conn::run(inner, conn, dial, deadline).await;
 }
 
 fn set_via(inner: &Inner, via: &Address, v: Value) {
@@ -180,7 +287,12 @@ pub(super) fn order(candidates: &mut [AddressRecord]) {
     if !candidates.iter().any(relay) {
         return;
     }
-    candidates.sort_by_key(|a| match (relay(a), a.last_ok_ms.is_some()) {
+    // Worked: succeeded, and not failed since.
+    let worked = |a: &AddressRecord| {
+        a.last_ok_ms
+            .is_some_and(|ok| a.last_err_ms.is_none_or(|err| ok >= err))
+    };
+    candidates.sort_by_key(|a| match (relay(a), worked(a)) {
         (false, true) => 0,
         (true, _) => 1,
         (false, false) => 2,
@@ -217,6 +329,14 @@ mod tests {
             got,
             ["tls:10.0.0.2:1", "relay:tls:r:1#x/y", "tls:10.0.0.1:1"]
         );
+        // A direct address that failed since it last worked goes after the circuit.
+        let mut e = vec![
+            rec("tls:10.0.0.2:1", Some(5)),
+            rec("relay:tls:r:1#x/y", None),
+        ];
+        e[0].last_err_ms = Some(6);
+        order(&mut e);
+        assert_eq!(e[0].address, "relay:tls:r:1#x/y");
         // Without circuits nothing moves.
         let mut d = vec![rec("tls:10.0.0.1:1", None), rec("tls:10.0.0.2:1", Some(5))];
         order(&mut d);

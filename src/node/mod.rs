@@ -119,6 +119,8 @@ pub struct NodeConfig {
     pub via: Vec<Address>,
     /// Circuit policy in relay mode (over config.toml `[relay]`).
     pub circuit_policy: Option<net::circuit::Policy>,
+    /// Keep sessions on their circuits: no direct upgrade (hole punching) attempts.
+    pub no_direct_upgrade: bool,
 }
 
 /// Why the node could not start.
@@ -276,8 +278,13 @@ impl NodeHandle {
             .max(1);
         let presence =
             presence::PresenceState::new(identity.key(), settings.presence, config.presence_timing);
-        let circuits = circuits::Circuits::new(config.relay, &tls, settings.relay.clone())
-            .map_err(other("relay policy"))?;
+        let circuits = circuits::Circuits::new(
+            config.relay,
+            !config.no_direct_upgrade,
+            &tls,
+            settings.relay.clone(),
+        )
+        .map_err(other("relay policy"))?;
         let inner = Arc::new(Inner {
             home: home.clone(),
             identity,
