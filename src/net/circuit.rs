@@ -685,7 +685,13 @@ pub async fn punch(seen: &Observed) -> Option<tokio::net::TcpStream> {
     if local.is_ipv4() != peer.is_ipv4() {
         return None;
     }
-    let listener = reuse_socket(local).and_then(|s| s.listen(4)).ok();
+    let listener = match reuse_socket(local).and_then(|s| s.listen(4)) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::debug!(%local, "punch: no listener on the circuit's port: {e}");
+            None
+        }
+    };
     let accept = async {
         match &listener {
             Some(l) => loop {
@@ -701,10 +707,13 @@ pub async fn punch(seen: &Observed) -> Option<tokio::net::TcpStream> {
     let dial = async {
         for _ in 0..PUNCH_ATTEMPTS {
             let started = Instant::now();
-            if let Ok(sock) = reuse_socket(local) {
-                if let Ok(Ok(s)) = tokio::time::timeout(PUNCH_TIMEOUT, sock.connect(peer)).await {
-                    return Some(s);
-                }
+            match reuse_socket(local) {
+                Ok(sock) => match tokio::time::timeout(PUNCH_TIMEOUT, sock.connect(peer)).await {
+                    Ok(Ok(s)) => return Some(s),
+                    Ok(Err(e)) => tracing::debug!(%local, %peer, "punch: {e}"),
+                    Err(_) => tracing::debug!(%local, %peer, "punch: timed out"),
+                },
+                Err(e) => tracing::debug!(%local, "punch: binding the circuit's port: {e}"),
             }
             if started.elapsed() < PUNCH_PAUSE {
                 tokio::time::sleep(PUNCH_PAUSE).await;
