@@ -384,6 +384,10 @@ fn gather(inner: &Inner) -> Result<DocInputs, crate::store::StoreError> {
         threads,
         outbox,
         unread,
+        circuits: super::circuits::addresses(inner)
+            .iter()
+            .map(|a| a.to_string())
+            .collect(),
     })
 }
 
