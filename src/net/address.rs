@@ -513,7 +513,7 @@ mod tests {
     #[test]
     fn rejects_bad_relay_circuit_addresses() {
         let (r, p) = (key(4), key(5));
-        assert_malformed(&format!("relay:tls:h:1#{r}"), "bad peer key");
+        assert_malformed(&format!("relay:tls:h:1#{r}"), "expected relay:");
         assert_malformed(&format!("relay:tls:h:1/{p}"), "needs its key");
         assert_malformed(&format!("relay:tcp:h:1/{p}"), "must be a tls:");
         assert_malformed(&format!("relay:tls:h:0#{r}/{p}"), "port 0");
