@@ -425,4 +425,36 @@ mod tests {
         let s = Settings::from_layer(file.under(env).under(flags)).unwrap();
         assert_eq!((s.outbox_quota_bytes, s.outbox_quota_lines), (2 << 20, 3));
     }
+
+    #[test]
+    fn via_relays_and_the_relay_table() {
+        let home = tempfile::TempDir::new().unwrap();
+        std::fs::write(
+            home.path().join(CONFIG_FILE),
+            format!(
+                "via = [\"tls:relay.example:7700#{A}\"]\n[relay]\nallow = [\"{B}\"]\nmax_circuits = 5\n"
+            ),
+        )
+        .unwrap();
+        let s = Settings::from_layer(Layer::from_file(home.path()).unwrap()).unwrap();
+        assert_eq!(s.via.len(), 1);
+        assert_eq!(s.via[0].pin().unwrap().to_string(), A);
+        assert_eq!(s.relay.allow, vec![B.to_string()]);
+        assert_eq!(s.relay.max_circuits, 5);
+        // A relay must be a pinned tls: address; the allowlist holds keys; no unknown keys.
+        for bad in [
+            "via = [\"tls:relay.example:7700\"]",
+            "via = [\"tcp:127.0.0.1:7700\"]",
+            "[relay]\nallow = [\"nope\"]",
+        ] {
+            std::fs::write(home.path().join(CONFIG_FILE), bad).unwrap();
+            let l = Layer::from_file(home.path()).unwrap();
+            assert!(Settings::from_layer(l).is_err(), "{bad}");
+        }
+        std::fs::write(home.path().join(CONFIG_FILE), "[relay]\nmax = 1").unwrap();
+        assert!(Layer::from_file(home.path()).is_err());
+        let env = Layer::from_env(|k| (k == "AWP_VIA").then(|| format!("tls:10.0.0.1:7700#{A}")))
+            .unwrap();
+        assert_eq!(Settings::from_layer(env).unwrap().via.len(), 1);
+    }
 }
