@@ -89,6 +89,11 @@ pub struct Layer {
     pub artifactr: Option<String>,
     /// Allow a non-loopback `artifactr` address.
     pub artifactr_public: Option<bool>,
+    /// Relays to keep a standing connection to, each a pinned `tls:` address
+    /// (spec/relay-circuits.md; `--via`, `AWP_VIA`).
+    pub via: Option<Vec<String>>,
+    /// Circuit policy when this node runs as a relay (the `[relay]` table).
+    pub relay: Option<crate::net::circuit::Policy>,
 }
 
 impl Layer {
@@ -161,6 +166,8 @@ impl Layer {
                     })
                 })
                 .transpose()?,
+            via: list("AWP_VIA"),
+            relay: None,
         })
     }
 
@@ -179,6 +186,8 @@ impl Layer {
             outbox_quota_lines: over.outbox_quota_lines.or(self.outbox_quota_lines),
             artifactr: over.artifactr.or(self.artifactr),
             artifactr_public: over.artifactr_public.or(self.artifactr_public),
+            via: over.via.or(self.via),
+            relay: over.relay.or(self.relay),
         }
     }
 }
@@ -212,6 +221,21 @@ pub fn artifactr_addr(v: &str, public: bool) -> Result<std::net::SocketAddr, Con
     Ok(a)
 }
 
+/// A `via` relay: a `tls:` address pinned to the relay's key (spec/relay-circuits.md).
+pub fn via_addr(v: &str) -> Result<Address, ConfigError> {
+    match v.trim().parse::<Address>() {
+        Ok(a @ Address::Tls { pin: Some(_), .. }) => Ok(a),
+        Ok(_) => Err(ConfigError::Value {
+            key: "via",
+            detail: format!("{v:?}: a relay is a pinned tls: address (tls:HOST:PORT#ed25519:KEY)"),
+        }),
+        Err(e) => Err(ConfigError::Value {
+            key: "via",
+            detail: e.to_string(),
+        }),
+    }
+}
+
 /// Effective settings, parsed.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
@@ -229,6 +253,10 @@ pub struct Settings {
     pub outbox_quota_lines: u64,
     /// The local artifactr.v1 endpoint (off when `None`), checked by [`artifactr_addr`].
     pub artifactr: Option<std::net::SocketAddr>,
+    /// Relays to keep a standing connection to (pinned `tls:` addresses).
+    pub via: Vec<Address>,
+    /// Circuit policy when running as a relay.
+    pub relay: crate::net::circuit::Policy,
 }
 
 fn keys(key: &'static str, v: Option<Vec<String>>) -> Result<Vec<PeerKey>, ConfigError> {
@@ -273,6 +301,20 @@ impl Settings {
                 .as_deref()
                 .map(|a| artifactr_addr(a, l.artifactr_public.unwrap_or(false)))
                 .transpose()?,
+            via: l
+                .via
+                .unwrap_or_default()
+                .iter()
+                .map(|a| via_addr(a))
+                .collect::<Result<_, _>>()?,
+            relay: {
+                let p = l.relay.unwrap_or_default();
+                p.allowed_keys().map_err(|detail| ConfigError::Value {
+                    key: "relay.allow",
+                    detail,
+                })?;
+                p
+            },
         })
     }
 
@@ -382,5 +424,37 @@ mod tests {
         };
         let s = Settings::from_layer(file.under(env).under(flags)).unwrap();
         assert_eq!((s.outbox_quota_bytes, s.outbox_quota_lines), (2 << 20, 3));
+    }
+
+    #[test]
+    fn via_relays_and_the_relay_table() {
+        let home = tempfile::TempDir::new().unwrap();
+        std::fs::write(
+            home.path().join(CONFIG_FILE),
+            format!(
+                "via = [\"tls:relay.example:7700#{A}\"]\n[relay]\nallow = [\"{B}\"]\nmax_circuits = 5\n"
+            ),
+        )
+        .unwrap();
+        let s = Settings::from_layer(Layer::from_file(home.path()).unwrap()).unwrap();
+        assert_eq!(s.via.len(), 1);
+        assert_eq!(s.via[0].pin().unwrap().to_string(), A);
+        assert_eq!(s.relay.allow, vec![B.to_string()]);
+        assert_eq!(s.relay.max_circuits, 5);
+        // A relay must be a pinned tls: address; the allowlist holds keys; no unknown keys.
+        for bad in [
+            "via = [\"tls:relay.example:7700\"]",
+            "via = [\"tcp:127.0.0.1:7700\"]",
+            "[relay]\nallow = [\"nope\"]",
+        ] {
+            std::fs::write(home.path().join(CONFIG_FILE), bad).unwrap();
+            let l = Layer::from_file(home.path()).unwrap();
+            assert!(Settings::from_layer(l).is_err(), "{bad}");
+        }
+        std::fs::write(home.path().join(CONFIG_FILE), "[relay]\nmax = 1").unwrap();
+        assert!(Layer::from_file(home.path()).is_err());
+        let env = Layer::from_env(|k| (k == "AWP_VIA").then(|| format!("tls:10.0.0.1:7700#{A}")))
+            .unwrap();
+        assert_eq!(Settings::from_layer(env).unwrap().via.len(), 1);
     }
 }

@@ -317,6 +317,8 @@ pub struct StartArgs {
     pub artifactr: Option<String>,
     /// `--artifactr-public`.
     pub artifactr_public: bool,
+    /// `--via`, as typed.
+    pub via: Vec<String>,
 }
 
 impl StartArgs {
@@ -373,6 +375,10 @@ impl StartArgs {
         }
         if self.artifactr_public {
             args.push("--artifactr-public".into());
+        }
+        for v in &self.via {
+            args.push("--via".into());
+            args.push(v.into());
         }
         args
     }
@@ -592,6 +598,7 @@ mod tests {
             outbox_quota_lines: Some(9),
             artifactr: Some("127.0.0.1:8765".into()),
             artifactr_public: true,
+            via: vec![],
         };
         let args: Vec<String> = a
             .to_args()

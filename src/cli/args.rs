@@ -89,6 +89,11 @@ pub struct NodeArgs {
     /// Allow a non-loopback --artifactr address.
     #[arg(long)]
     pub artifactr_public: bool,
+    /// Keep a standing connection to this relay (repeatable; tls:HOST:PORT#ed25519:KEY) so
+    /// that peers reach this node through a circuit even behind NAT (spec/relay-circuits.md).
+    /// Overrides config.toml `via` and AWP_VIA.
+    #[arg(long = "via", value_name = "RELAY")]
+    pub via: Vec<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -115,6 +120,7 @@ impl From<&NodeArgs> for StartArgs {
             outbox_quota_lines: a.outbox_quota_lines,
             artifactr: a.artifactr.clone(),
             artifactr_public: a.artifactr_public,
+            via: a.via.clone(),
         }
     }
 }

@@ -62,6 +62,18 @@ pub fn node_config(ctx: &Ctx, args: &NodeArgs) -> Result<NodeConfig, Failure> {
         outbox_quota_lines: args.outbox_quota_lines,
         artifactr: args.artifactr.clone(),
         artifactr_public: args.artifactr_public,
+        via: args
+            .via
+            .iter()
+            .map(|a| {
+                crate::config::via_addr(a).map_err(|e| {
+                    Failure::usage(
+                        format!("bad --via address: {e}"),
+                        "use tls:HOST:PORT#ed25519:RELAYKEY",
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
         ..Default::default()
     })
 }

@@ -197,7 +197,58 @@ async fn relay_status(ctx: &Ctx) -> Result<(), Failure> {
             lines.push(format!("  {reason}: {count}"));
         }
     }
+    lines.extend(circuit_lines(&body));
     out(&lines.join("\n"))
+}
+
+/// The circuit part of `awp relay status` (spec/relay-circuits.md): the relay's circuits
+/// with their bytes, and this node's standing connections (`via`).
+fn circuit_lines(body: &serde_json::Map<String, Value>) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(Value::Object(c)) = body.get("circuits") {
+        let n = |k: &str| c.get(k).map_or("-".into(), Value::to_string);
+        let live = c.get("circuits").and_then(Value::as_array);
+        lines.push(format!(
+            "circuits:    {} open, {} listeners, {} pending, {} opened, {} refused, {} bytes",
+            live.map_or(0, Vec::len),
+            n("listeners"),
+            n("pending"),
+            n("opened"),
+            n("refused"),
+            n("bytes")
+        ));
+        for x in live.into_iter().flatten() {
+            let s = |k: &str| x.get(k).and_then(Value::as_str).unwrap_or("-");
+            let u = |k: &str| x.get(k).and_then(Value::as_u64).unwrap_or(0);
+            lines.push(format!(
+                "  {} {} -> {} {}s up {} B down {} B",
+                s("id"),
+                s("from"),
+                s("to"),
+                u("age_secs"),
+                u("up"),
+                u("down")
+            ));
+        }
+    }
+    for v in body
+        .get("via")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let up = v.get("up").and_then(Value::as_bool) == Some(true);
+        lines.push(format!(
+            "via:         {} {}{}",
+            v.get("relay").and_then(Value::as_str).unwrap_or("-"),
+            if up { "up" } else { "down" },
+            v.get("observed")
+                .and_then(Value::as_str)
+                .map(|o| format!(" (seen as {o})"))
+                .unwrap_or_default()
+        ));
+    }
+    lines
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! Address syntax (spec/tls-binding.md §Addresses): `tls:HOST:PORT[#ed25519:KEY]`,
-//! `tcp:HOST:PORT`, `unix:/path`.
+//! `tcp:HOST:PORT`, `unix:/path`, and the relay circuit form
+//! `relay:tls:HOST:PORT#ed25519:RELAYKEY/ed25519:PEERKEY` (spec/relay-circuits.md
+//! §Addresses: the relay's pinned TLS address, `/`, the key of the node reached through it).
 //!
 //! - Schemes are lower case. `HOST` is an IPv4 address, a bracketed IPv6 address
 //!   (`tls:[::1]:7700`, no zone id) or a host name (ASCII letters, digits, `-`, `.`, `_`;
@@ -30,6 +32,15 @@ pub enum Address {
     Tcp { host: String, port: u16 },
     /// Unix domain stream socket at an absolute path.
     Unix { path: PathBuf },
+    /// A circuit through the relay at `host:port` (TLS, certificate key `relay`) to the
+    /// node `peer`, which keeps a standing connection to that relay
+    /// (spec/relay-circuits.md). The end-to-end TLS inside the circuit is pinned to `peer`.
+    Relay {
+        host: String,
+        port: u16,
+        relay: PeerKey,
+        peer: PeerKey,
+    },
 }
 
 /// Why an address did not parse.
@@ -117,7 +128,40 @@ impl std::str::FromStr for Address {
     /// Parse the syntax described in the module doc. Errors: [`AddressError::Scheme`] when
     /// no known scheme prefixes the input, [`AddressError::Malformed`] for everything else.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Some(rest) = s.strip_prefix("tls:") {
+        if let Some(rest) = s.strip_prefix("relay:") {
+            // Keys are base64url (no `/`), so the last `/` splits relay and peer.
+            let (relay, peer) = rest
+                .rsplit_once('/')
+                .ok_or_else(|| malformed(s, "expected relay:tls:HOST:PORT#RELAYKEY/PEERKEY"))?;
+            let peer = PeerKey::parse(peer)
+                .map_err(|e| malformed(s, format!("bad peer key {peer:?}: {e}")))?;
+            if !relay.starts_with("tls:") {
+                return Err(malformed(s, "the relay must be a tls: address"));
+            }
+            match relay.parse::<Address>() {
+                Ok(Address::Tls {
+                    host,
+                    port,
+                    pin: Some(relay),
+                }) => {
+                    if port == 0 {
+                        return Err(malformed(s, "relay port 0"));
+                    }
+                    Ok(Address::Relay {
+                        host,
+                        port,
+                        relay,
+                        peer,
+                    })
+                }
+                Ok(_) => Err(malformed(
+                    s,
+                    "the relay address needs its key (#ed25519:KEY)",
+                )),
+                Err(AddressError::Malformed(_, why)) => Err(malformed(s, why)),
+                Err(e) => Err(malformed(s, e.to_string())),
+            }
+        } else if let Some(rest) = s.strip_prefix("tls:") {
             let (hp, pin) = match rest.split_once('#') {
                 Some((hp, pin)) => {
                     let key = PeerKey::parse(pin)
@@ -184,20 +228,32 @@ impl std::fmt::Display for Address {
                 write!(f, ":{port}")
             }
             Address::Unix { path } => write!(f, "unix:{}", path.display()),
+            Address::Relay {
+                host,
+                port,
+                relay,
+                peer,
+            } => {
+                f.write_str("relay:tls:")?;
+                fmt_host(f, host)?;
+                write!(f, ":{port}#{relay}/{peer}")
+            }
         }
     }
 }
 
 impl Address {
-    /// The pinned key of a TLS address.
+    /// The pinned key of a TLS address; for a relay circuit, the far end's key.
     pub fn pin(&self) -> Option<PeerKey> {
         match self {
             Address::Tls { pin, .. } => *pin,
+            Address::Relay { peer, .. } => Some(*peer),
             _ => None,
         }
     }
 
-    /// The same address pinned to `key` (TLS only; others unchanged).
+    /// The same address pinned to `key` (TLS only; a relay circuit then leads to `key`;
+    /// others unchanged).
     pub fn with_pin(&self, key: PeerKey) -> Address {
         match self {
             Address::Tls { host, port, .. } => Address::Tls {
@@ -205,15 +261,61 @@ impl Address {
                 port: *port,
                 pin: Some(key),
             },
+            Address::Relay {
+                host, port, relay, ..
+            } => Address::Relay {
+                host: host.clone(),
+                port: *port,
+                relay: *relay,
+                peer: key,
+            },
             other => other.clone(),
         }
     }
 
-    /// The host as an IP address when it is a literal (not a name).
+    /// The host as an IP address when it is a literal (not a name). A relay circuit has
+    /// none of its own (the relay's host is not the peer's).
     pub fn ip(&self) -> Option<IpAddr> {
         match self {
             Address::Tls { host, .. } | Address::Tcp { host, .. } => host.parse().ok(),
-            Address::Unix { .. } => None,
+            Address::Unix { .. } | Address::Relay { .. } => None,
+        }
+    }
+
+    /// Whether this is a relay circuit address.
+    pub fn is_relay(&self) -> bool {
+        matches!(self, Address::Relay { .. })
+    }
+
+    /// The circuit address through the relay at `relay_addr` (a pinned `tls:` address) to
+    /// `peer`; `None` when `relay_addr` is not a pinned TLS address.
+    pub fn circuit(relay_addr: &Address, peer: PeerKey) -> Option<Address> {
+        match relay_addr {
+            Address::Tls {
+                host,
+                port,
+                pin: Some(relay),
+            } => Some(Address::Relay {
+                host: host.clone(),
+                port: *port,
+                relay: *relay,
+                peer,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The relay's own pinned TLS address of a circuit address.
+    pub fn relay_address(&self) -> Option<Address> {
+        match self {
+            Address::Relay {
+                host, port, relay, ..
+            } => Some(Address::Tls {
+                host: host.clone(),
+                port: *port,
+                pin: Some(*relay),
+            }),
+            _ => None,
         }
     }
 }
@@ -381,6 +483,44 @@ mod tests {
         assert_malformed("unix:relative/sock", "absolute");
         assert_malformed("unix:./sock", "absolute");
         assert_malformed("unix:/a\0b", "NUL");
+    }
+
+    #[test]
+    fn relay_circuit_addresses_parse_and_round_trip() {
+        let (r, p) = (key(4), key(5));
+        let s = format!("relay:tls:relay.example:7700#{r}/{p}");
+        let a = parse(&s).unwrap();
+        assert_eq!(
+            a,
+            Address::Relay {
+                host: "relay.example".into(),
+                port: 7700,
+                relay: r,
+                peer: p
+            }
+        );
+        assert_eq!(a.to_string(), s);
+        assert_eq!(a.pin(), Some(p));
+        assert_eq!(a.with_pin(r).pin(), Some(r));
+        assert!(a.is_relay() && a.ip().is_none());
+        let v6 = format!("relay:tls:[::1]:9#{r}/{p}");
+        assert_eq!(parse(&v6).unwrap().to_string(), v6);
+        let relay: Address = format!("tls:relay.example:7700#{r}").parse().unwrap();
+        assert_eq!(Address::circuit(&relay, p), Some(a.clone()));
+        assert_eq!(a.relay_address(), Some(relay));
+    }
+
+    #[test]
+    fn rejects_bad_relay_circuit_addresses() {
+        let (r, p) = (key(4), key(5));
+        assert_malformed(&format!("relay:tls:h:1#{r}"), "expected relay:");
+        assert_malformed(&format!("relay:tls:h:1/{p}"), "needs its key");
+        assert_malformed(&format!("relay:tcp:h:1/{p}"), "must be a tls:");
+        assert_malformed(&format!("relay:tls:h:0#{r}/{p}"), "port 0");
+        assert_malformed(&format!("relay:tls:h:1#{r}/ed25519:AAAA"), "bad peer key");
+        assert_malformed(&format!("relay:tls:h:x#{r}/{p}"), "bad port");
+        assert_malformed("relay:", "expected relay:");
+        assert_malformed(&format!("relay:tls:h:1#{r}/{p}/{p}"), "bad pin");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! and the writer half takes whole lines.
 
 pub mod address;
+pub mod circuit;
 pub mod framing;
 pub mod tls;
 
@@ -299,6 +300,7 @@ pub async fn dial(addr: &Address, tls: &TlsConfig, opts: &DialOptions) -> Result
             let remote = tcp.peer_addr()?.to_string();
             Ok(into_conn(tcp, None, Transport::Tcp, remote))
         }
+        Address::Relay { .. } => circuit::dial(addr, tls).await,
         Address::Unix { path } => {
             let stream = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path))
                 .await
@@ -428,6 +430,10 @@ impl Listener {
                     acceptor,
                 })
             }
+            Address::Relay { .. } => Err(NetError::Address(AddressError::Malformed(
+                addr.to_string(),
+                "a relay circuit address cannot be listened on (use --via)".into(),
+            ))),
             Address::Unix { path } => {
                 use std::os::unix::fs::PermissionsExt;
                 clear_stale_socket(path).await?;
@@ -601,6 +607,6 @@ fn with_host(addr: &Address, host: String) -> Address {
             pin: *pin,
         },
         Address::Tcp { port, .. } => Address::Tcp { host, port: *port },
-        Address::Unix { .. } => addr.clone(),
+        Address::Unix { .. } | Address::Relay { .. } => addr.clone(),
     }
 }

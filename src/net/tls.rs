@@ -158,6 +158,17 @@ impl TlsConfig {
     pub fn private_key_pem(&self) -> &str {
         &self.key_pem
     }
+
+    /// Ed25519 signature by this configuration's key over `msg` (the signed request line
+    /// of a relay circuit, spec/relay-circuits.md). Errors: [`NetError::Tls`] if the key
+    /// cannot be decoded (as in [`TlsConfig::new`]).
+    pub(crate) fn sign(&self, msg: &[u8]) -> Result<[u8; 64], NetError> {
+        use ed25519_dalek::pkcs8::DecodePrivateKey;
+        use ed25519_dalek::Signer;
+        let signing = ed25519_dalek::SigningKey::from_pkcs8_der(&self.key_pkcs8)
+            .map_err(|e| tls_err("decoding the identity key", e))?;
+        Ok(signing.sign(msg).to_bytes())
+    }
 }
 
 /// TLS 1.3 only (RFC 8446); the provider is built without TLS 1.2 as well.

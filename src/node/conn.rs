@@ -662,7 +662,9 @@ fn on_authenticated(
     // this node connect wherever that stranger says.
     if let Some(a) = &hello.addr {
         match a.parse::<net::Address>() {
-            Ok(addr @ net::Address::Tls { .. }) if addr.pin().is_none_or(|p| p == key) => {
+            Ok(addr @ (net::Address::Tls { .. } | net::Address::Relay { .. }))
+                if addr.pin().is_none_or(|p| p == key) =>
+            {
                 let pinned = addr.with_pin(key).to_string();
                 let _ = inner.store.add_address(&key, &pinned, AddrSource::Hello);
             }

@@ -248,6 +248,11 @@ impl DestLimiter {
 /// The destination of an address for [`DestLimiter`]: its text without the key pin.
 pub fn destination(addr: &Address) -> String {
     let s = addr.to_string();
+    // A circuit's destination is its far end: peers behind one relay do not share a limit
+    // (the relay limits circuits itself).
+    if addr.is_relay() {
+        return s;
+    }
     match s.split_once('#') {
         Some((d, _)) => d.to_string(),
         None => s,
@@ -389,13 +394,14 @@ async fn run(inner: Arc<Inner>, peer: PeerKey, wake: Arc<Wake>) {
             }
             continue;
         }
-        let candidates: Vec<_> = inner
+        let mut candidates: Vec<_> = inner
             .store
             .addresses(&peer)
             .unwrap_or_default()
             .into_iter()
             .filter(|a| a.source != AddrSource::Hello || last_down.elapsed() >= timing.hello_grace)
             .collect();
+        super::circuits::order(&mut candidates);
         let mut got_up = false;
         let mut dialed_any = false;
         for rec in &candidates {

@@ -318,7 +318,9 @@ pub(super) fn on_introduce(inner: &Inner, from: &PeerKey, i: wire::Introduce) {
         .address
         .as_deref()
         .and_then(|a| match a.parse::<crate::net::Address>() {
-            Ok(addr @ crate::net::Address::Tls { .. }) if addr.pin().is_none_or(|p| p == key) => {
+            Ok(addr @ (crate::net::Address::Tls { .. } | crate::net::Address::Relay { .. }))
+                if addr.pin().is_none_or(|p| p == key) =>
+            {
                 Some(addr.with_pin(key).to_string())
             }
             _ => {

@@ -15,6 +15,7 @@
 
 mod artifacts;
 mod blobs;
+mod circuits;
 mod conn;
 mod dialer;
 mod disconnect;
@@ -128,6 +129,13 @@ pub struct NodeConfig {
     /// unanswered periods. `None`: [`crate::session::PING_IDLE`] (30 s, protocol-notes
     /// §Liveness). Tests shorten it.
     pub ping_idle: Option<Duration>,
+    /// Relays to keep a standing connection to (`--via`, pinned `tls:` addresses; over
+    /// config.toml `via` and `AWP_VIA`). See spec/relay-circuits.md.
+    pub via: Vec<Address>,
+    /// Circuit policy in relay mode (over config.toml `[relay]`).
+    pub circuit_policy: Option<net::circuit::Policy>,
+    /// Keep sessions on their circuits: no direct upgrade (hole punching) attempts.
+    pub no_direct_upgrade: bool,
 }
 
 /// Why the node could not start.
@@ -204,6 +212,8 @@ pub(crate) struct Inner {
     pub artifactr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Idle time before a ping ([`NodeConfig::ping_idle`]).
     pub ping_idle: Duration,
+    /// Relay circuits: the relay side (relay mode) and our standing connections.
+    pub circuits: circuits::Circuits,
 }
 
 /// A started node.
@@ -273,6 +283,9 @@ impl NodeHandle {
             outbox_quota_bytes: config.outbox_quota_bytes,
             artifactr: config.artifactr.clone(),
             artifactr_public: config.artifactr_public.then_some(true),
+            via: (!config.via.is_empty())
+                .then(|| config.via.iter().map(|a| a.to_string()).collect()),
+            relay: config.circuit_policy.clone(),
             ..Default::default()
         };
         let settings = crate::config::Settings::load(&home, flags).map_err(other("config"))?;
@@ -290,6 +303,13 @@ impl NodeHandle {
             .max(1);
         let presence =
             presence::PresenceState::new(identity.key(), settings.presence, config.presence_timing);
+        let circuits = circuits::Circuits::new(
+            config.relay,
+            !config.no_direct_upgrade,
+            &tls,
+            settings.relay.clone(),
+        )
+        .map_err(other("relay policy"))?;
         let inner = Arc::new(Inner {
             home: home.clone(),
             identity,
@@ -329,6 +349,7 @@ impl NodeHandle {
             artifacts: artifacts::Artifacts::new(),
             artifactr: std::sync::OnceLock::new(),
             ping_idle: config.ping_idle.unwrap_or(crate::session::PING_IDLE),
+            circuits,
         });
         inner.artifacts.install(&inner);
         // Finish moving blobs that a crash left between "complete" and their final path.
@@ -374,6 +395,7 @@ impl NodeHandle {
         for l in &listeners {
             addrs.extend(net::dialable_addresses(&l.local_address(), &key));
         }
+        addrs.extend(circuits::addresses(&inner));
         *inner.addresses.lock().unwrap_or_else(|p| p.into_inner()) = addrs.clone();
         for l in listeners {
             let inner2 = inner.clone();
@@ -402,6 +424,7 @@ impl NodeHandle {
         // Housekeeping: retention, and redial peers with queued lines or open threads.
         inner.tasks.spawn(housekeeping(inner.clone()));
         inner.tasks.spawn(presence::run(inner.clone()));
+        circuits::start(&inner);
         for peer in dialer::wanted_peers(&inner) {
             dialer::ensure(&inner, peer);
         }
@@ -671,8 +694,14 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
                         tracing::debug!(%remote, "inbound socket: {e}");
                         return;
                     }
-                    let conn = match tokio::time::timeout_at(deadline, inc.handshake()).await {
-                        Ok(Ok(c)) => c,
+                    let routed = tokio::time::timeout_at(deadline, circuits::accept(&inner2, inc));
+                    let conn = match routed.await {
+                        Ok(Ok(net::circuit::Routed::Awp(c))) => c,
+                        Ok(Ok(net::circuit::Routed::Circuit(io, key, remote))) => {
+                            drop(hs_slot);
+                            circuits::serve(&inner2, io, key, remote).await;
+                            return;
+                        }
                         Ok(Err(e)) => {
                             tracing::info!(%remote, "inbound transport handshake failed: {e}");
                             return;

@@ -415,6 +415,10 @@ fn gather(inner: &Inner) -> Result<DocInputs, crate::store::StoreError> {
         threads,
         outbox,
         unread,
+        circuits: super::circuits::addresses(inner)
+            .iter()
+            .map(|a| a.to_string())
+            .collect(),
     })
 }
 
@@ -581,5 +585,7 @@ pub(crate) fn status(inner: &Inner) -> Value {
         "expired": counters.expired,
         "published": p.published.load(Ordering::Relaxed),
         "own_seq": own_seq,
+        "circuits": inner.circuits.status()["circuits"],
+        "via": inner.circuits.status()["via"],
     })
 }

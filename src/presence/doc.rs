@@ -89,7 +89,15 @@ pub struct DocInputs {
     pub outbox: u64,
     /// Unread inbound lines.
     pub unread: u64,
+    /// Our relay circuit addresses (spec/relay-circuits.md): they name the relay and our
+    /// key, never our own network address. At most [`MAX_CIRCUITS`] are published.
+    pub circuits: Vec<String>,
 }
+
+/// Circuit addresses published at most.
+pub const MAX_CIRCUITS: usize = 8;
+/// Longest circuit address published, in bytes (longer ones are left out).
+pub const MAX_CIRCUIT_LEN: usize = 512;
 
 /// `waiting`: true when our own state is `waiting` in any thread (we said we are
 /// blocked on the other side). A documented simplification: unread lines do not matter.
@@ -159,6 +167,15 @@ fn sign(
         d.insert("active".into(), json!(wire::time::format_ms(rounded)));
     }
     d.insert("waiting".into(), json!(waiting(&inputs.threads)));
+    let circuits: Vec<&String> = inputs
+        .circuits
+        .iter()
+        .filter(|c| c.len() <= MAX_CIRCUIT_LEN)
+        .take(MAX_CIRCUITS)
+        .collect();
+    if !circuits.is_empty() {
+        d.insert("circuits".into(), json!(circuits));
+    }
     let peers: Vec<Value> = peers
         .iter()
         .map(|p| {

@@ -330,7 +330,22 @@ fn inputs() -> DocInputs {
         }],
         outbox: 3,
         unread: 2,
+        circuits: vec![],
     }
+}
+
+#[test]
+fn circuit_addresses_are_published_bounded() {
+    let me = id(9);
+    let mut inp = inputs();
+    let d = doc::build_signed(&me, &inp, NOW, NOW);
+    assert!(d.get("circuits").is_none(), "none without --via");
+    let c = format!("relay:tls:relay.example:7700#{}/{}", id(3).key(), me.key());
+    inp.circuits = vec![c.clone(); doc::MAX_CIRCUITS + 3];
+    inp.circuits.insert(0, "x".repeat(doc::MAX_CIRCUIT_LEN + 1));
+    let d = doc::build_signed(&me, &inp, NOW, NOW);
+    assert_eq!(d["circuits"], json!(vec![c; doc::MAX_CIRCUITS]));
+    assert!(table().accept(d, 0, from(), NOW).is_ok());
 }
 
 #[test]

@@ -1,0 +1,1668 @@
+//! Relay circuits (spec/relay-circuits.md): reaching a node that accepts no inbound
+//! connections through a relay it keeps a standing connection to, with the ordinary
+//! end-to-end TLS 1.3 handshake run *inside* the spliced byte stream, so the relay sees
+//! only ciphertext and cannot impersonate either end.
+//!
+//! Every circuit connection is an outer TLS 1.3 connection to the relay (mutual, the
+//! relay pinned, ALPN [`ALPN`]) whose first line is one signed request ([`Kind`]):
+//! - `circuit_listen`: the standing connection of a node reachable through this relay;
+//!   the relay answers `circuit_ready`, then sends `circuit_offer` lines (and `ping`).
+//! - `circuit_connect`: a dialer asks for a circuit to `to`; the relay offers it to `to`
+//!   over its standing connection and waits for the join.
+//! - `circuit_join`: the target's fresh connection for one offered circuit.
+//!
+//! The relay answers each with one line (`circuit_ok` or `circuit_err`); after
+//! `circuit_ok` both connections carry raw bytes, spliced by the relay ([`splice`]).
+//!
+//! This module holds the client side ([`dial`], [`listen`], [`join`]) and the relay side
+//! ([`RelayCircuits`]); the node wires them in `crate::node::circuits`.
+
+use super::{connect_tcp, into_conn, resolve, tls_failure, tls_peer_key, Address, Conn};
+use super::{Incoming, NetError, TlsConfig, Transport, TLS_HANDSHAKE_TIMEOUT};
+use crate::wire::{self, PeerKey};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// ALPN id of circuit connections to a relay (the relay also offers `awp/0`).
+pub const ALPN: &[u8] = b"awp-circuit/0";
+/// Longest control line (request, reply, offer), in bytes without the `\n`.
+pub const MAX_CONTROL_LINE: usize = 8 * 1024;
+/// A request's `ts` may differ from the receiver's clock by at most this (ms).
+pub const MAX_SKEW_MS: u64 = 5 * 60 * 1000;
+/// How long the relay waits for the target's join after offering a circuit.
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may take to send its first line (and a dialer to get its reply
+/// beyond [`JOIN_TIMEOUT`]).
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The relay pings a standing connection this often.
+pub const PING_INTERVAL: Duration = Duration::from_secs(30);
+/// A standing connection silent this long (either side) is dead.
+pub const STANDING_SILENCE: Duration = Duration::from_secs(75);
+/// Splice buffer per direction (one TLS record).
+const SPLICE_BUF: usize = 16 * 1024;
+/// Offers waiting to be written to one standing connection.
+const OFFER_QUEUE: usize = 64;
+/// Longest circuit id and nonce, in characters.
+const MAX_TOKEN: usize = 64;
+
+/// A byte stream (TLS over TCP, or anything else in tests).
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+/// A boxed [`Io`].
+pub type BoxIo = Box<dyn Io>;
+
+/// What a request asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// `circuit_listen`: keep this connection standing; offers arrive on it.
+    Listen,
+    /// `circuit_connect`: a circuit to the node `to`.
+    Connect { to: PeerKey },
+    /// `circuit_join`: the target's connection for offered circuit `circuit`.
+    Join { circuit: String },
+}
+
+impl Kind {
+    fn tag(&self) -> &'static str {
+        match self {
+            Kind::Listen => "circuit_listen",
+            Kind::Connect { .. } => "circuit_connect",
+            Kind::Join { .. } => "circuit_join",
+        }
+    }
+}
+
+/// A verified request line.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The signer (must equal the outer TLS certificate key at the relay).
+    pub key: PeerKey,
+    /// What it asks for.
+    pub kind: Kind,
+    /// The object as received (forwarded in offers so the target can check it).
+    pub raw: Map<String, Value>,
+}
+
+/// Why a request (or an offer's embedded request) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Not a JSON object of the expected shape (the reason).
+    #[error("malformed request: {0}")]
+    Malformed(String),
+    /// `relay` names another relay.
+    #[error("request is for another relay")]
+    WrongRelay,
+    /// `ts` is more than [`MAX_SKEW_MS`] away from our clock.
+    #[error("request time is off by more than 5 minutes")]
+    Clock,
+    /// `sig` does not verify under `key`.
+    #[error("bad signature")]
+    BadSignature,
+}
+
+fn malformed(why: impl Into<String>) -> RequestError {
+    RequestError::Malformed(why.into())
+}
+
+/// A circuit id or nonce: 1 to 64 characters of the base64url alphabet.
+fn valid_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_TOKEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn random_token() -> String {
+    let mut b = [0u8; 16];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
+    wire::b64::encode_url(&b)
+}
+
+/// The signed request line (with its `\n`) of `kind` for the relay `relay`, signed by
+/// `tls`'s key: `{"t","key","relay","ts","nonce",("to"|"circuit"),"sig"}`, `sig` being
+/// Ed25519 over the canonical JSON (RFC 8785) of the object without `sig`.
+pub fn request_line(
+    tls: &TlsConfig,
+    relay: PeerKey,
+    kind: &Kind,
+    now_ms: u64,
+) -> Result<Vec<u8>, NetError> {
+    let mut obj = Map::new();
+    obj.insert("t".into(), json!(kind.tag()));
+    obj.insert("key".into(), json!(tls.key().to_string()));
+    obj.insert("relay".into(), json!(relay.to_string()));
+    obj.insert("ts".into(), json!(now_ms));
+    obj.insert("nonce".into(), json!(random_token()));
+    match kind {
+        Kind::Listen => {}
+        Kind::Connect { to } => {
+            obj.insert("to".into(), json!(to.to_string()));
+        }
+        Kind::Join { circuit } => {
+            obj.insert("circuit".into(), json!(circuit));
+        }
+    }
+    let bytes = crate::canonical::signing_bytes(&obj)
+        .map_err(|e| NetError::Tls(format!("signing a circuit request: {e}")))?;
+    obj.insert(
+        "sig".into(),
+        json!(wire::b64::encode_url(&tls.sign(&bytes)?)),
+    );
+    let mut line = serde_json::to_vec(&Value::Object(obj))
+        .map_err(|e| NetError::Tls(format!("encoding a circuit request: {e}")))?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// Parse a control line as a strict JSON object (no duplicate keys, integers within
+/// ±(2^53−1), at most [`MAX_CONTROL_LINE`] bytes).
+fn parse_object(line: &[u8]) -> Result<Map<String, Value>, RequestError> {
+    if line.len() > MAX_CONTROL_LINE {
+        return Err(malformed("line too long"));
+    }
+    let text = std::str::from_utf8(line).map_err(|_| malformed("not UTF-8"))?;
+    match wire::parse::parse_json_value(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(malformed("not a JSON object")),
+        Err(e) => Err(malformed(e)),
+    }
+}
+
+fn str_field<'a>(obj: &'a Map<String, Value>, k: &str) -> Result<&'a str, RequestError> {
+    obj.get(k)
+        .and_then(Value::as_str)
+        .ok_or_else(|| malformed(format!("`{k}` missing or not a string")))
+}
+
+fn key_field(obj: &Map<String, Value>, k: &str) -> Result<PeerKey, RequestError> {
+    PeerKey::parse(str_field(obj, k)?).map_err(|e| malformed(format!("`{k}`: {e}")))
+}
+
+/// Check a request object: shape, `relay` = `relay`, `ts` within [`MAX_SKEW_MS`] of
+/// `now_ms`, and the signature under `key` (strict Ed25519). Errors: [`RequestError`].
+pub fn verify_request(
+    obj: Map<String, Value>,
+    relay: &PeerKey,
+    now_ms: u64,
+) -> Result<Request, RequestError> {
+    let kind = match str_field(&obj, "t")? {
+        "circuit_listen" => Kind::Listen,
+        "circuit_connect" => Kind::Connect {
+            to: key_field(&obj, "to")?,
+        },
+        "circuit_join" => {
+            let c = str_field(&obj, "circuit")?;
+            if !valid_token(c) {
+                return Err(malformed("bad `circuit`"));
+            }
+            Kind::Join {
+                circuit: c.to_string(),
+            }
+        }
+        other => return Err(malformed(format!("unknown request {other:?}"))),
+    };
+    let key = key_field(&obj, "key")?;
+    if key_field(&obj, "relay")? != *relay {
+        return Err(RequestError::WrongRelay);
+    }
+    let ts = obj
+        .get("ts")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| malformed("`ts` missing or not a whole number"))?;
+    if ts.abs_diff(now_ms) > MAX_SKEW_MS {
+        return Err(RequestError::Clock);
+    }
+    if !valid_token(str_field(&obj, "nonce")?) {
+        return Err(malformed("bad `nonce`"));
+    }
+    if !crate::canonical::verify_object(&key, &obj) {
+        return Err(RequestError::BadSignature);
+    }
+    Ok(Request {
+        key,
+        kind,
+        raw: obj,
+    })
+}
+
+/// Parse and check one request line ([`verify_request`]).
+pub fn parse_request(line: &[u8], relay: &PeerKey, now_ms: u64) -> Result<Request, RequestError> {
+    verify_request(parse_object(line)?, relay, now_ms)
+}
+
+/// Read one `\n`-terminated line of at most [`MAX_CONTROL_LINE`] bytes, byte by byte so
+/// that nothing after it is consumed (raw circuit bytes may follow). `Ok(None)` at EOF
+/// before any byte.
+pub async fn read_control_line<R: AsyncRead + Unpin + ?Sized>(
+    r: &mut R,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    loop {
+        let mut b = [0u8; 1];
+        if r.read(&mut b).await? == 0 {
+            if line.is_empty() {
+                return Ok(None);
+            }
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed inside a control line",
+            ));
+        }
+        if b[0] == b'\n' {
+            return Ok(Some(line));
+        }
+        if line.len() >= MAX_CONTROL_LINE {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "control line over 8 KiB",
+            ));
+        }
+        line.push(b[0]);
+    }
+}
+
+async fn write_line<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, v: &Value) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(v).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    w.write_all(&line).await?;
+    w.flush().await
+}
+
+fn refused(what: String) -> NetError {
+    std::io::Error::new(std::io::ErrorKind::ConnectionRefused, what).into()
+}
+
+fn timed_out(what: &str) -> NetError {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what}: timed out")).into()
+}
+
+/// Read the relay's reply: `circuit_ok` (returns it) or `circuit_err` (an error with its
+/// code and detail). The relay is not trusted: the line is parsed strictly.
+async fn read_reply(outer: &mut BoxIo, within: Duration) -> Result<Map<String, Value>, NetError> {
+    let line = tokio::time::timeout(within, read_control_line(outer))
+        .await
+        .map_err(|_| timed_out("waiting for the relay"))??
+        .ok_or_else(|| refused("relay closed the circuit connection".into()))?;
+    let obj = parse_object(&line).map_err(|e| refused(format!("relay: {e}")))?;
+    match obj.get("t").and_then(Value::as_str) {
+        Some("circuit_ok") | Some("circuit_ready") => Ok(obj),
+        Some("circuit_err") => {
+            let code = obj.get("code").and_then(Value::as_str).unwrap_or("?");
+            let detail = obj.get("detail").and_then(Value::as_str).unwrap_or("");
+            Err(refused(format!(
+                "relay refused the circuit: {} {}",
+                crate::blob::cut(code, 64),
+                crate::blob::cut(detail, 256)
+            )))
+        }
+        _ => Err(refused("relay sent an unexpected line".into())),
+    }
+}
+
+/// An address the relay reports having seen (`observed` fields), if it is `IP:PORT`.
+fn observed(obj: &Map<String, Value>, k: &str) -> Option<std::net::SocketAddr> {
+    obj.get(k)?.as_str()?.parse().ok()
+}
+
+/// The outer connection: TLS 1.3 to the relay at `host:port`, pinned to `relay`, ALPN
+/// [`ALPN`]. Returns the stream and the relay's `ip:port`.
+async fn dial_outer(
+    host: &str,
+    port: u16,
+    relay: PeerKey,
+    tls: &TlsConfig,
+) -> Result<(BoxIo, String), NetError> {
+    dial_outer_local(host, port, relay, tls)
+        .await
+        .map(|(s, r, _)| (s, r))
+}
+
+/// A TCP socket with SO_REUSEADDR and SO_REUSEPORT, bound to `local` (port 0: any), so
+/// that the direct upgrade can dial and listen from the port the relay observed.
+fn reuse_socket(local: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
+    let s = if local.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    s.set_reuseaddr(true)?;
+    s.set_reuseport(true)?;
+    s.bind(local)?;
+    Ok(s)
+}
+
+/// Connect from a reusable port (see [`reuse_socket`]) within [`super::CONNECT_TIMEOUT`].
+async fn connect_reusable(addrs: &[SocketAddr]) -> Result<tokio::net::TcpStream, NetError> {
+    let mut last = None;
+    for a in addrs {
+        let any: SocketAddr = if a.is_ipv4() {
+            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let sock = reuse_socket(any)?;
+        match tokio::time::timeout(super::CONNECT_TIMEOUT, sock.connect(*a)).await {
+            Ok(Ok(s)) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => return Err(timed_out("connecting to the relay")),
+        }
+    }
+    // Fall back to an ordinary connect (e.g. where SO_REUSEPORT is refused).
+    match last {
+        Some(_) => connect_tcp(addrs).await,
+        None => Err(std::io::Error::other("no addresses to connect to").into()),
+    }
+}
+
+/// [`dial_outer`], also returning the local address of the TCP connection.
+async fn dial_outer_local(
+    host: &str,
+    port: u16,
+    relay: PeerKey,
+    tls: &TlsConfig,
+) -> Result<(BoxIo, String, SocketAddr), NetError> {
+    let mut config = (*tls.client_config(Some(relay))?).clone();
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    let addrs = resolve(host, port).await?;
+    let tcp = connect_reusable(&addrs).await?;
+    let remote = tcp.peer_addr()?.to_string();
+    let local = tcp.local_addr()?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = tokio::time::timeout(
+        TLS_HANDSHAKE_TIMEOUT,
+        connector.connect(super::tls::server_name(), tcp),
+    )
+    .await
+    .map_err(|_| NetError::Tls(format!("handshake with relay {remote} timed out")))?
+    .map_err(tls_failure)?;
+    if stream.get_ref().1.alpn_protocol() != Some(ALPN) {
+        return Err(NetError::Tls(format!(
+            "{remote} is not a circuit relay (no ALPN {})",
+            String::from_utf8_lossy(ALPN)
+        )));
+    }
+    Ok((Box::new(stream), remote, local))
+}
+
+/// What a circuit told us about the two ends' public addresses, as the relay saw them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Our own address as the relay saw it.
+    pub me: Option<std::net::SocketAddr>,
+    /// The other end's address as the relay saw it.
+    pub peer: Option<std::net::SocketAddr>,
+    /// Our local address of the circuit's TCP connection (the port the relay observed
+    /// through any NAT).
+    pub local: Option<std::net::SocketAddr>,
+}
+
+/// Run the end-to-end TLS 1.3 handshake inside a circuit, as the client, pinned to
+/// `peer` (ALPN `awp/0`, exactly as a direct dial).
+async fn inner_client(
+    outer: BoxIo,
+    tls: &TlsConfig,
+    peer: PeerKey,
+    remote: String,
+) -> Result<Conn, NetError> {
+    let connector = tokio_rustls::TlsConnector::from(tls.client_config(Some(peer))?);
+    let stream = tokio::time::timeout(
+        TLS_HANDSHAKE_TIMEOUT,
+        connector.connect(super::tls::server_name(), outer),
+    )
+    .await
+    .map_err(|_| NetError::Tls(format!("end-to-end handshake through {remote} timed out")))?
+    .map_err(tls_failure)?;
+    let key = tls_peer_key(stream.get_ref().1)?;
+    if key != peer {
+        return Err(NetError::Tls(format!(
+            "certificate key {key} inside the circuit does not match {peer}"
+        )));
+    }
+    Ok(into_conn(stream, Some(key), Transport::Tls, remote))
+}
+
+/// Dial a `relay:` address: connect to the relay, ask for a circuit to the peer, then run
+/// the end-to-end TLS handshake inside it (pinned to the peer, so a relay that terminates
+/// TLS itself fails here). [`Conn::remote`] reads `circuit via IP:PORT`.
+///
+/// Errors: those of a TLS dial to the relay; `ConnectionRefused` when the relay refuses
+/// (`circuit_err`: not_here, forbidden, busy, timeout); `TimedOut`.
+pub async fn dial(addr: &Address, tls: &TlsConfig) -> Result<Conn, NetError> {
+    dial_observed(addr, tls).await.map(|(c, _)| c)
+}
+
+/// [`dial`], also returning the addresses the relay observed.
+pub async fn dial_observed(addr: &Address, tls: &TlsConfig) -> Result<(Conn, Observed), NetError> {
+    let Address::Relay {
+        host,
+        port,
+        relay,
+        peer,
+    } = addr
+    else {
+        return Err(NetError::Address(super::AddressError::Malformed(
+            addr.to_string(),
+            "not a relay: address".into(),
+        )));
+    };
+    let (mut outer, remote, local) = dial_outer_local(host, *port, *relay, tls).await?;
+    let line = request_line(
+        tls,
+        *relay,
+        &Kind::Connect { to: *peer },
+        wire::time::now_ms(),
+    )?;
+    outer.write_all(&line).await?;
+    outer.flush().await?;
+    let ok = read_reply(&mut outer, JOIN_TIMEOUT + LINE_TIMEOUT).await?;
+    let seen = Observed {
+        me: observed(&ok, "observed"),
+        peer: observed(&ok, "peer_observed"),
+        local: Some(local),
+    };
+    let conn = inner_client(outer, tls, *peer, format!("circuit via {remote}")).await?;
+    remember_path(tls.key(), *peer, seen.clone());
+    Ok((conn, seen))
+}
+
+/// A circuit offered to us over a standing connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offer {
+    /// The relay's circuit id.
+    pub circuit: String,
+    /// The dialer (signer of the embedded request; its TLS key inside must match).
+    pub from: PeerKey,
+    /// The dialer's address as the relay saw it.
+    pub observed: Option<std::net::SocketAddr>,
+}
+
+/// Check an offer line from the relay `relay` to `me`: the embedded request must be a
+/// `circuit_connect` to `me` through `relay`, signed by its `key`, within the clock window.
+pub fn verify_offer(
+    obj: &Map<String, Value>,
+    me: &PeerKey,
+    relay: &PeerKey,
+    now_ms: u64,
+) -> Result<Offer, RequestError> {
+    let circuit = str_field(obj, "circuit")?;
+    if !valid_token(circuit) {
+        return Err(malformed("bad `circuit`"));
+    }
+    let Some(Value::Object(req)) = obj.get("req") else {
+        return Err(malformed("`req` missing"));
+    };
+    let req = verify_request(req.clone(), relay, now_ms)?;
+    match req.kind {
+        Kind::Connect { to } if to == *me => {}
+        _ => return Err(malformed("the request is not a circuit to us")),
+    }
+    Ok(Offer {
+        circuit: circuit.to_string(),
+        from: req.key,
+        observed: observed(obj, "observed"),
+    })
+}
+
+/// A standing connection to a relay (`circuit_listen`), receiving offers.
+pub struct Standing {
+    stream: BoxIo,
+    me: PeerKey,
+    relay: PeerKey,
+    /// Our address as the relay saw it.
+    pub observed: Option<std::net::SocketAddr>,
+    /// The relay's `ip:port`.
+    pub remote: String,
+}
+
+/// Open a standing connection to the relay at `relay_addr` (a pinned `tls:` address).
+pub async fn listen(relay_addr: &Address, tls: &TlsConfig) -> Result<Standing, NetError> {
+    let Address::Tls {
+        host,
+        port,
+        pin: Some(relay),
+    } = relay_addr
+    else {
+        return Err(NetError::Address(super::AddressError::Malformed(
+            relay_addr.to_string(),
+            "a relay is named by a pinned tls: address (tls:HOST:PORT#ed25519:KEY)".into(),
+        )));
+    };
+    let (mut outer, remote) = dial_outer(host, *port, *relay, tls).await?;
+    let line = request_line(tls, *relay, &Kind::Listen, wire::time::now_ms())?;
+    outer.write_all(&line).await?;
+    outer.flush().await?;
+    let ready = read_reply(&mut outer, LINE_TIMEOUT).await?;
+    Ok(Standing {
+        stream: outer,
+        me: tls.key(),
+        relay: *relay,
+        observed: observed(&ready, "observed"),
+        remote,
+    })
+}
+
+impl Standing {
+    /// The next valid offer. Pings are answered here; offers that fail
+    /// [`verify_offer`] are logged and skipped. Errors: the connection ended, or was
+    /// silent for [`STANDING_SILENCE`].
+    pub async fn next_offer(&mut self) -> Result<Offer, NetError> {
+        loop {
+            let line = tokio::time::timeout(STANDING_SILENCE, read_control_line(&mut self.stream))
+                .await
+                .map_err(|_| timed_out("standing connection to the relay"))??
+                .ok_or_else(|| {
+                    NetError::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "relay closed the standing connection",
+                    ))
+                })?;
+            let Ok(obj) = parse_object(&line) else {
+                tracing::info!(relay = %self.relay, "relay sent a malformed line on the standing connection");
+                continue;
+            };
+            match obj.get("t").and_then(Value::as_str) {
+                Some("ping") => write_line(&mut self.stream, &json!({"t":"pong"})).await?,
+                Some("circuit_offer") => {
+                    match verify_offer(&obj, &self.me, &self.relay, wire::time::now_ms()) {
+                        Ok(o) => return Ok(o),
+                        Err(e) => {
+                            tracing::info!(relay = %self.relay, "circuit offer refused: {e}")
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Accept an offered circuit: open a fresh connection to the relay, join the circuit, and
+/// run the end-to-end TLS handshake inside it as the server. The client certificate key
+/// must be the offer's signer: a relay that terminates TLS itself (or splices someone
+/// else in) is refused here.
+pub async fn join(
+    relay_addr: &Address,
+    tls: &TlsConfig,
+    offer: &Offer,
+) -> Result<(Conn, Observed), NetError> {
+    let Address::Tls {
+        host,
+        port,
+        pin: Some(relay),
+    } = relay_addr
+    else {
+        return Err(NetError::Tls("relay address without its key".into()));
+    };
+    let (mut outer, remote, local) = dial_outer_local(host, *port, *relay, tls).await?;
+    let line = request_line(
+        tls,
+        *relay,
+        &Kind::Join {
+            circuit: offer.circuit.clone(),
+        },
+        wire::time::now_ms(),
+    )?;
+    outer.write_all(&line).await?;
+    outer.flush().await?;
+    let ok = read_reply(&mut outer, LINE_TIMEOUT).await?;
+    let seen = Observed {
+        me: observed(&ok, "observed"),
+        peer: observed(&ok, "peer_observed").or(offer.observed),
+        local: Some(local),
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+    let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(outer))
+        .await
+        .map_err(|_| NetError::Tls(format!("end-to-end handshake through {remote} timed out")))?
+        .map_err(tls_failure)?;
+    let key = tls_peer_key(stream.get_ref().1)?;
+    if key != offer.from {
+        return Err(NetError::Tls(format!(
+            "certificate key {key} inside the circuit is not the requester {}",
+            offer.from
+        )));
+    }
+    remember_path(tls.key(), key, seen.clone());
+    Ok((
+        into_conn(
+            stream,
+            Some(key),
+            Transport::Tls,
+            format!("circuit via {remote}"),
+        ),
+        seen,
+    ))
+}
+
+/// Recently established circuits' [`Observed`] addresses by (our key, peer key), for the
+/// direct upgrade (the node takes them when the circuit's connection is up). Bounded.
+static PATHS: Mutex<Option<HashMap<(PeerKey, PeerKey), Observed>>> = Mutex::new(None);
+/// Entries kept at most in [`PATHS`].
+const MAX_PATHS: usize = 4096;
+
+fn remember_path(me: PeerKey, peer: PeerKey, seen: Observed) {
+    let mut p = PATHS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = p.get_or_insert_with(HashMap::new);
+    if map.len() >= MAX_PATHS {
+        map.clear();
+    }
+    map.insert((me, peer), seen);
+}
+
+/// The addresses observed by the last circuit between `me` and `peer` (taken: once).
+pub fn take_path(me: &PeerKey, peer: &PeerKey) -> Option<Observed> {
+    PATHS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_mut()
+        .and_then(|m| m.remove(&(*me, *peer)))
+}
+
+/// Connect attempts of a direct upgrade.
+pub const PUNCH_ATTEMPTS: u32 = 8;
+/// Pause between attempts that failed at once (a reset: the other side not yet dialing).
+pub const PUNCH_PAUSE: Duration = Duration::from_millis(250);
+/// One attempt's connect timeout (SYNs are retransmitted meanwhile).
+pub const PUNCH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Hole punching (spec/relay-circuits.md §Direct upgrade): from our circuit's local port
+/// `seen.local`, dial the peer's observed address `seen.peer` repeatedly and, at the same
+/// time, accept on that port (so either a TCP simultaneous open or the other side's SYN
+/// reaching us gives the connection). Only a connection from the peer's observed IP is
+/// taken. `None` when no TCP connection formed within [`PUNCH_ATTEMPTS`].
+pub async fn punch(seen: &Observed) -> Option<tokio::net::TcpStream> {
+    let (local, peer) = (seen.local?, seen.peer?);
+    if local.is_ipv4() != peer.is_ipv4() {
+        return None;
+    }
+    let listener = match reuse_socket(local).and_then(|s| s.listen(4)) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::debug!(%local, "punch: no listener on the circuit's port: {e}");
+            None
+        }
+    };
+    let accept = async {
+        match &listener {
+            Some(l) => loop {
+                match l.accept().await {
+                    Ok((s, from)) if from.ip() == peer.ip() => return s,
+                    Ok(_) => continue,
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            },
+            None => std::future::pending().await,
+        }
+    };
+    let dial = async {
+        for _ in 0..PUNCH_ATTEMPTS {
+            let started = Instant::now();
+            match reuse_socket(local) {
+                Ok(sock) => match tokio::time::timeout(PUNCH_TIMEOUT, sock.connect(peer)).await {
+                    Ok(Ok(s)) => return Some(s),
+                    Ok(Err(e)) => tracing::debug!(%local, %peer, "punch: {e}"),
+                    Err(_) => tracing::debug!(%local, %peer, "punch: timed out"),
+                },
+                Err(e) => tracing::debug!(%local, "punch: binding the circuit's port: {e}"),
+            }
+            if started.elapsed() < PUNCH_PAUSE {
+                tokio::time::sleep(PUNCH_PAUSE).await;
+            }
+        }
+        None
+    };
+    let s = tokio::select! {
+        s = accept => Some(s),
+        s = dial => s,
+    }?;
+    let _ = s.set_nodelay(true);
+    Some(s)
+}
+
+/// The end-to-end TLS handshake over a punched TCP connection: as the client (pinned to
+/// `peer`) when we dialed the circuit, else as the server (the client key must be
+/// `peer`). Roles follow the circuit's, so both ends agree without another message.
+pub async fn direct(
+    tcp: tokio::net::TcpStream,
+    tls: &TlsConfig,
+    peer: PeerKey,
+    client: bool,
+) -> Result<Conn, NetError> {
+    let remote = tcp.peer_addr()?.to_string();
+    if client {
+        return inner_client(Box::new(tcp), tls, peer, remote).await;
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+    let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+        .await
+        .map_err(|_| NetError::Tls(format!("handshake with {remote} timed out")))?
+        .map_err(tls_failure)?;
+    let key = tls_peer_key(stream.get_ref().1)?;
+    if key != peer {
+        return Err(NetError::Tls(format!(
+            "certificate key {key} on the direct connection is not {peer}"
+        )));
+    }
+    Ok(into_conn(stream, Some(key), Transport::Tls, remote))
+}
+
+/// Who may use a relay's circuits and how much (config.toml `[relay]`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    /// Keys allowed to listen, dial and be dialed (both ends must be listed); empty: any.
+    pub allow: Vec<String>,
+    /// Circuits at most per key (counting either end, pending ones too). Default 16.
+    pub max_circuits_per_key: usize,
+    /// Circuits at most in total. Default 1024.
+    pub max_circuits: usize,
+    /// Bytes per second per circuit and direction; 0: unlimited. Default 0.
+    pub circuit_rate: u64,
+    /// A circuit that carried no byte for this many seconds is closed. Default 300.
+    pub circuit_idle_secs: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            allow: Vec::new(),
+            max_circuits_per_key: 16,
+            max_circuits: 1024,
+            circuit_rate: 0,
+            circuit_idle_secs: 300,
+        }
+    }
+}
+
+impl Policy {
+    /// The allowlist as keys. Errors: the first entry that is not a key.
+    pub fn allowed_keys(&self) -> Result<Vec<PeerKey>, String> {
+        self.allow
+            .iter()
+            .map(|k| PeerKey::parse(k).map_err(|e| format!("relay.allow {k:?}: {e}")))
+            .collect()
+    }
+}
+
+/// A token bucket limiting one direction of a circuit to `rate` bytes per second (burst:
+/// a quarter second of rate, at least 64 KiB).
+#[derive(Debug)]
+pub struct Bucket {
+    rate: u64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    /// A full bucket; `rate` 0 means unlimited.
+    pub fn new(rate: u64, now: Instant) -> Bucket {
+        Bucket {
+            rate,
+            tokens: Self::burst(rate),
+            at: now,
+        }
+    }
+
+    fn burst(rate: u64) -> f64 {
+        (rate as f64 / 4.0).max(64.0 * 1024.0)
+    }
+
+    /// Take `n` bytes at `now`; how long to wait before passing them on (None: at once).
+    pub fn take(&mut self, n: usize, now: Instant) -> Option<Duration> {
+        if self.rate == 0 {
+            return None;
+        }
+        let rate = self.rate as f64;
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.tokens = (self.tokens + elapsed * rate).min(Self::burst(self.rate)) - n as f64;
+        (self.tokens < 0.0).then(|| Duration::from_secs_f64(-self.tokens / rate))
+    }
+}
+
+/// Counters of one live circuit.
+#[derive(Debug)]
+pub struct LiveCircuit {
+    /// The relay's id.
+    pub id: String,
+    /// The dialer.
+    pub from: PeerKey,
+    /// The target.
+    pub to: PeerKey,
+    /// When it was spliced.
+    pub since: Instant,
+    /// Bytes dialer → target.
+    pub up: AtomicU64,
+    /// Bytes target → dialer.
+    pub down: AtomicU64,
+}
+
+async fn pump(
+    mut r: tokio::io::ReadHalf<BoxIo>,
+    mut w: tokio::io::WriteHalf<BoxIo>,
+    count: &AtomicU64,
+    rate: u64,
+    last: &AtomicU64,
+    epoch: Instant,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; SPLICE_BUF];
+    let mut bucket = Bucket::new(rate, Instant::now());
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+        if let Some(wait) = bucket.take(n, Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+        w.write_all(&buf[..n]).await?;
+        w.flush().await?;
+        count.fetch_add(n as u64, Ordering::Relaxed);
+        last.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Copy bytes both ways between `a` (dialer) and `b` (target) until both directions end,
+/// one fails, nothing moved for `idle`, or `stop` fires. Each direction is limited to
+/// `rate` bytes per second (0: unlimited) and counted in `live`.
+pub async fn splice(
+    a: BoxIo,
+    b: BoxIo,
+    live: &LiveCircuit,
+    rate: u64,
+    idle: Duration,
+    stop: &CancellationToken,
+) {
+    let epoch = Instant::now();
+    let last = AtomicU64::new(0);
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    let up = pump(ar, bw, &live.up, rate, &last, epoch);
+    let down = pump(br, aw, &live.down, rate, &last, epoch);
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (false, false);
+    while !(up_done && down_done) {
+        let quiet = Duration::from_millis(
+            (epoch.elapsed().as_millis() as u64).saturating_sub(last.load(Ordering::Relaxed)),
+        );
+        if quiet >= idle {
+            tracing::info!(circuit = %live.id, "circuit idle: closing");
+            return;
+        }
+        tokio::select! {
+            r = &mut up, if !up_done => {
+                up_done = true;
+                if r.is_err() { return; }
+            }
+            r = &mut down, if !down_done => {
+                down_done = true;
+                if r.is_err() { return; }
+            }
+            _ = tokio::time::sleep(idle - quiet) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// A connection accepted by a relay, routed by its ALPN.
+pub enum Routed {
+    /// An ordinary AWP connection (`awp/0`, or not TLS).
+    Awp(Conn),
+    /// A circuit connection: the stream, its certificate key, its remote `ip:port`.
+    Circuit(BoxIo, PeerKey, String),
+}
+
+struct Pending {
+    target: PeerKey,
+    join: oneshot::Sender<(BoxIo, String)>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Standing connections by key: (registration id, where offers go, remote).
+    listeners: HashMap<PeerKey, (u64, mpsc::Sender<Value>, String)>,
+    pending: HashMap<String, Pending>,
+    live: HashMap<String, Arc<LiveCircuit>>,
+    /// Circuits (pending and live) per key, either end.
+    per_key: HashMap<PeerKey, usize>,
+    total: usize,
+}
+
+/// The relay side of circuits: routes accepted connections, keeps standing connections,
+/// matches joins to pending circuits, enforces [`Policy`] and splices.
+pub struct RelayCircuits {
+    key: PeerKey,
+    policy: Policy,
+    allow: Vec<PeerKey>,
+    server: Arc<rustls::ServerConfig>,
+    state: Mutex<State>,
+    next_id: AtomicU64,
+    opened: AtomicU64,
+    refused: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// Releases a circuit's slots when dropped.
+struct Slot<'a> {
+    relay: &'a RelayCircuits,
+    keys: [PeerKey; 2],
+    id: String,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut st = self.relay.lock();
+        for k in self.keys {
+            if let Some(n) = st.per_key.get_mut(&k) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    st.per_key.remove(&k);
+                }
+            }
+        }
+        st.total = st.total.saturating_sub(1);
+        st.pending.remove(&self.id);
+        if let Some(live) = st.live.remove(&self.id) {
+            self.relay.bytes.fetch_add(
+                live.up.load(Ordering::Relaxed) + live.down.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+        }
+    }
+}
+
+impl RelayCircuits {
+    /// A relay for `tls`'s key under `policy`. Errors: an allowlist entry that is not a key.
+    pub fn new(tls: &TlsConfig, policy: Policy) -> Result<Arc<RelayCircuits>, String> {
+        let allow = policy.allowed_keys()?;
+        let mut server = (*tls.server_config()).clone();
+        server.alpn_protocols = vec![super::tls::ALPN.to_vec(), ALPN.to_vec()];
+        Ok(Arc::new(RelayCircuits {
+            key: tls.key(),
+            policy,
+            allow,
+            server: Arc::new(server),
+            state: Mutex::new(State::default()),
+            next_id: AtomicU64::new(1),
+            opened: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn allowed(&self, k: &PeerKey) -> bool {
+        self.allow.is_empty() || self.allow.contains(k)
+    }
+
+    /// Finish the transport handshake of an accepted socket offering both `awp/0` and
+    /// [`ALPN`], and route it. Errors as [`Incoming::handshake`].
+    pub async fn accept(&self, inc: Incoming) -> Result<Routed, NetError> {
+        let Incoming {
+            stream,
+            remote,
+            source,
+            acceptor,
+        } = inc;
+        let s = match (stream, acceptor) {
+            (super::Stream::Tcp(s), Some(_)) => s,
+            (stream, acceptor) => {
+                return Incoming {
+                    stream,
+                    remote,
+                    source,
+                    acceptor,
+                }
+                .handshake()
+                .await
+                .map(Routed::Awp)
+            }
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.server.clone());
+        let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(s))
+            .await
+            .map_err(|_| NetError::Tls(format!("handshake with {remote} timed out")))?
+            .map_err(tls_failure)?;
+        let state = stream.get_ref().1;
+        if state.alpn_protocol() == Some(ALPN) {
+            let cert = state
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .ok_or_else(|| NetError::Tls("peer presented no certificate".into()))?;
+            let key = super::tls::certificate_key(cert.as_ref())
+                .map_err(|e| NetError::Tls(e.to_string()))?;
+            return Ok(Routed::Circuit(Box::new(stream), key, remote));
+        }
+        let key = tls_peer_key(state)?;
+        Ok(Routed::Awp(into_conn(
+            stream,
+            Some(key),
+            Transport::Tls,
+            remote,
+        )))
+    }
+
+    /// Serve one circuit connection (from [`RelayCircuits::accept`]) to its end.
+    pub async fn serve(
+        &self,
+        mut stream: BoxIo,
+        key: PeerKey,
+        remote: String,
+        stop: CancellationToken,
+    ) {
+        let line = match tokio::time::timeout(LINE_TIMEOUT, read_control_line(&mut stream)).await {
+            Ok(Ok(Some(l))) => l,
+            _ => return,
+        };
+        let req = match parse_request(&line, &self.key, wire::time::now_ms()) {
+            Ok(r) if r.key == key => r,
+            Ok(_) => {
+                self.refuse(
+                    &mut stream,
+                    "auth",
+                    "request key is not the certificate key",
+                )
+                .await;
+                return;
+            }
+            Err(e) => {
+                tracing::info!(%remote, peer = %key, "circuit request refused: {e}");
+                self.refuse(&mut stream, "bad_request", &e.to_string())
+                    .await;
+                return;
+            }
+        };
+        if !self.allowed(&key) {
+            self.refuse(&mut stream, "forbidden", "key not allowed on this relay")
+                .await;
+            return;
+        }
+        match req.kind.clone() {
+            Kind::Listen => self.standing(stream, key, remote, stop).await,
+            Kind::Connect { to } => self.connect(stream, req, to, remote, stop).await,
+            Kind::Join { circuit } => {
+                let pending = {
+                    let mut st = self.lock();
+                    match st.pending.get(&circuit) {
+                        Some(p) if p.target == key => st.pending.remove(&circuit),
+                        _ => None,
+                    }
+                };
+                match pending {
+                    Some(p) => {
+                        let _ = p.join.send((stream, remote));
+                    }
+                    None => {
+                        self.refuse(&mut stream, "not_here", "no such circuit")
+                            .await
+                    }
+                }
+            }
+        }
+    }
+
+    async fn refuse(&self, stream: &mut BoxIo, code: &str, detail: &str) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        let _ = write_line(
+            stream,
+            &json!({"t":"circuit_err","code":code,"detail":detail}),
+        )
+        .await;
+        let _ = stream.shutdown().await;
+    }
+
+    async fn standing(
+        &self,
+        mut stream: BoxIo,
+        key: PeerKey,
+        remote: String,
+        stop: CancellationToken,
+    ) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, mut rx) = mpsc::channel::<Value>(OFFER_QUEUE);
+        // A new standing connection of the same key replaces the old one (its sender is
+        // dropped, so the old task ends).
+        self.lock().listeners.insert(key, (id, tx, remote.clone()));
+        tracing::info!(peer = %key, %remote, "circuit listener up");
+        if write_line(&mut stream, &json!({"t":"circuit_ready","observed":remote}))
+            .await
+            .is_ok()
+        {
+            let (mut r, mut w) = tokio::io::split(stream);
+            let mut ping = tokio::time::interval(PING_INTERVAL);
+            let epoch = tokio::time::Instant::now();
+            let heard = AtomicU64::new(0);
+            let reader = async {
+                // Only pongs are expected; anything else is read and dropped.
+                loop {
+                    match read_control_line(&mut r).await {
+                        Ok(Some(_)) => {
+                            heard.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed)
+                        }
+                        _ => return,
+                    }
+                }
+            };
+            tokio::pin!(reader);
+            loop {
+                tokio::select! {
+                    _ = &mut reader => break,
+                    o = rx.recv() => match o {
+                        Some(offer) => if write_line(&mut w, &offer).await.is_err() { break },
+                        None => break,
+                    },
+                    _ = ping.tick() => {
+                        if write_line(&mut w, &json!({"t":"ping"})).await.is_err() { break }
+                    }
+                    _ = tokio::time::sleep_until(
+                        epoch + Duration::from_millis(heard.load(Ordering::Relaxed)) + STANDING_SILENCE
+                    ) => {
+                        if epoch.elapsed() >= Duration::from_millis(heard.load(Ordering::Relaxed)) + STANDING_SILENCE {
+                            break;
+                        }
+                    }
+                    _ = stop.cancelled() => break,
+                }
+            }
+        }
+        let mut st = self.lock();
+        if st.listeners.get(&key).is_some_and(|l| l.0 == id) {
+            st.listeners.remove(&key);
+        }
+        tracing::info!(peer = %key, "circuit listener down");
+    }
+
+    async fn connect(
+        &self,
+        mut stream: BoxIo,
+        req: Request,
+        to: PeerKey,
+        remote: String,
+        stop: CancellationToken,
+    ) {
+        let from = req.key;
+        if to == from {
+            self.refuse(&mut stream, "bad_request", "a circuit to oneself")
+                .await;
+            return;
+        }
+        if !self.allowed(&to) {
+            self.refuse(&mut stream, "forbidden", "target not allowed on this relay")
+                .await;
+            return;
+        }
+        let circuit = random_token();
+        let (join_tx, join_rx) = oneshot::channel();
+        let reserved = {
+            let mut st = self.lock();
+            let per_key = |st: &State, k: &PeerKey| st.per_key.get(k).copied().unwrap_or(0);
+            match st.listeners.get(&to).map(|l| l.1.clone()) {
+                None => Err(("not_here", "the target has no standing connection here")),
+                Some(_)
+                    if st.total >= self.policy.max_circuits
+                        || per_key(&st, &from) >= self.policy.max_circuits_per_key
+                        || per_key(&st, &to) >= self.policy.max_circuits_per_key =>
+                {
+                    Err(("busy", "circuit limit reached"))
+                }
+                Some(offers) => {
+                    *st.per_key.entry(from).or_default() += 1;
+                    *st.per_key.entry(to).or_default() += 1;
+                    st.total += 1;
+                    st.pending.insert(
+                        circuit.clone(),
+                        Pending {
+                            target: to,
+                            join: join_tx,
+                        },
+                    );
+                    Ok(offers)
+                }
+            }
+        };
+        let offers = match reserved {
+            Ok(o) => o,
+            Err((code, detail)) => {
+                self.refuse(&mut stream, code, detail).await;
+                return;
+            }
+        };
+        let _slot = Slot {
+            relay: self,
+            keys: [from, to],
+            id: circuit.clone(),
+        };
+        let offer = json!({
+            "t": "circuit_offer",
+            "circuit": circuit,
+            "req": Value::Object(req.raw),
+            "observed": remote,
+        });
+        if offers.try_send(offer).is_err() {
+            self.refuse(&mut stream, "busy", "the target's offer queue is full")
+                .await;
+            return;
+        }
+        let (mut target, target_remote) = match tokio::time::timeout(JOIN_TIMEOUT, join_rx).await {
+            Ok(Ok(j)) => j,
+            _ => {
+                self.refuse(&mut stream, "timeout", "the target did not join")
+                    .await;
+                return;
+            }
+        };
+        let ok_dialer = json!({"t":"circuit_ok","circuit":circuit,"observed":remote,"peer_observed":target_remote});
+        let ok_target = json!({"t":"circuit_ok","circuit":circuit,"observed":target_remote,"peer_observed":remote});
+        if write_line(&mut stream, &ok_dialer).await.is_err()
+            || write_line(&mut target, &ok_target).await.is_err()
+        {
+            return;
+        }
+        let live = Arc::new(LiveCircuit {
+            id: circuit.clone(),
+            from,
+            to,
+            since: Instant::now(),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+        });
+        self.lock().live.insert(circuit.clone(), live.clone());
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(%circuit, %from, %to, "circuit spliced");
+        splice(
+            stream,
+            target,
+            &live,
+            self.policy.circuit_rate,
+            Duration::from_secs(self.policy.circuit_idle_secs.max(1)),
+            &stop,
+        )
+        .await;
+        tracing::info!(
+            %circuit,
+            up = live.up.load(Ordering::Relaxed),
+            down = live.down.load(Ordering::Relaxed),
+            "circuit closed"
+        );
+    }
+
+    /// For `awp relay status`: `{listeners, circuits: [{id, from, to, age_secs, up,
+    /// down}], opened, refused, bytes}` (bytes: of closed and live circuits).
+    pub fn status(&self) -> Value {
+        let st = self.lock();
+        let mut live_bytes = 0;
+        let circuits: Vec<Value> = st
+            .live
+            .values()
+            .map(|c| {
+                let (up, down) = (c.up.load(Ordering::Relaxed), c.down.load(Ordering::Relaxed));
+                live_bytes += up + down;
+                json!({
+                    "id": c.id,
+                    "from": c.from.to_string(),
+                    "to": c.to.to_string(),
+                    "age_secs": c.since.elapsed().as_secs(),
+                    "up": up,
+                    "down": down,
+                })
+            })
+            .collect();
+        json!({
+            "listeners": st.listeners.len(),
+            "pending": st.pending.len(),
+            "circuits": circuits,
+            "opened": self.opened.load(Ordering::Relaxed),
+            "refused": self.refused.load(Ordering::Relaxed),
+            "bytes": self.bytes.load(Ordering::Relaxed) + live_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Identity;
+
+    fn tls(seed: u8) -> TlsConfig {
+        TlsConfig::new(&Identity::from_seed(&[seed; 32])).unwrap()
+    }
+
+    const NOW: u64 = 1_800_000_000_000;
+
+    type Edit = Box<dyn Fn(&mut Map<String, Value>)>;
+
+    /// A signed request object from `who` to relay `relay`, with `edit` applied before
+    /// signing.
+    fn signed(
+        who: &TlsConfig,
+        relay: PeerKey,
+        kind: &Kind,
+        edit: impl FnOnce(&mut Map<String, Value>),
+    ) -> Vec<u8> {
+        let line = request_line(who, relay, kind, NOW).unwrap();
+        let mut obj = parse_object(&line[..line.len() - 1]).unwrap();
+        obj.remove("sig");
+        edit(&mut obj);
+        let bytes = crate::canonical::signing_bytes(&obj).unwrap();
+        obj.insert(
+            "sig".into(),
+            json!(wire::b64::encode_url(&who.sign(&bytes).unwrap())),
+        );
+        serde_json::to_vec(&Value::Object(obj)).unwrap()
+    }
+
+    #[test]
+    fn a_request_line_round_trips() {
+        let (a, r, b) = (tls(1), tls(2), tls(3));
+        for kind in [
+            Kind::Listen,
+            Kind::Connect { to: b.key() },
+            Kind::Join {
+                circuit: "abc_-1".into(),
+            },
+        ] {
+            let line = request_line(&a, r.key(), &kind, NOW).unwrap();
+            assert_eq!(line.last(), Some(&b'\n'));
+            let req = parse_request(&line[..line.len() - 1], &r.key(), NOW + 1000).unwrap();
+            assert_eq!(req.key, a.key());
+            assert_eq!(req.kind, kind);
+        }
+    }
+
+    #[test]
+    fn each_bad_request_is_refused() {
+        let (a, r, b) = (tls(1), tls(2), tls(3));
+        let relay = r.key();
+        let connect = Kind::Connect { to: b.key() };
+        let m = |s: &str| {
+            matches!(
+                parse_request(s.as_bytes(), &relay, NOW),
+                Err(RequestError::Malformed(_))
+            )
+        };
+        // Not JSON, not an object, not UTF-8, too long, duplicate keys.
+        assert!(m("not json"));
+        assert!(m("[1]"));
+        assert!(matches!(
+            parse_request(b"{\"t\":\"\xff\"}", &relay, NOW),
+            Err(RequestError::Malformed(_))
+        ));
+        let long = format!("{{\"t\":\"{}\"}}", "x".repeat(MAX_CONTROL_LINE));
+        assert!(m(&long));
+        assert!(m(r#"{"t":"circuit_listen","t":"circuit_listen"}"#));
+        // Unknown type, missing fields, wrong types.
+        let cases: Vec<(&str, Edit)> = vec![
+            (
+                "unknown t",
+                Box::new(|o| {
+                    o.insert("t".into(), json!("circuit_teleport"));
+                }),
+            ),
+            (
+                "no key",
+                Box::new(|o| {
+                    o.remove("key");
+                }),
+            ),
+            (
+                "bad key",
+                Box::new(|o| {
+                    o.insert("key".into(), json!("ed25519:AAAA"));
+                }),
+            ),
+            (
+                "no relay",
+                Box::new(|o| {
+                    o.remove("relay");
+                }),
+            ),
+            (
+                "no ts",
+                Box::new(|o| {
+                    o.remove("ts");
+                }),
+            ),
+            (
+                "string ts",
+                Box::new(|o| {
+                    o.insert("ts".into(), json!("1"));
+                }),
+            ),
+            (
+                "negative ts",
+                Box::new(|o| {
+                    o.insert("ts".into(), json!(-1));
+                }),
+            ),
+            (
+                "no nonce",
+                Box::new(|o| {
+                    o.remove("nonce");
+                }),
+            ),
+            (
+                "bad nonce",
+                Box::new(|o| {
+                    o.insert("nonce".into(), json!("a b"));
+                }),
+            ),
+            (
+                "long nonce",
+                Box::new(|o| {
+                    o.insert("nonce".into(), json!("a".repeat(65)));
+                }),
+            ),
+            (
+                "no to",
+                Box::new(|o| {
+                    o.remove("to");
+                }),
+            ),
+            (
+                "bad to",
+                Box::new(|o| {
+                    o.insert("to".into(), json!(7));
+                }),
+            ),
+        ];
+        for (what, edit) in cases {
+            let line = signed(&a, relay, &connect, edit);
+            assert!(
+                matches!(
+                    parse_request(&line, &relay, NOW),
+                    Err(RequestError::Malformed(_))
+                ),
+                "{what}"
+            );
+        }
+        let join = Kind::Join {
+            circuit: "c".into(),
+        };
+        for bad in [json!(""), json!("a/b"), json!("a".repeat(65)), json!(1)] {
+            let line = signed(&a, relay, &join, |o| {
+                o.insert("circuit".into(), bad.clone());
+            });
+            assert!(
+                matches!(
+                    parse_request(&line, &relay, NOW),
+                    Err(RequestError::Malformed(_))
+                ),
+                "{bad}"
+            );
+        }
+        // Another relay.
+        let line = request_line(&a, b.key(), &connect, NOW).unwrap();
+        assert_eq!(
+            parse_request(&line[..line.len() - 1], &relay, NOW).unwrap_err(),
+            RequestError::WrongRelay
+        );
+        // Clock: 5 minutes either way is fine, beyond is not.
+        let line = request_line(&a, relay, &connect, NOW).unwrap();
+        let line = &line[..line.len() - 1];
+        assert!(parse_request(line, &relay, NOW + MAX_SKEW_MS).is_ok());
+        assert!(parse_request(line, &relay, NOW - MAX_SKEW_MS).is_ok());
+        assert_eq!(
+            parse_request(line, &relay, NOW + MAX_SKEW_MS + 1).unwrap_err(),
+            RequestError::Clock
+        );
+        assert_eq!(
+            parse_request(line, &relay, NOW - MAX_SKEW_MS - 1).unwrap_err(),
+            RequestError::Clock
+        );
+        // Signature: altered after signing, signed by another key, or missing.
+        let mut obj = parse_object(line).unwrap();
+        obj.insert("to".into(), json!(a.key().to_string()));
+        assert_eq!(
+            verify_request(obj, &relay, NOW).unwrap_err(),
+            RequestError::BadSignature
+        );
+        let forged = signed(&b, relay, &connect, |o| {
+            o.insert("key".into(), json!(a.key().to_string()));
+        });
+        assert_eq!(
+            parse_request(&forged, &relay, NOW).unwrap_err(),
+            RequestError::BadSignature
+        );
+        let mut obj = parse_object(line).unwrap();
+        obj.remove("sig");
+        assert_eq!(
+            verify_request(obj, &relay, NOW).unwrap_err(),
+            RequestError::BadSignature
+        );
+    }
+
+    #[test]
+    fn an_offer_must_carry_a_request_to_us_through_this_relay() {
+        let (a, r, b, c) = (tls(1), tls(2), tls(3), tls(4));
+        let req = |to: PeerKey, relay: PeerKey| {
+            let l = request_line(&a, relay, &Kind::Connect { to }, NOW).unwrap();
+            parse_object(&l[..l.len() - 1]).unwrap()
+        };
+        let offer = |circuit: Value, req: Value| match json!({"t":"circuit_offer","circuit":circuit,"req":req,"observed":"192.0.2.1:4000"})
+        {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        let ok = verify_offer(
+            &offer(json!("c1"), Value::Object(req(b.key(), r.key()))),
+            &b.key(),
+            &r.key(),
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(ok.from, a.key());
+        assert_eq!(ok.circuit, "c1");
+        assert_eq!(ok.observed, Some("192.0.2.1:4000".parse().unwrap()));
+        // A request for someone else, through another relay, of another kind, none, bad id.
+        assert!(verify_offer(
+            &offer(json!("c1"), Value::Object(req(c.key(), r.key()))),
+            &b.key(),
+            &r.key(),
+            NOW
+        )
+        .is_err());
+        assert_eq!(
+            verify_offer(
+                &offer(json!("c1"), Value::Object(req(b.key(), c.key()))),
+                &b.key(),
+                &r.key(),
+                NOW
+            )
+            .unwrap_err(),
+            RequestError::WrongRelay
+        );
+        let l = request_line(&a, r.key(), &Kind::Listen, NOW).unwrap();
+        let listen = parse_object(&l[..l.len() - 1]).unwrap();
+        assert!(verify_offer(
+            &offer(json!("c1"), Value::Object(listen)),
+            &b.key(),
+            &r.key(),
+            NOW
+        )
+        .is_err());
+        assert!(verify_offer(&offer(json!("c1"), json!(null)), &b.key(), &r.key(), NOW).is_err());
+        assert!(verify_offer(
+            &offer(json!("c/1"), Value::Object(req(b.key(), r.key()))),
+            &b.key(),
+            &r.key(),
+            NOW
+        )
+        .is_err());
+    }
+
+    #[tokio::test]
+    async fn control_lines_are_capped_and_leave_what_follows_unread() {
+        let mut input: &[u8] = b"{\"t\":\"x\"}\nRAW";
+        assert_eq!(
+            read_control_line(&mut input).await.unwrap().unwrap(),
+            b"{\"t\":\"x\"}"
+        );
+        assert_eq!(input, b"RAW");
+        let long = vec![b'a'; MAX_CONTROL_LINE + 1];
+        let mut r: &[u8] = &long;
+        assert_eq!(
+            read_control_line(&mut r).await.unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
+        let mut r: &[u8] = b"";
+        assert!(read_control_line(&mut r).await.unwrap().is_none());
+        let mut r: &[u8] = b"partial";
+        assert!(read_control_line(&mut r).await.is_err());
+    }
+
+    #[test]
+    fn the_bucket_holds_a_circuit_to_its_rate() {
+        let t0 = Instant::now();
+        let mut unlimited = Bucket::new(0, t0);
+        assert_eq!(unlimited.take(usize::MAX / 2, t0), None);
+        // 1 MiB/s: the 256 KiB burst passes at once, then each 16 KiB waits 1/64 s.
+        let rate = 1024 * 1024;
+        let mut b = Bucket::new(rate, t0);
+        let mut waited = Duration::ZERO;
+        let mut sent = 0u64;
+        while sent < 4 * rate {
+            if let Some(w) = b.take(SPLICE_BUF, t0 + waited) {
+                waited += w;
+            }
+            sent += SPLICE_BUF as u64;
+        }
+        // 4 MiB at 1 MiB/s with a 256 KiB head start: 3.75 s of waiting.
+        let want = 3.75;
+        assert!((waited.as_secs_f64() - want).abs() < 0.02, "{waited:?}");
+    }
+
+    #[test]
+    fn policy_defaults_and_allowlist() {
+        let p = Policy::default();
+        assert_eq!(
+            (
+                p.max_circuits_per_key,
+                p.max_circuits,
+                p.circuit_rate,
+                p.circuit_idle_secs
+            ),
+            (16, 1024, 0, 300)
+        );
+        let k = tls(1).key();
+        let p: Policy = toml::from_str(&format!("allow = [\"{k}\"]\nmax_circuits = 2")).unwrap();
+        assert_eq!(p.allowed_keys().unwrap(), vec![k]);
+        assert_eq!(p.max_circuits, 2);
+        let bad: Policy = toml::from_str("allow = [\"nope\"]").unwrap();
+        assert!(bad.allowed_keys().is_err());
+        assert!(toml::from_str::<Policy>("max_circuitz = 1").is_err());
+    }
+}

@@ -1,0 +1,346 @@
+//! Relay circuits, node side (spec/relay-circuits.md; the protocol is in
+//! [`crate::net::circuit`]):
+//!
+//! - `--via RELAY` (and config `via`): a standing connection to each relay, redialed with
+//!   jittered exponential backoff; each offered circuit is joined on a fresh connection
+//!   and run as an ordinary inbound connection (TLS inside, hello, auth, resume).
+//! - Relay mode (`awp relay`): accepted sockets are routed by ALPN, circuit connections
+//!   served by [`RelayCircuits`] under the `[relay]` policy.
+//! - Dialing a `relay:` address needs nothing here: `net::dial` handles it, so the dialer,
+//!   reconnects, resume and the outbox work through a circuit unchanged.
+
+use super::conn::{self, Dial};
+use super::dialer::{jittered, next_backoff};
+use super::Inner;
+use crate::net::circuit::{self, RelayCircuits, Routed};
+use crate::net::{self, Address};
+use crate::store::AddressRecord;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Circuit state of a node.
+pub(crate) struct Circuits {
+    /// The relay side, when this node runs as a relay.
+    pub relay: Option<Arc<RelayCircuits>>,
+    /// Standing connections by relay address: up, and our address as the relay saw it.
+    pub vias: Mutex<HashMap<String, Value>>,
+    /// Try the direct upgrade of circuits (on unless `NodeConfig::no_direct_upgrade`).
+    pub upgrade: bool,
+}
+
+impl Circuits {
+    /// Relay side only in relay mode. Errors: a bad `[relay]` allowlist.
+    pub fn new(
+        relay: bool,
+        upgrade: bool,
+        tls: &net::TlsConfig,
+        policy: circuit::Policy,
+    ) -> Result<Circuits, String> {
+        Ok(Circuits {
+            relay: if relay {
+                Some(RelayCircuits::new(tls, policy)?)
+            } else {
+                None
+            },
+            vias: Mutex::new(HashMap::new()),
+            upgrade,
+        })
+    }
+
+    /// `awp relay status` / `awp status` fields: `circuits` (relay side) and `via`.
+    pub fn status(&self) -> Value {
+        let vias: Vec<Value> = self
+            .vias
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        json!({
+            "circuits": self.relay.as_ref().map(|r| r.status()),
+            "via": vias,
+        })
+    }
+}
+
+/// Our circuit addresses: one per `via` relay, after the direct ones.
+pub(super) fn addresses(inner: &Inner) -> Vec<Address> {
+    let me = inner.identity.key();
+    inner
+        .settings
+        .via
+        .iter()
+        .filter_map(|v| Address::circuit(v, me))
+        .collect()
+}
+
+/// Start one standing connection per `via` relay, and the direct upgrade of circuits.
+pub(super) fn start(inner: &Arc<Inner>) {
+    for via in inner.settings.via.clone() {
+        inner.tasks.spawn(standing(inner.clone(), via));
+    }
+    if inner.circuits.upgrade {
+        inner.tasks.spawn(upgrades(inner.clone()));
+    }
+}
+
+/// Watch connections come up; for each one through a circuit, try the direct upgrade.
+async fn upgrades(inner: Arc<Inner>) {
+    let mut events = inner.events.subscribe();
+    loop {
+        let ev = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            ev = events.recv() => ev,
+        };
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(_) => return,
+        };
+        if ev.get("event").and_then(Value::as_str) != Some("peer_up")
+            || !ev
+                .get("remote")
+                .and_then(Value::as_str)
+                .is_some_and(|r| r.starts_with("circuit via "))
+        {
+            continue;
+        }
+        let Some(peer) = ev
+            .get("peer")
+            .and_then(Value::as_str)
+            .and_then(|k| crate::wire::PeerKey::parse(k).ok())
+        else {
+            continue;
+        };
+        let dialed = ev.get("dialed").and_then(Value::as_bool) == Some(true);
+        if let Some(seen) = circuit::take_path(&inner.identity.key(), &peer) {
+            inner
+                .tasks
+                .spawn(upgrade(inner.clone(), peer, dialed, seen));
+        }
+    }
+}
+
+/// Whether our connection to `peer` still runs through a circuit.
+fn on_circuit(inner: &Inner, peer: &crate::wire::PeerKey) -> bool {
+    inner
+        .conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(peer)
+        .is_some_and(|c| c.remote.starts_with("circuit via "))
+}
+
+/// The direct upgrade (spec/relay-circuits.md §Direct upgrade): punch a direct TCP
+/// connection between the addresses the relay observed, run a fresh TLS handshake on it
+/// with the circuit's roles, and let it replace the circuit's connection (resume makes
+/// the move lossless; the replaced circuit closes). On failure the circuit stays.
+async fn upgrade(
+    inner: Arc<Inner>,
+    peer: crate::wire::PeerKey,
+    dialed: bool,
+    seen: circuit::Observed,
+) {
+    let Some(target) = seen.peer else { return };
+    let tcp = tokio::select! {
+        _ = inner.shutdown.cancelled() => return,
+        t = circuit::punch(&seen) => t,
+    };
+    let Some(tcp) = tcp else {
+        tracing::info!(%peer, %target, "direct upgrade failed: no direct connection; the circuit stays");
+        inner.emit(json!({"event":"upgrade","peer":peer.to_string(),"ok":false,"address":target.to_string()}));
+        return;
+    };
+    if !on_circuit(&inner, &peer) {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + super::HANDSHAKE_TIMEOUT;
+    let conn = match circuit::direct(tcp, &inner.tls, peer, dialed).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::info!(%peer, %target, "direct upgrade failed: {e}; the circuit stays");
+            return;
+        }
+    };
+    tracing::info!(%peer, remote = %conn.remote, "direct upgrade: moving the session off the circuit");
+    inner.emit(
+        json!({"event":"upgrade","peer":peer.to_string(),"ok":true,"address":conn.remote.clone()}),
+    );
+    let dial = if dialed {
+        let address = Address::Tls {
+            host: target.ip().to_string(),
+            port: target.port(),
+            pin: Some(peer),
+        }
+        .to_string();
+        Dial::Outbound {
+            address,
+            expected: Some(peer),
+            source: crate::store::AddrSource::Hello,
+        }
+    } else {
+        Dial::Inbound(None)
+    };
+    conn::run(inner, conn, dial, deadline).await;
+}
+
+fn set_via(inner: &Inner, via: &Address, v: Value) {
+    inner
+        .circuits
+        .vias
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(via.to_string(), v);
+}
+
+/// Keep a standing connection to `via`, joining the circuits offered on it.
+async fn standing(inner: Arc<Inner>, via: Address) {
+    let timing = inner.dial_timing;
+    let mut backoff = timing.backoff_min;
+    loop {
+        let listened = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            r = circuit::listen(&via, &inner.tls) => r,
+        };
+        match listened {
+            Ok(mut s) => {
+                backoff = timing.backoff_min;
+                let observed = s.observed.map(|a| a.to_string());
+                tracing::info!(relay = %via, observed = ?observed, "standing connection to the relay is up");
+                set_via(
+                    &inner,
+                    &via,
+                    json!({"relay": via.to_string(), "up": true, "observed": observed}),
+                );
+                inner.emit(json!({"event":"via_up","relay":via.to_string(),"observed":observed}));
+                loop {
+                    let offer = tokio::select! {
+                        _ = inner.shutdown.cancelled() => return,
+                        o = s.next_offer() => o,
+                    };
+                    match offer {
+                        Ok(o) => {
+                            inner.tasks.spawn(join(inner.clone(), via.clone(), o));
+                        }
+                        Err(e) => {
+                            tracing::info!(relay = %via, "standing connection to the relay ended: {e}");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::info!(relay = %via, "standing connection to the relay failed: {e}"),
+        }
+        set_via(&inner, &via, json!({"relay": via.to_string(), "up": false}));
+        tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(jittered(backoff)) => {}
+        }
+        backoff = next_backoff(backoff).min(timing.backoff_max);
+    }
+}
+
+/// Join an offered circuit and run it as an inbound connection (it takes a connection
+/// slot like an accepted socket; none free: the offer is dropped).
+async fn join(inner: Arc<Inner>, via: Address, offer: circuit::Offer) {
+    let Ok(_permit) = inner.conn_limit.clone().try_acquire_owned() else {
+        tracing::warn!(relay = %via, from = %offer.from, "connection limit reached: circuit offer dropped");
+        return;
+    };
+    let deadline = tokio::time::Instant::now() + super::HANDSHAKE_TIMEOUT;
+    match tokio::time::timeout_at(deadline, circuit::join(&via, &inner.tls, &offer)).await {
+        Ok(Ok((c, _observed))) => {
+            tracing::info!(relay = %via, from = %offer.from, "circuit joined");
+            conn::run(inner, c, Dial::Inbound(None), deadline).await;
+        }
+        Ok(Err(e)) => tracing::info!(relay = %via, from = %offer.from, "circuit join failed: {e}"),
+        Err(_) => tracing::info!(relay = %via, from = %offer.from, "circuit join timed out"),
+    }
+}
+
+/// The transport handshake of an accepted socket: routed by ALPN in relay mode.
+pub(super) async fn accept(inner: &Inner, inc: net::Incoming) -> Result<Routed, net::NetError> {
+    match &inner.circuits.relay {
+        Some(r) => r.accept(inc).await,
+        None => inc.handshake().await.map(Routed::Awp),
+    }
+}
+
+/// Serve a circuit connection accepted by this relay.
+pub(super) async fn serve(
+    inner: &Inner,
+    io: circuit::BoxIo,
+    key: crate::wire::PeerKey,
+    remote: String,
+) {
+    if let Some(r) = &inner.circuits.relay {
+        r.serve(io, key, remote, inner.shutdown.clone()).await;
+    }
+}
+
+/// Dial order when circuits are among a peer's addresses (spec/relay-circuits.md
+/// §Preference): direct addresses that worked, then circuits, then direct addresses that
+/// never worked; stable otherwise. Without circuits the order is left alone.
+pub(super) fn order(candidates: &mut [AddressRecord]) {
+    let relay = |a: &AddressRecord| a.address.starts_with("relay:");
+    if !candidates.iter().any(relay) {
+        return;
+    }
+    // Worked: succeeded, and not failed since.
+    let worked = |a: &AddressRecord| {
+        a.last_ok_ms
+            .is_some_and(|ok| a.last_err_ms.is_none_or(|err| ok >= err))
+    };
+    candidates.sort_by_key(|a| match (relay(a), worked(a)) {
+        (false, true) => 0,
+        (true, _) => 1,
+        (false, false) => 2,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::AddrSource;
+
+    fn rec(address: &str, ok: Option<u64>) -> AddressRecord {
+        AddressRecord {
+            peer: crate::identity::Identity::from_seed(&[9; 32]).key(),
+            address: address.into(),
+            source: AddrSource::Connect,
+            last_ok_ms: ok,
+            last_err_ms: None,
+            last_err: None,
+            introduced_by: None,
+            last_heard_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_direct_address_that_worked_goes_before_a_circuit() {
+        let mut c = vec![
+            rec("tls:10.0.0.1:1", None),
+            rec("relay:tls:r:1#x/y", None),
+            rec("tls:10.0.0.2:1", Some(5)),
+        ];
+        order(&mut c);
+        let got: Vec<&str> = c.iter().map(|a| a.address.as_str()).collect();
+        assert_eq!(
+            got,
+            ["tls:10.0.0.2:1", "relay:tls:r:1#x/y", "tls:10.0.0.1:1"]
+        );
+        // A direct address that failed since it last worked goes after the circuit.
+        let mut e = vec![
+            rec("tls:10.0.0.2:1", Some(5)),
+            rec("relay:tls:r:1#x/y", None),
+        ];
+        e[0].last_err_ms = Some(6);
+        order(&mut e);
+        assert_eq!(e[0].address, "relay:tls:r:1#x/y");
+        // Without circuits nothing moves.
+        let mut d = vec![rec("tls:10.0.0.1:1", None), rec("tls:10.0.0.2:1", Some(5))];
+        order(&mut d);
+        assert_eq!(d[0].address, "tls:10.0.0.1:1");
+    }
+}
