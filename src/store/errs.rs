@@ -120,13 +120,13 @@ impl Store {
             acked: true,
         };
         tx.put(T::Log, u64_be(seq), pack(&rec, &line)?);
-        if let Some(v) = tx.get(T::Threads, th.as_bytes())? {
+        // Threads are keyed by (th, peer): only this peer's thread is touched.
+        let tk = super::threads::tkey(&th, peer);
+        if let Some(v) = tx.get(T::Threads, &tk)? {
             let mut t: ThreadRec = dec("threads", &v)?;
-            if t.peer == peer_hex {
-                t.unread += 1;
-                t.updated = t.updated.max(now);
-                tx.put(T::Threads, th.as_bytes(), enc(&t)?);
-            }
+            t.unread += 1;
+            t.updated = t.updated.max(now);
+            tx.put(T::Threads, tk, enc(&t)?);
         }
         tx.put(T::Meta, META_LOG_SEQ, u64_be(seq).to_vec());
         tx.commit()?;
