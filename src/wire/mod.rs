@@ -8,6 +8,7 @@ pub mod ids;
 pub mod key;
 pub mod parse;
 pub mod schema;
+pub mod sig;
 pub mod time;
 pub mod types;
 
