@@ -317,6 +317,8 @@ pub struct StartArgs {
     pub artifactr: Option<String>,
     /// `--artifactr-public`.
     pub artifactr_public: bool,
+    /// `--no-sign`.
+    pub no_sign: bool,
 }
 
 impl StartArgs {
@@ -373,6 +375,9 @@ impl StartArgs {
         }
         if self.artifactr_public {
             args.push("--artifactr-public".into());
+        }
+        if self.no_sign {
+            args.push("--no-sign".into());
         }
         args
     }
@@ -592,6 +597,7 @@ mod tests {
             outbox_quota_lines: Some(9),
             artifactr: Some("127.0.0.1:8765".into()),
             artifactr_public: true,
+            no_sign: true,
         };
         let args: Vec<String> = a
             .to_args()
@@ -623,7 +629,8 @@ mod tests {
                 "9",
                 "--artifactr",
                 "127.0.0.1:8765",
-                "--artifactr-public"
+                "--artifactr-public",
+                "--no-sign"
             ]
         );
     }

@@ -87,6 +87,10 @@ pub struct NodeArgs {
     /// Allow a non-loopback --artifactr address.
     #[arg(long)]
     pub artifactr_public: bool,
+    /// Do not sign content lines (msg, state, grant, introduce) nor announce signed-lines
+    /// (for bulk links; signing is on by default, spec/signed-lines.md).
+    #[arg(long)]
+    pub no_sign: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -113,6 +117,7 @@ impl From<&NodeArgs> for StartArgs {
             outbox_quota_lines: a.outbox_quota_lines,
             artifactr: a.artifactr.clone(),
             artifactr_public: a.artifactr_public,
+            no_sign: a.no_sign,
         }
     }
 }

@@ -62,6 +62,7 @@ pub fn node_config(ctx: &Ctx, args: &NodeArgs) -> Result<NodeConfig, Failure> {
         outbox_quota_lines: args.outbox_quota_lines,
         artifactr: args.artifactr.clone(),
         artifactr_public: args.artifactr_public,
+        no_sign: args.no_sign,
         ..Default::default()
     })
 }

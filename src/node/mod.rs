@@ -113,6 +113,9 @@ pub struct NodeConfig {
     pub artifactr: Option<String>,
     /// Allow a non-loopback `artifactr` address (`--artifactr-public`).
     pub artifactr_public: bool,
+    /// Do not sign content lines nor announce `signed-lines` (`--no-sign`, for bulk
+    /// links; `spec/signed-lines.md`). Signing is on by default.
+    pub no_sign: bool,
 }
 
 /// Why the node could not start.
@@ -231,6 +234,9 @@ impl NodeHandle {
             )
             .map_err(other("store"))?,
         );
+        if !config.no_sign {
+            store.set_line_signer(identity.clone());
+        }
         let tls = Arc::new(TlsConfig::new(&identity).map_err(other("tls"))?);
         let dial_opts = DialOptions {
             allow_plaintext: config.allow_plaintext,

@@ -204,6 +204,11 @@ pub struct Session {
     /// Input received during [`Phase::Admission`], with its byte count.
     held_input: Vec<HeldInput>,
     held_input_bytes: usize,
+    /// We announce `signed-lines` (our caps list it): grant lines we send get a `sig`.
+    signs: bool,
+    /// The peer's hello caps list `signed-lines`: its content lines must carry a valid
+    /// `sig` (`spec/signed-lines.md`).
+    peer_signs: bool,
 }
 
 impl Session {
@@ -229,6 +234,7 @@ impl Session {
             addr: cfg.addr.clone(),
             shares: None,
         };
+        let signs = cfg.caps.iter().any(|c| c == wire::sig::CAP);
         let my_hello = Line::Hello(hello).encode();
         let mut control = VecDeque::new();
         control.push_back(my_hello.clone());
@@ -263,6 +269,8 @@ impl Session {
             blobs: None,
             held_input: Vec::new(),
             held_input_bytes: 0,
+            signs,
+            peer_signs: false,
         }
     }
 
@@ -457,11 +465,24 @@ impl Session {
 
     /// Write `line` (encoded, without `\n`) after the control lines already waiting, if the
     /// session is open; dropped otherwise. For lines that are not acked and not kept in the
-    /// outbox (presence, grant).
+    /// outbox (presence, grant). When we sign (`signed-lines` in our caps), a `grant` line
+    /// (as made by [`wire::Line::encode`], `t` first) is signed here.
     pub fn send_ephemeral(&mut self, line: Vec<u8>) {
-        if self.phase == Phase::Open {
-            self.control.push_back(line);
+        if self.phase != Phase::Open {
+            return;
         }
+        let line = if self.signs && line.starts_with(br#"{"t":"grant""#) {
+            match wire::sig::sign_encoded(&self.identity, &line) {
+                Ok(signed) => signed,
+                Err(e) => {
+                    tracing::warn!("grant line not sent: {e}");
+                    return;
+                }
+            }
+        } else {
+            line
+        };
+        self.control.push_back(line);
     }
 
     /// New lines were queued for this peer: fetch the outbox again.
@@ -666,6 +687,7 @@ impl Session {
             }
         }
         self.peer = Some(key);
+        self.peer_signs = hello.caps.iter().any(|c| c == wire::sig::CAP);
         self.peer_hello = Some(raw.to_vec());
         let sig = self.identity.sign(&auth_transcript(&self.my_hello, raw));
         let peer_s = key.to_string();
@@ -735,6 +757,14 @@ impl Session {
         if !self.up_reported && !matches!(line, Line::Err(_)) {
             self.up_reported = true;
             self.events.push_back(SessionEvent::Up);
+        }
+        if self.peer_signs && wire::sig::is_signed_kind(line.kind()) {
+            // spec/signed-lines.md: refused like a bad auth, never stored nor acked.
+            if let Err(e) = wire::sig::verify_line(&peer, raw) {
+                let id = line.id().map(str::to_string);
+                self.close_with(code::AUTH, id, &format!("{} line: {e}", line.kind()));
+                return;
+            }
         }
         match line {
             Line::Resume(r) => {

@@ -124,6 +124,8 @@ pub struct Store {
     group: Arc<Group>,
     /// Work run inside [`Store::receive_batch`]'s transaction (see [`super::InboundHook`]).
     pub(super) hook: std::sync::OnceLock<Arc<dyn super::InboundHook>>,
+    /// Signs our content lines as they are queued (see `store/signing.rs`).
+    pub(super) signer: std::sync::OnceLock<Arc<crate::identity::Identity>>,
     /// Declared last: marks the directory closed after the sled handles are dropped.
     _mark: OpenMark,
 }
@@ -206,6 +208,7 @@ impl Store {
             }),
             group,
             hook: std::sync::OnceLock::new(),
+            signer: std::sync::OnceLock::new(),
             _mark: guard,
         };
         store.count_outbox_bytes()?;
@@ -295,7 +298,7 @@ impl Store {
                     line.id()
                 )));
             }
-            let bytes = line.encode();
+            let bytes = self.sign_if_on(line.kind(), line.encode())?;
             if bytes.len() > wire::MAX_LINE {
                 return Err(StoreError::TooLarge {
                     len: bytes.len(),

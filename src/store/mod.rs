@@ -37,6 +37,7 @@ mod imp;
 mod tests;
 mod tx;
 
+mod signing;
 pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};
 pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
 pub use forget::Forgotten;
