@@ -48,4 +48,5 @@ pub mod node;
 pub mod presence;
 pub mod session;
 pub mod store;
+pub mod transcript;
 pub mod wire;
