@@ -174,3 +174,84 @@ async fn v0_peer_without_cap_is_unchanged_and_ignores_our_sig() {
     let node_key = PeerKey::parse(&node.key()).unwrap();
     assert_eq!(sig::verify_line(&node_key, &bytes), Ok(()));
 }
+
+fn awp(home: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .args(args)
+        .env("AWP_HOME", home)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run awp")
+}
+
+#[tokio::test]
+async fn two_node_thread_exported_and_verified_offline_and_tamper_and_replay_fail() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    a.connect(&b).await;
+    let r = a.send(Some(&b.key()), None, "first").await;
+    let th = r["th"].as_str().unwrap().to_string();
+    let other = a.send(Some(&b.key()), None, "another thread").await;
+    let other_th = other["th"].as_str().unwrap().to_string();
+    eventually(10, || async {
+        (b.inbound().await.len() == 2).then_some(())
+    })
+    .await;
+    b.send(Some(&a.key()), Some(&th), "reply").await;
+    a.send(Some(&b.key()), Some(&th), "last").await;
+    eventually(10, || async {
+        (b.inbound().await.len() == 3).then_some(())
+    })
+    .await;
+
+    let home = a.path();
+    let (th2, oth2) = (th.clone(), other_th.clone());
+    let (export, export_other) = tokio::task::spawn_blocking(move || {
+        (
+            awp(&home, &["export", &th2]),
+            awp(&home, &["export", &oth2, "--format", "json"]),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(export.status.success(), "{export:?}");
+    assert!(export_other.status.success(), "{export_other:?}");
+    let text = String::from_utf8(export.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    let head: Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(head["th"], th);
+    assert_eq!(head["keys"][0]["key"], a.key());
+    assert_eq!(head["keys"][1]["key"], b.key());
+    let other_doc: Value = serde_json::from_slice(&export_other.stdout).unwrap();
+    let replayed = other_doc["lines"][0].to_string();
+
+    // The node is not needed to verify.
+    let dir = a.stop().await;
+    b.stop().await;
+    let file = dir.path().join("t.ndjson");
+    let verify = |content: &str| {
+        std::fs::write(&file, content).unwrap();
+        awp(dir.path(), &["verify", file.to_str().unwrap()])
+    };
+    let ok = verify(&text);
+    assert!(ok.status.success(), "{ok:?}");
+    let ok = verify(&String::from_utf8(export_other.stdout.clone()).unwrap());
+    assert!(ok.status.success(), "{ok:?}");
+
+    // One changed byte in bob's reply (line 3): refused with its number.
+    let bad = verify(&text.replacen("reply", "replY", 1));
+    assert_eq!(bad.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&bad.stdout);
+    assert!(out.contains("line 3:"), "{out}");
+
+    // A line of the other thread replayed into this one (its signature is valid).
+    let spliced = format!("{}{replayed}\n", text);
+    let bad = verify(&spliced);
+    assert_eq!(bad.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&bad.stdout);
+    assert!(
+        out.contains("line 5:") && out.contains("not in thread"),
+        "{out}"
+    );
+}

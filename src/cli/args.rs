@@ -214,6 +214,21 @@ pub enum Command {
     },
     /// Print this node's key, name and fingerprint (no running node needed).
     Whoami,
+    /// Write a thread's lines as a signed transcript (header naming both keys, then one
+    /// line per record) to stdout: `awp export THREAD > transcript`.
+    Export {
+        /// The thread.
+        thread: String,
+        /// `ndjson` (default) or `json`.
+        #[arg(long, value_name = "FORMAT", default_value = "ndjson", value_parser = ["ndjson", "json"])]
+        format: String,
+    },
+    /// Check a transcript offline (no node needed): every signature, the thread, ids
+    /// increasing per author, re links. One line per problem; exit 1 when any.
+    Verify {
+        /// The transcript file.
+        file: PathBuf,
+    },
     /// List agents known from presence documents, or show one document in full.
     Presence {
         /// An agent: its key, a key prefix (4+ characters) or its name.

@@ -15,6 +15,7 @@ pub mod format;
 pub mod grants;
 pub mod peers;
 pub mod presence;
+pub mod transcript;
 
 pub use args::{Cli, Command, NodeArgs};
 
