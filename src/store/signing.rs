@@ -44,3 +44,53 @@ impl Store {
         sig::sign_encoded(identity, &encoded).map_err(|e| StoreError::BadLine(e.to_string()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::identity::Identity;
+    use crate::store::{Store, StoreError};
+    use crate::wire::{self, sig, Line, Msg, Part, TextPart};
+    use std::sync::Arc;
+
+    fn msg_of_len(target: usize, id: &str, ts: &str) -> Line {
+        let make = |text: String| {
+            Line::Msg(Msg {
+                id: id.into(),
+                ts: ts.into(),
+                th: "t".into(),
+                re: None,
+                subject: None,
+                parts: vec![Part::Text(TextPart { text })],
+            })
+        };
+        let base = make(String::new()).encode().len();
+        make("x".repeat(target - base))
+    }
+
+    #[test]
+    fn signed_line_never_passes_the_cap_and_no_sign_keeps_it_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let p = Identity::from_seed(&[2; 32]).key();
+        let id = Arc::new(Identity::from_seed(&[1; 32]));
+        // Unsigned: exactly 1 MiB is queued as is.
+        let full = |i: &str, t: &str| msg_of_len(wire::MAX_LINE, i, t);
+        let e = s.enqueue(&p, &[&full]).unwrap();
+        assert_eq!(e[0].line.len(), wire::MAX_LINE);
+        assert!(s.set_line_signer(id.clone()));
+        assert!(s.signs_lines());
+        // Signed: room for sig is kept, the largest allowed line signs to at most 1 MiB.
+        let err = s.enqueue(&p, &[&full]).unwrap_err();
+        assert!(
+            matches!(err, StoreError::TooLarge { max, .. } if max == wire::MAX_LINE - sig::SIG_FIELD_LEN),
+            "{err:?}"
+        );
+        let edge = |i: &str, t: &str| msg_of_len(wire::MAX_LINE - sig::SIG_FIELD_LEN, i, t);
+        let e = s.enqueue(&p, &[&edge]).unwrap();
+        assert!(e[0].line.len() <= wire::MAX_LINE);
+        assert_eq!(sig::verify_line(&id.key(), &e[0].line), Ok(()));
+        // The outbox holds the signed bytes.
+        let out = s.outbox_after(&p, None, 10).unwrap();
+        assert_eq!(out[1].line, e[0].line);
+    }
+}
