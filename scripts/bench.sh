@@ -43,6 +43,10 @@ AWP_BENCH_PIDS="$PIDS" \
     cargo bench --quiet --bench node
 
 echo
+echo "signed lines (benches/sig.rs; the pipelined figure above is with signing on, the default)"
+cargo bench --quiet --bench sig
+
+echo
 AWP_BIN="$AWP" AWP_BENCH_DIR="$WORK" bash "$ROOT/scripts/bench-blob.sh" "${BENCH_BLOB_MIB:-50}"
 
 echo

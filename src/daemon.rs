@@ -319,6 +319,8 @@ pub struct StartArgs {
     pub artifactr_public: bool,
     /// `--via`, as typed.
     pub via: Vec<String>,
+    /// `--no-sign`.
+    pub no_sign: bool,
 }
 
 impl StartArgs {
@@ -379,6 +381,9 @@ impl StartArgs {
         for v in &self.via {
             args.push("--via".into());
             args.push(v.into());
+        }
+        if self.no_sign {
+            args.push("--no-sign".into());
         }
         args
     }
@@ -599,6 +604,7 @@ mod tests {
             artifactr: Some("127.0.0.1:8765".into()),
             artifactr_public: true,
             via: vec![],
+            no_sign: true,
         };
         let args: Vec<String> = a
             .to_args()
@@ -630,7 +636,8 @@ mod tests {
                 "9",
                 "--artifactr",
                 "127.0.0.1:8765",
-                "--artifactr-public"
+                "--artifactr-public",
+                "--no-sign"
             ]
         );
     }

@@ -15,6 +15,8 @@
 //! - [`artifact`]: artifact threads (artifactr.v1 over AWP): a pure engine for commands,
 //!   events, proposals, replicas with gap detection, grant caps and run events.
 //! - [`identity`]: the node's key file and the auth transcript.
+//! - [`transcript`]: signed thread transcripts (`awp export`) and their offline check
+//!   (`awp verify`); content lines are signed by [`wire::sig`] (`spec/signed-lines.md`).
 //! - [`net`]: addresses, TLS binding (mTLS, self-signed Ed25519 certificates), listeners,
 //!   dialers and line framing with the 1 MiB cap.
 //! - [`store`]: the only code that names the database (sled): outbox, message log, seen,
@@ -48,4 +50,5 @@ pub mod node;
 pub mod presence;
 pub mod session;
 pub mod store;
+pub mod transcript;
 pub mod wire;

@@ -94,6 +94,10 @@ pub struct NodeArgs {
     /// Overrides config.toml `via` and AWP_VIA.
     #[arg(long = "via", value_name = "RELAY")]
     pub via: Vec<String>,
+    /// Do not sign content lines (msg, state, grant, introduce) nor announce signed-lines
+    /// (for bulk links; signing is on by default, spec/signed-lines.md).
+    #[arg(long)]
+    pub no_sign: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -121,6 +125,7 @@ impl From<&NodeArgs> for StartArgs {
             artifactr: a.artifactr.clone(),
             artifactr_public: a.artifactr_public,
             via: a.via.clone(),
+            no_sign: a.no_sign,
         }
     }
 }
@@ -246,6 +251,21 @@ pub enum Command {
     },
     /// Print this node's key, name and fingerprint (no running node needed).
     Whoami,
+    /// Write a thread's lines as a signed transcript (header naming both keys, then one
+    /// line per record) to stdout: `awp export THREAD > transcript`.
+    Export {
+        /// The thread.
+        thread: String,
+        /// `ndjson` (default) or `json`.
+        #[arg(long, value_name = "FORMAT", default_value = "ndjson", value_parser = ["ndjson", "json"])]
+        format: String,
+    },
+    /// Check a transcript offline (no node needed): every signature, the thread, ids
+    /// increasing per author, re links. One line per problem; exit 1 when any.
+    Verify {
+        /// The transcript file.
+        file: PathBuf,
+    },
     /// List agents known from presence documents, or show one document in full.
     Presence {
         /// An agent: its key, a key prefix (4+ characters) or its name.

@@ -95,6 +95,8 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Presence { peer } => super::presence::show(ctx, peer).await,
         Command::Relay(args) => super::presence::relay(ctx, &args).await,
         Command::Whoami => whoami(ctx).await,
+        Command::Export { thread, format } => super::transcript::export(ctx, thread, &format).await,
+        Command::Verify { file } => super::transcript::verify(&file),
         Command::Schema => out(&format!("{:#}", crate::wire::schema::schema())),
         Command::Version => version(ctx),
         Command::Doctor { fix } => super::doctor::run(ctx, fix),

@@ -74,6 +74,7 @@ pub fn node_config(ctx: &Ctx, args: &NodeArgs) -> Result<NodeConfig, Failure> {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?,
+        no_sign: args.no_sign,
         ..Default::default()
     })
 }

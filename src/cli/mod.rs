@@ -17,6 +17,7 @@ pub mod format;
 pub mod grants;
 pub mod peers;
 pub mod presence;
+pub mod transcript;
 
 pub use args::{Cli, Command, NodeArgs};
 

@@ -146,6 +146,7 @@ pub async fn run_with(
         caps: super::CAPS
             .iter()
             .filter(|c| !(inner.relay && **c == super::BLOB_CAP))
+            .chain(inner.store.signs_lines().then_some(&crate::wire::sig::CAP))
             .map(|s| s.to_string())
             .collect(),
         addr: inner.addresses().first().map(|a| a.to_string()),

@@ -136,6 +136,9 @@ pub struct NodeConfig {
     pub circuit_policy: Option<net::circuit::Policy>,
     /// Keep sessions on their circuits: no direct upgrade (hole punching) attempts.
     pub no_direct_upgrade: bool,
+    /// Do not sign content lines nor announce `signed-lines` (`--no-sign`, for bulk
+    /// links; `spec/signed-lines.md`). Signing is on by default.
+    pub no_sign: bool,
 }
 
 /// Why the node could not start.
@@ -265,6 +268,9 @@ impl NodeHandle {
         );
         if let Some(n) = config.max_threads_per_peer {
             store.set_max_threads_per_peer(n);
+        }
+        if !config.no_sign {
+            store.set_line_signer(identity.clone());
         }
         let tls = Arc::new(TlsConfig::new(&identity).map_err(other("tls"))?);
         let dial_opts = DialOptions {

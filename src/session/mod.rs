@@ -224,6 +224,11 @@ pub struct Session {
     ping_idle: Duration,
     /// Lines to fetch in the next replay batch (see [`REPLAY_BYTES`]).
     replay_fetch: usize,
+    /// We announce `signed-lines` (our caps list it): grant lines we send get a `sig`.
+    signs: bool,
+    /// The peer's hello caps list `signed-lines`: its content lines must carry a valid
+    /// `sig` (`spec/signed-lines.md`).
+    peer_signs: bool,
 }
 
 impl Session {
@@ -249,6 +254,7 @@ impl Session {
             addr: cfg.addr.clone(),
             shares: None,
         };
+        let signs = cfg.caps.iter().any(|c| c == wire::sig::CAP);
         let my_hello = Line::Hello(hello).encode();
         let mut control = VecDeque::new();
         control.push_back(my_hello.clone());
@@ -285,6 +291,8 @@ impl Session {
             held_input_bytes: 0,
             ping_idle: PING_IDLE,
             replay_fetch: REPLAY_FIRST,
+            signs,
+            peer_signs: false,
         }
     }
 
@@ -535,11 +543,24 @@ impl Session {
 
     /// Write `line` (encoded, without `\n`) after the control lines already waiting, if the
     /// session is open; dropped otherwise. For lines that are not acked and not kept in the
-    /// outbox (presence, grant).
+    /// outbox (presence, grant). When we sign (`signed-lines` in our caps), a `grant` line
+    /// (as made by [`wire::Line::encode`], `t` first) is signed here.
     pub fn send_ephemeral(&mut self, line: Vec<u8>) {
-        if self.phase == Phase::Open {
-            self.control.push_back(line);
+        if self.phase != Phase::Open {
+            return;
         }
+        let line = if self.signs && line.starts_with(br#"{"t":"grant""#) {
+            match wire::sig::sign_encoded(&self.identity, &line) {
+                Ok(signed) => signed,
+                Err(e) => {
+                    tracing::warn!("grant line not sent: {e}");
+                    return;
+                }
+            }
+        } else {
+            line
+        };
+        self.control.push_back(line);
     }
 
     /// New lines were queued for this peer: fetch the outbox again.
@@ -775,6 +796,7 @@ impl Session {
             }
         }
         self.peer = Some(key);
+        self.peer_signs = hello.caps.iter().any(|c| c == wire::sig::CAP);
         self.peer_hello = Some(raw.to_vec());
         let sig = self.identity.sign(&auth_transcript(&self.my_hello, raw));
         let peer_s = key.to_string();
@@ -844,6 +866,14 @@ impl Session {
         if !self.up_reported && !matches!(line, Line::Err(_)) {
             self.up_reported = true;
             self.events.push_back(SessionEvent::Up);
+        }
+        if self.peer_signs && wire::sig::is_signed_kind(line.kind()) {
+            // spec/signed-lines.md: refused like a bad auth, never stored nor acked.
+            if let Err(e) = wire::sig::verify_line(&peer, raw) {
+                let id = line.id().map(str::to_string);
+                self.close_with(code::AUTH, id, &format!("{} line: {e}", line.kind()));
+                return;
+            }
         }
         match line {
             Line::Resume(r) => {

@@ -129,6 +129,8 @@ pub struct Store {
     pub(super) max_threads: std::sync::atomic::AtomicU64,
     /// Work run inside [`Store::receive_batch`]'s transaction (see [`super::InboundHook`]).
     pub(super) hook: std::sync::OnceLock<Arc<dyn super::InboundHook>>,
+    /// Signs our content lines as they are queued (see `store/signing.rs`).
+    pub(super) signer: std::sync::OnceLock<Arc<crate::identity::Identity>>,
     /// Declared last: marks the directory closed after the sled handles are dropped.
     _mark: OpenMark,
 }
@@ -213,6 +215,7 @@ impl Store {
             dir: dir.to_path_buf(),
             max_threads: std::sync::atomic::AtomicU64::new(super::threads::MAX_THREADS_PER_PEER),
             hook: std::sync::OnceLock::new(),
+            signer: std::sync::OnceLock::new(),
             _mark: guard,
         };
         store.key_threads_by_peer()?;
@@ -320,7 +323,7 @@ impl Store {
                     line.id()
                 )));
             }
-            let bytes = line.encode();
+            let bytes = self.sign_if_on(line.kind(), line.encode())?;
             if bytes.len() > wire::MAX_LINE {
                 return Err(StoreError::TooLarge {
                     len: bytes.len(),

@@ -43,6 +43,7 @@ mod tests;
 mod threads;
 mod tx;
 
+mod signing;
 pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};
 pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
 pub use errs::{ErrRecorded, ERR_SCAN_MAX, MAX_ERR_DETAIL};

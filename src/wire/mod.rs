@@ -9,6 +9,7 @@ pub mod key;
 pub mod parse;
 pub mod schema;
 pub mod separators;
+pub mod sig;
 pub mod time;
 pub mod types;
 

@@ -1,0 +1,226 @@
+//! Signed content lines (extension `signed-lines`, `spec/signed-lines.md`).
+//!
+//! A content line we send (`msg`, `state`, `grant`, `introduce`; never `chunk`) carries a
+//! top-level `sig`: unpadded base64url of the Ed25519 signature (64 bytes) by the sender's
+//! node key over the RFC 8785 canonical JSON of the line without `sig` — the same rule as
+//! grant objects (protocol-notes §Grants). v0 peers ignore the unknown field; peers whose
+//! hello `caps` list [`CAP`] must sign every content line and have them verified strictly.
+//!
+//! Verification always runs over the line as received (parsed strictly: duplicate keys
+//! refused), so fields unknown to us stay covered.
+
+use crate::canonical;
+use crate::identity::Identity;
+use crate::wire::{b64, parse, PeerKey};
+use serde_json::{Map, Value};
+
+/// The hello capability saying "every content line I send is signed, and I verify yours".
+pub const CAP: &str = "signed-lines";
+
+/// Most bytes the `sig` field adds to a line: `,"sig":"` (8) + 86 base64url chars + `"` (1).
+/// Content lines we sign are capped at [`crate::wire::MAX_LINE`] minus this before signing,
+/// so that the signed line always fits the 1 MiB cap.
+pub const SIG_FIELD_LEN: usize = 95;
+
+/// Line kinds that carry `sig` when signing is on (not `chunk`: blob data is covered by the
+/// SHA-256 in the naming msg's part).
+pub fn is_signed_kind(kind: &str) -> bool {
+    matches!(kind, "msg" | "state" | "grant" | "introduce")
+}
+
+/// Why a line's signature was refused. All map to `err auth` on a connection.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SigError {
+    /// Not UTF-8, not JSON, duplicate keys, or not an object.
+    #[error("line is not a strict JSON object: {0}")]
+    NotObject(String),
+    /// No `sig` field.
+    #[error("line has no sig")]
+    Missing,
+    /// `sig` is not a string.
+    #[error("sig is not a string")]
+    NotString,
+    /// `sig` is not base64 or not 64 bytes.
+    #[error("sig is not 64 bytes of base64")]
+    Encoding,
+    /// The signature does not verify (strict Ed25519) under the key.
+    #[error("sig does not verify under the sender's key")]
+    Bad,
+}
+
+fn object(raw: &[u8]) -> Result<Map<String, Value>, SigError> {
+    let text = std::str::from_utf8(raw).map_err(|_| SigError::NotObject("invalid UTF-8".into()))?;
+    match parse::strict_from_str(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(SigError::NotObject("not an object".into())),
+        Err(e) => Err(SigError::NotObject(e.to_string())),
+    }
+}
+
+/// Sign an encoded line of ours (compact JSON object without `\n`, as made by
+/// [`crate::wire::Line::encode`]): returns the same bytes with `,"sig":"…"` inserted before
+/// the closing `}`. Any `sig` already present is refused ([`SigError::NotObject`]) so a line
+/// is never signed twice.
+pub fn sign_encoded(identity: &Identity, encoded: &[u8]) -> Result<Vec<u8>, SigError> {
+    let obj = object(encoded)?;
+    if obj.contains_key("sig") {
+        return Err(SigError::NotObject("already signed".into()));
+    }
+    let bytes = canonical::canonical_json(&Value::Object(obj))
+        .map_err(|e| SigError::NotObject(e.to_string()))?;
+    let sig = b64::encode_url(&identity.sign(&bytes));
+    let end = encoded
+        .iter()
+        .rposition(|b| *b == b'}')
+        .ok_or_else(|| SigError::NotObject("no closing brace".into()))?;
+    let mut out = Vec::with_capacity(encoded.len() + SIG_FIELD_LEN);
+    out.extend_from_slice(&encoded[..end]);
+    // `{}` has no field before ours.
+    if encoded[..end]
+        .iter()
+        .rev()
+        .find(|b| !b.is_ascii_whitespace())
+        != Some(&b'{')
+    {
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"sig\":\"");
+    out.extend_from_slice(sig.as_bytes());
+    out.extend_from_slice(b"\"}");
+    Ok(out)
+}
+
+/// Verify the `sig` of a line exactly as received (without `\n`) against `key`: strict
+/// JSON (duplicate keys refused), `sig` a string of 64 bytes in any base64 form, Ed25519
+/// `verify_strict` over the canonical JSON of the object without `sig`.
+pub fn verify_line(key: &PeerKey, raw: &[u8]) -> Result<(), SigError> {
+    verify_object(key, &object(raw)?)
+}
+
+/// [`verify_line`] on an already strictly parsed object.
+pub fn verify_object(key: &PeerKey, obj: &Map<String, Value>) -> Result<(), SigError> {
+    let sig = match obj.get("sig") {
+        None => return Err(SigError::Missing),
+        Some(Value::String(s)) => s,
+        Some(_) => return Err(SigError::NotString),
+    };
+    let sig = b64::decode_any(sig).map_err(|_| SigError::Encoding)?;
+    if sig.len() != 64 {
+        return Err(SigError::Encoding);
+    }
+    let bytes = canonical::signing_bytes(obj).map_err(|e| SigError::NotObject(e.to_string()))?;
+    if key.verify(&bytes, &sig) {
+        Ok(())
+    } else {
+        Err(SigError::Bad)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> Identity {
+        Identity::from_seed(&[9u8; 32])
+    }
+    const LINE: &[u8] =
+        br#"{"t":"msg","id":"01JAAAAAAAAAAAAAAAAAAAAAAA","ts":"2026-11-30T18:00:00.000Z","th":"t1","parts":[{"text":"hi <&>"}]}"#;
+
+    #[test]
+    fn sign_then_verify_keeps_the_original_bytes_as_prefix() {
+        let signed = sign_encoded(&id(), LINE).unwrap();
+        assert_eq!(&signed[..LINE.len() - 1], &LINE[..LINE.len() - 1]);
+        assert!(signed.len() <= LINE.len() + SIG_FIELD_LEN);
+        assert_eq!(verify_line(&id().key(), &signed), Ok(()));
+        // Field order does not matter: the canonical form covers it.
+        let v: Value = serde_json::from_slice(&signed).unwrap();
+        let mut m = v.as_object().unwrap().clone();
+        m.sort_keys();
+        let reordered = serde_json::to_vec(&m).unwrap();
+        assert_eq!(verify_line(&id().key(), &reordered), Ok(()));
+    }
+
+    #[test]
+    fn refuses_a_second_signature() {
+        let signed = sign_encoded(&id(), LINE).unwrap();
+        assert!(sign_encoded(&id(), &signed).is_err());
+    }
+
+    #[test]
+    fn tampered_field_is_bad() {
+        let signed = sign_encoded(&id(), LINE).unwrap();
+        let s = String::from_utf8(signed)
+            .unwrap()
+            .replace("hi <&>", "hi <&?");
+        assert_eq!(verify_line(&id().key(), s.as_bytes()), Err(SigError::Bad));
+        let s = s.replace("\"th\":\"t1\"", "\"th\":\"t2\"");
+        assert_eq!(verify_line(&id().key(), s.as_bytes()), Err(SigError::Bad));
+    }
+
+    #[test]
+    fn added_unknown_field_is_bad() {
+        let signed = String::from_utf8(sign_encoded(&id(), LINE).unwrap()).unwrap();
+        let s = signed.replacen("{", "{\"x\":1,", 1);
+        assert_eq!(verify_line(&id().key(), s.as_bytes()), Err(SigError::Bad));
+    }
+
+    #[test]
+    fn other_key_is_bad() {
+        let signed = sign_encoded(&id(), LINE).unwrap();
+        let other = Identity::from_seed(&[10u8; 32]).key();
+        assert_eq!(verify_line(&other, &signed), Err(SigError::Bad));
+    }
+
+    #[test]
+    fn missing_non_string_and_short_sig_are_refused() {
+        let k = id().key();
+        assert_eq!(verify_line(&k, LINE), Err(SigError::Missing));
+        let s = br#"{"t":"msg","sig":5}"#;
+        assert_eq!(verify_line(&k, s), Err(SigError::NotString));
+        let s = br#"{"t":"msg","sig":"AAAA"}"#;
+        assert_eq!(verify_line(&k, s), Err(SigError::Encoding));
+        let s = br#"{"t":"msg","sig":"!!"}"#;
+        assert_eq!(verify_line(&k, s), Err(SigError::Encoding));
+    }
+
+    #[test]
+    fn duplicate_keys_and_non_objects_are_refused() {
+        let k = id().key();
+        let signed = String::from_utf8(sign_encoded(&id(), LINE).unwrap()).unwrap();
+        // A duplicate `th` after the signed one: serde_json alone would keep the last.
+        let dup = signed.replacen("\"th\":\"t1\"", "\"th\":\"t1\",\"th\":\"t1\"", 1);
+        assert!(matches!(
+            verify_line(&k, dup.as_bytes()),
+            Err(SigError::NotObject(_))
+        ));
+        assert!(matches!(
+            verify_line(&k, b"[1]"),
+            Err(SigError::NotObject(_))
+        ));
+        assert!(matches!(
+            verify_line(&k, b"\xff{}"),
+            Err(SigError::NotObject(_))
+        ));
+    }
+
+    #[test]
+    fn standard_base64_sig_is_accepted() {
+        let signed = String::from_utf8(sign_encoded(&id(), LINE).unwrap()).unwrap();
+        let v: Value = serde_json::from_str(&signed).unwrap();
+        let sig = v["sig"].as_str().unwrap();
+        let raw = b64::decode_any(sig).unwrap();
+        let std = b64::encode_std(&raw);
+        let s = signed.replace(sig, &std);
+        assert_eq!(verify_line(&id().key(), s.as_bytes()), Ok(()));
+    }
+
+    #[test]
+    fn signed_kinds() {
+        for k in ["msg", "state", "grant", "introduce"] {
+            assert!(is_signed_kind(k));
+        }
+        for k in ["chunk", "ack", "hello", "auth", "resume", "ping", "err"] {
+            assert!(!is_signed_kind(k));
+        }
+    }
+}
