@@ -290,3 +290,45 @@ fn python_verifier_agrees(file: &std::path::Path, text: &str) {
     assert_eq!(run(text), "");
     assert!(run(&text.replacen("reply", "replY", 1)).starts_with("line 3: bad or missing sig"));
 }
+
+/// Lines queued while the node did not sign (an older version, or `--no-sign`) are signed
+/// when they are sent after signing is on: a signing peer would otherwise refuse them with
+/// `err auth` on every replay and the outbox would never drain.
+#[tokio::test]
+async fn lines_queued_unsigned_are_delivered_signed_after_a_restart_with_signing() {
+    use awp_node::node::{NodeConfig, NodeHandle};
+    let start = |home: tempfile::TempDir, no_sign: bool| async move {
+        let handle = NodeHandle::start(NodeConfig {
+            home: home.path().to_path_buf(),
+            listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+            name: Some("alice@test".into()),
+            no_sign,
+            ..Default::default()
+        })
+        .await
+        .expect("node starts");
+        TestNode { home, handle }
+    };
+    let a = start(tempfile::TempDir::new().unwrap(), true).await;
+    let b = TestNode::start("bob@test").await;
+    a.connect(&b).await;
+    let b_key = b.key();
+    let b_home = b.stop().await;
+    // Queued unsigned while bob is away.
+    a.send(Some(&b_key), None, "queued before signing").await;
+    let a = start(a.stop().await, false).await;
+    let b = TestNode::start_in(b_home, "bob@test").await;
+    a.connect(&b).await;
+    let entries = eventually(10, || async {
+        let e = b.inbound().await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    let line = &entries[0]["line"];
+    assert_eq!(line["parts"][0]["text"], "queued before signing", "{line}");
+    let alice = PeerKey::parse(&a.key()).unwrap();
+    assert_eq!(
+        sig::verify_line(&alice, &serde_json::to_vec(line).unwrap()),
+        Ok(())
+    );
+}

@@ -1133,6 +1133,10 @@ impl Session {
         }
         let entry = self.batch.pop_front()?;
         self.cursor = Some(entry.id);
+        // Lines queued before signing was on get their `sig` now (spec/signed-lines.md).
+        if self.signs {
+            return Some(self.store.sign_unsigned(entry.line));
+        }
         Some(entry.line)
     }
 }
