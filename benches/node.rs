@@ -698,6 +698,13 @@ fn prefill_child(args: &[String]) -> Result<()> {
     };
     let peer = PeerKey::parse(peer).map_err(|e| anyhow!("peer key: {e}"))?;
     let n: usize = n.parse()?;
+    // The node refuses a home whose database exists without its identity (a lost key), so
+    // the home gets its identity before the store is made.
+    let home = Path::new(db)
+        .parent()
+        .ok_or_else(|| anyhow!("{db} has no parent"))?;
+    std::fs::create_dir_all(home)?;
+    Identity::load_or_create(home).map_err(|e| anyhow!("identity: {e}"))?;
     let store = Store::open(Path::new(db))?;
     let th = "thr_bench_replay";
     let text = filler(th);
