@@ -6,38 +6,11 @@ mod common;
 
 use awp_node::control::{Event, Request};
 use awp_node::node::{NodeConfig, NodeHandle};
-use common::{eventually, TestNode};
+use common::{awp_cli as awp, eventually, stderr_text as stderr, stdout_text as stdout, TestNode};
 use serde_json::Value;
-use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 use tokio::sync::broadcast;
-
-/// Run `awp --home HOME ARGS…` (off the async runtime).
-async fn awp(home: &Path, args: &[&str]) -> Output {
-    let home = home.to_path_buf();
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_awp"))
-            .arg("--home")
-            .arg(&home)
-            .args(&args)
-            .env_remove("RUST_LOG")
-            .env_remove("AWP_HOME")
-            .output()
-            .expect("awp runs")
-    })
-    .await
-    .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// stdout as one JSON value per line.
 fn json_lines(o: &Output) -> Vec<Value> {

@@ -309,3 +309,32 @@ pub async fn read_data_part(raw: &mut Raw, mime: &str) -> Value {
     }
     panic!("no {mime} part from the node");
 }
+
+/// Run `awp --home HOME ARGS…` (the test build's binary, off the async runtime) with
+/// `RUST_LOG` and `AWP_HOME` removed from its environment.
+pub async fn awp_cli(home: &Path, args: &[&str]) -> std::process::Output {
+    let home = home.to_path_buf();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+            .arg("--home")
+            .arg(&home)
+            .args(&args)
+            .env_remove("RUST_LOG")
+            .env_remove("AWP_HOME")
+            .output()
+            .expect("awp runs")
+    })
+    .await
+    .unwrap()
+}
+
+/// A command's stdout as text.
+pub fn stdout_text(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A command's stderr as text.
+pub fn stderr_text(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
