@@ -525,5 +525,17 @@ async fn a_circuit_is_upgraded_to_a_direct_connection() {
             .is_some_and(|c| c.is_empty())
             .then_some(())
     })
-    .await;
+    .await;    // The punched address is a NAT mapping of Bob's circuit socket, not a listener: Alice
+    // keeps only Bob's circuit and his announced listener.
+    let bob_key = awp_node::wire::PeerKey::parse(&bob.key()).unwrap();
+    let listener: Address = bob.address().parse().unwrap();
+    for rec in alice.handle.store().addresses(&bob_key).unwrap() {
+        let a: Address = rec.address.parse().unwrap();
+        assert!(
+            matches!(a, Address::Relay { .. }) || a == listener,
+            "alice keeps {} for bob (listener {listener})",
+            rec.address
+        );
+    }
+
 }

@@ -167,18 +167,9 @@ async fn upgrade(
     inner.emit(
         json!({"event":"upgrade","peer":peer.to_string(),"ok":true,"address":conn.remote.clone()}),
     );
+    // The punched address is a NAT mapping, not a listener: not kept as the peer's address.
     let dial = if dialed {
-        let address = Address::Tls {
-            host: target.ip().to_string(),
-            port: target.port(),
-            pin: Some(peer),
-        }
-        .to_string();
-        Dial::Outbound {
-            address,
-            expected: Some(peer),
-            source: crate::store::AddrSource::Hello,
-        }
+        Dial::Punched { expected: peer }
     } else {
         Dial::Inbound(None)
     };

@@ -69,6 +69,10 @@ pub enum Dial {
         expected: Option<PeerKey>,
         source: AddrSource,
     },
+    /// We dialed `expected` at an address punched for a direct upgrade of a circuit
+    /// (spec/relay-circuits.md): the address is a NAT mapping of the peer's circuit socket,
+    /// not a listener, so it is never recorded among the peer's addresses.
+    Punched { expected: PeerKey },
 }
 
 /// What happened to a connection, for the dialer and `awp connect`.
@@ -137,6 +141,7 @@ pub async fn run_with(
             expected,
             source,
         } => (true, expected, Some((address, source)), None),
+        Dial::Punched { expected } => (true, Some(expected), None, None),
     };
     let cfg = SessionConfig {
         dialed,
