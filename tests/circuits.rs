@@ -525,8 +525,8 @@ async fn a_circuit_is_upgraded_to_a_direct_connection() {
             .is_some_and(|c| c.is_empty())
             .then_some(())
     })
-    .await;    // The punched address is a NAT mapping of Bob's circuit socket, not a listener: Alice
-    // keeps only Bob's circuit and his announced listener.
+    .await; // The punched address is a NAT mapping of Bob's circuit socket, not a listener: Alice
+            // keeps only Bob's circuit and his announced listener.
     let bob_key = awp_node::wire::PeerKey::parse(&bob.key()).unwrap();
     let listener: Address = bob.address().parse().unwrap();
     for rec in alice.handle.store().addresses(&bob_key).unwrap() {
@@ -537,5 +537,4 @@ async fn a_circuit_is_upgraded_to_a_direct_connection() {
             rec.address
         );
     }
-
 }

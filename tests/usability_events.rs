@@ -372,6 +372,12 @@ async fn json_errors_are_one_object_on_stdout() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stdout(&o).is_empty(), "{}", stdout(&o));
 
+    // Reading a thread that does not exist is refused like `state` and `send -t` do, not
+    // answered "no unread lines".
+    let o = awp(&home, &["--json", "read", "thr_nope"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(json_error(&o)["code"], "no_such_thread");
+
     let o = awp(&home, &["--json", "up"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = &json_lines(&o)[0];

@@ -131,8 +131,8 @@ impl Failure {
 /// not resolve is a usage error (2), everything else an operation failure (1).
 pub fn exit_for_node_error(code: &str) -> Exit {
     match code {
-        "bad_request" | "no_such_peer" | "ambiguous_peer" | "no_such_thread" | "no_such_grant"
-        | "ambiguous_grant" | "not_found" => Exit::Usage,
+        "bad_request" | "no_such_peer" | "ambiguous_peer" | "no_such_thread"
+        | "ambiguous_thread" | "no_such_grant" | "ambiguous_grant" | "not_found" => Exit::Usage,
         _ => Exit::Failed,
     }
 }

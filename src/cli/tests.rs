@@ -278,6 +278,7 @@ fn exit_codes() {
         "no_such_peer",
         "ambiguous_peer",
         "no_such_thread",
+        "ambiguous_thread",
     ] {
         assert_eq!(exit_for_node_error(code), Exit::Usage, "{code}");
     }

@@ -294,10 +294,11 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
             let limit = page.items().min(READ_PAGE_LINES);
             let entries = match th.as_deref() {
                 None => store.log(after, None, true, limit + 1),
-                // One thread: (peer, th); nothing to read in a thread that does not exist.
+                // One thread: (peer, th); a thread that does not exist is refused, as by
+                // `state` and `send -t` (a typo must not read as "no unread lines").
                 Some(t) => match super::thread_ref::resolve(inner, None, t)? {
                     Some(n) => store.thread_log(after, &n.peer, &n.th, true, limit + 1),
-                    None => Ok(Vec::new()),
+                    None => return Err(Fail::new("no_such_thread", format!("no thread {t}"))),
                 },
             }
             .map_err(internal)?;
