@@ -457,6 +457,42 @@ async fn disconnect_says_bye_and_parks_until_the_next_connect() {
     b.stop().await;
 }
 
+/// #16, from the side that was dialed: after `awp disconnect` of a peer known only from its
+/// hello, the next send dials it at once (no wait for the peer to redial, which it will not
+/// do after our bye): delivered within the send's wait, far below the 15 s hello grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_after_disconnect_redials_a_peer_that_had_dialed_us() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    // Bob dials Alice: Alice knows Bob's address only from his hello.
+    b.connect(&a).await;
+    let first = b.send(Some(&a.key()), None, "hi alice").await;
+    let th = first["th"].as_str().unwrap().to_string();
+    eventually(10, || async {
+        (!a.inbound().await.is_empty()).then_some(())
+    })
+    .await;
+    let o = awp(&a.path(), &["disconnect", "bob"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = awp(
+        &a.path(),
+        &[
+            "send",
+            "bob",
+            "after disconnect",
+            "-t",
+            &th,
+            "--wait-ack",
+            "8s",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("delivered"), "{}", stdout(&o));
+    a.stop().await;
+    b.stop().await;
+}
+
 /// #7: a pinned key that is not the peer's says the key differs (and what the peer's is),
 /// not "check that the peer's node is up"; a pinned key with its last character changed
 /// is "not a valid key (non-canonical encoding)", not "not base64".

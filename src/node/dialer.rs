@@ -325,6 +325,34 @@ pub(super) fn reason(inner: &Inner, peer: &PeerKey) -> Option<DialReason> {
 pub(crate) struct Wake {
     notify: Notify,
     traffic: AtomicBool,
+    /// We closed the connection ourselves (`awp disconnect`): the peer is not expected to
+    /// redial us, so the next dial may use addresses learned from its hello at once,
+    /// without the [`HELLO_ADDR_GRACE`]. Cleared when a session comes up.
+    skip_grace: AtomicBool,
+}
+
+/// `awp disconnect` closed our connection to `peer` (and parked it): make sure its dialer
+/// exists (idle while the peer is parked) and let its next dial, on new traffic or
+/// `connect`, skip the hello-address grace.
+pub(super) fn closed_by_us(inner: &Arc<Inner>, peer: PeerKey) {
+    if inner.shutdown.is_cancelled() {
+        return;
+    }
+    let (wake, fresh) = {
+        let mut d = inner.dialers.lock().unwrap_or_else(|p| p.into_inner());
+        match d.get(&peer) {
+            Some(n) => (n.clone(), false),
+            None => {
+                let n = Arc::new(Wake::default());
+                d.insert(peer, n.clone());
+                (n, true)
+            }
+        }
+    };
+    wake.skip_grace.store(true, Ordering::Relaxed);
+    if fresh {
+        inner.tasks.spawn(run(inner.clone(), peer, wake));
+    }
 }
 
 /// Make sure a dialer task runs for `peer`, and wake it: new outbound traffic.
@@ -379,6 +407,10 @@ async fn run(inner: Arc<Inner>, peer: PeerKey, wake: Arc<Wake>) {
             redial.new_traffic();
         }
         let why = reason(&inner, &peer);
+        if inner.connected(&peer) {
+            // Up by either side's dial: a later close is not ours.
+            wake.skip_grace.store(false, Ordering::Relaxed);
+        }
         if inner.connected(&peer) || redial.gave_up(why) {
             if why.is_some() && !inner.connected(&peer) {
                 tracing::info!(%peer, failures = redial.failures(), "giving up dialing until new traffic is queued");
@@ -399,7 +431,11 @@ async fn run(inner: Arc<Inner>, peer: PeerKey, wake: Arc<Wake>) {
             .addresses(&peer)
             .unwrap_or_default()
             .into_iter()
-            .filter(|a| a.source != AddrSource::Hello || last_down.elapsed() >= timing.hello_grace)
+            .filter(|a| {
+                a.source != AddrSource::Hello
+                    || last_down.elapsed() >= timing.hello_grace
+                    || wake.skip_grace.load(Ordering::Relaxed)
+            })
             .collect();
         super::circuits::order(&mut candidates);
         let mut got_up = false;
@@ -478,6 +514,7 @@ async fn run(inner: Arc<Inner>, peer: PeerKey, wake: Arc<Wake>) {
         }
         let pause = if got_up {
             redial.up();
+            wake.skip_grace.store(false, Ordering::Relaxed);
             jittered(redial.backoff())
         } else if candidates.is_empty() {
             // Nothing dialable yet (e.g. within the hello.addr grace).

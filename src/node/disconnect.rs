@@ -46,6 +46,9 @@ pub(super) async fn disconnect(inner: &Arc<Inner>, peer: &str, reason: Option<&s
             ));
         }
     }
+    // Our own close: the peer will not redial on its own account, so a later send or
+    // connect dials its hello-learned address at once.
+    super::dialer::closed_by_us(inner, key);
     Ok(json!({
         "key": key.to_string(),
         "peer_name": inner.peer_name(&key),
