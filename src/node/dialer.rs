@@ -338,20 +338,23 @@ pub(super) fn closed_by_us(inner: &Arc<Inner>, peer: PeerKey) {
     if inner.shutdown.is_cancelled() {
         return;
     }
-    let (wake, fresh) = {
-        let mut d = inner.dialers.lock().unwrap_or_else(|p| p.into_inner());
-        match d.get(&peer) {
-            Some(n) => (n.clone(), false),
-            None => {
-                let n = Arc::new(Wake::default());
-                d.insert(peer, n.clone());
-                (n, true)
-            }
-        }
-    };
+    let (wake, fresh) = wake_for(inner, peer);
     wake.skip_grace.store(true, Ordering::Relaxed);
     if fresh {
         inner.tasks.spawn(run(inner.clone(), peer, wake));
+    }
+}
+
+/// The dialer wake of `peer`, and whether it was just made (then no task runs for it yet).
+fn wake_for(inner: &Inner, peer: PeerKey) -> (Arc<Wake>, bool) {
+    let mut d = inner.dialers.lock().unwrap_or_else(|p| p.into_inner());
+    match d.get(&peer) {
+        Some(n) => (n.clone(), false),
+        None => {
+            let n = Arc::new(Wake::default());
+            d.insert(peer, n.clone());
+            (n, true)
+        }
     }
 }
 
@@ -360,17 +363,7 @@ pub(super) fn ensure(inner: &Arc<Inner>, peer: PeerKey) {
     if inner.shutdown.is_cancelled() {
         return;
     }
-    let (wake, fresh) = {
-        let mut d = inner.dialers.lock().unwrap_or_else(|p| p.into_inner());
-        match d.get(&peer) {
-            Some(n) => (n.clone(), false),
-            None => {
-                let n = Arc::new(Wake::default());
-                d.insert(peer, n.clone());
-                (n, true)
-            }
-        }
-    };
+    let (wake, fresh) = wake_for(inner, peer);
     if fresh {
         inner.tasks.spawn(run(inner.clone(), peer, wake));
     } else {
