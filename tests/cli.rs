@@ -275,6 +275,50 @@ fn send_to_hyphen_peer_prints_delivery() {
     assert_no_node_log(home.path());
 }
 
+/// `--wait-ack DUR` that ends without an ack is a timed-out wait (exit 2, code `timeout`),
+/// like `awp wait --timeout`; the queued line is still printed, so its id is known, and the
+/// message says it stays queued. Without `--wait-ack`, `queued` is success.
+#[test]
+fn send_and_state_wait_ack_without_an_ack_is_a_timeout() {
+    let home = tempfile::tempdir().unwrap();
+    let _node = FakeNode::start(
+        home.path(),
+        Box::new(|req| match req["op"].as_str() {
+            Some("send") | Some("state") => vec![ok(
+                json!({"id": "01X", "th": "thr_1", "status": "queued", "connected": false}),
+            )],
+            _ => vec![ok(json!({}))],
+        }),
+    );
+    let o = awp(home.path(), &["send", "bob", "hi", "--wait-ack", "1s"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "queued 01X in thr_1 (peer offline)\n");
+    assert_one_error_line(&o);
+    assert!(
+        stderr(&o).contains("no ack for 01X in thr_1 within 1s")
+            && stderr(&o).contains("do not send it again"),
+        "{}",
+        stderr(&o)
+    );
+    let o = awp(
+        home.path(),
+        &["--json", "send", "bob", "hi", "--wait-ack", "1s"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["error"]["code"], "timeout");
+    let o = awp(
+        home.path(),
+        &["state", "bob/thr_1", "done", "--wait-ack", "1s"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no ack for 01X"));
+    // Without --wait-ack nothing was waited for: queued is the expected answer.
+    let o = awp(home.path(), &["send", "bob", "hi"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "queued 01X in thr_1 (peer offline)\n");
+}
+
 fn assert_no_node_log(home: &Path) {
     assert!(
         !home.join("node.log").exists(),
@@ -420,6 +464,13 @@ fn wait_times_out_with_exit_2() {
         node.calls(),
         vec![json!({"op": "subscribe", "from_seq": 0})]
     );
+    let o = awp(
+        home.path(),
+        &["--json", "wait", "--state", "done", "--timeout", "100ms"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["error"]["code"], "timeout");
 }
 
 #[test]

@@ -495,10 +495,35 @@ pub fn refused_failure(body: &Map<String, Value>) -> Option<Failure> {
     )
 }
 
+/// The failure for a reply whose `status` is still `queued` after `--wait-ack DUR`: exit
+/// 2 (a wait that timed out, as for `awp wait`), code `timeout`. The line stays queued and
+/// goes when the peer is reachable, so the message says not to send it again.
+pub fn unacked_failure(body: &Map<String, Value>, wait: Option<Duration>) -> Option<Failure> {
+    let wait = wait?;
+    if str_field(body, &["status"]) != Some("queued") {
+        return None;
+    }
+    let id = str_field(body, &["id"]).unwrap_or("?");
+    let th = str_field(body, &["th"]).unwrap_or("?");
+    Some(
+        Failure::usage(
+            format!(
+                "no ack for {id} in {th} within {}",
+                humantime::format_duration(wait)
+            ),
+            format!(
+                "it stays queued and goes when the peer is reachable: do not send it again \
+                 (its thread shows it: `awp read {th}`)"
+            ),
+        )
+        .with_code("timeout"),
+    )
+}
+
 async fn send(ctx: &Ctx, args: &SendArgs) -> Result<(), Failure> {
     let req = send_request(args)?;
     let body = ctx.call(&req).await?;
-    if let Some(f) = refused_failure(&body) {
+    if let Some(f) = refused_failure(&body).or_else(|| unacked_failure(&body, args.wait_ack)) {
         if !ctx.json {
             out(&delivery_line(&body))?;
         }
@@ -522,7 +547,7 @@ async fn state(ctx: &Ctx, args: &StateArgs) -> Result<(), Failure> {
         wait_ack_ms: millis(args.wait_ack),
     };
     let body = ctx.call(&req).await?;
-    if let Some(f) = refused_failure(&body) {
+    if let Some(f) = refused_failure(&body).or_else(|| unacked_failure(&body, args.wait_ack)) {
         if !ctx.json {
             out(&delivery_line(&body))?;
         }
@@ -733,7 +758,8 @@ async fn wait(
                         humantime::format_duration(d)
                     ),
                     "retry with a longer --timeout",
-                ))
+                )
+                .with_code("timeout"))
             }
         },
     };
