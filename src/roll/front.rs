@@ -900,13 +900,13 @@ impl<N: NodeApi> Front<N> {
                 ),
             ));
         };
-        let word = match p.decision {
-            rpc::Decision::Approve => "approve",
-            rpc::Decision::Reject => "reject",
+        let (word, done) = match p.decision {
+            rpc::Decision::Approve => ("approve", "approved"),
+            rpc::Decision::Reject => ("reject", "rejected"),
         };
         let text = match &p.reason {
-            Some(r) if !r.is_empty() => format!("{word}d: {r}"),
-            _ => format!("{word}d"),
+            Some(r) if !r.is_empty() => format!("{done}: {r}"),
+            _ => done.to_string(),
         };
         let mut data = json!({"approvalId": p.approval_id, "decision": word});
         if let Some(r) = &p.reason {
