@@ -573,3 +573,41 @@ async fn cancel_closes_the_awp_thread_and_a_peer_failure_fails_the_turn() {
     assert!(threads.to_string().contains(&th), "{threads}");
     roll.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_front_follows_the_node_across_its_restart() {
+    let Some(schema) = schema() else { return };
+    let a = TestNode::start("alice").await;
+    let b = TestNode::start("bob").await;
+    a.connect(&b).await;
+    let mut roll = Roll::start(&home(&a), &b.key(), schema).await;
+    roll.initialize().await;
+    let t = roll.ok("thread.create", json!({"requestId": uuid()})).await;
+    let thread_id = t["thread"]["id"].as_str().unwrap().to_string();
+    let turn_id = uuid();
+    roll.ok(
+        "turn.start",
+        json!({"requestId": uuid(), "threadId": thread_id, "turnId": turn_id,
+            "input": {"text": "Keep going."}}),
+    )
+    .await;
+    let th = nth_msg(&b, 1).await["th"].as_str().unwrap().to_string();
+
+    let a_home = a.stop().await;
+    // While the node is down, what needs it fails, retryably; local reads still answer.
+    let r = roll.call("thread.open", json!({"threadId": thread_id})).await;
+    assert_eq!(r["error"]["data"]["rollCode"], "INTERNAL_ERROR");
+    assert_eq!(r["error"]["data"]["retryable"], true);
+    roll.ok("thread.list", json!({"limit": 1})).await;
+    // The peer answers while our node is down; its lines wait in bob's outbox.
+    cli(&b.path(), &["state", &th, "working"]).await;
+    cli(&b.path(), &["state", &th, "done"]).await;
+
+    let a = TestNode::start_in(a_home, "alice").await;
+    a.connect(&b).await;
+    let started = roll.event("turn.started").await;
+    assert_eq!(started["params"]["turnId"], json!(turn_id));
+    let done = roll.event("turn.completed").await;
+    assert_eq!(done["params"]["turnId"], json!(turn_id));
+    roll.stop().await;
+}
