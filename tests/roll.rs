@@ -595,7 +595,9 @@ async fn a_running_front_follows_the_node_across_its_restart() {
 
     let a_home = a.stop().await;
     // While the node is down, what needs it fails, retryably; local reads still answer.
-    let r = roll.call("thread.open", json!({"threadId": thread_id})).await;
+    let r = roll
+        .call("thread.open", json!({"threadId": thread_id}))
+        .await;
     assert_eq!(r["error"]["data"]["rollCode"], "INTERNAL_ERROR");
     assert_eq!(r["error"]["data"]["retryable"], true);
     roll.ok("thread.list", json!({"limit": 1})).await;

@@ -287,7 +287,10 @@ impl<N: NodeApi> Front<N> {
             Err(Dispatch::Roll(e)) => rpc::failure(&id, e.to_json()),
             Err(Dispatch::NoMethod(m)) => rpc::failure(
                 &id,
-                rpc::plain_error(rpc::METHOD_NOT_FOUND, &format!("no method {m:?}")),
+                rpc::plain_error(
+                    rpc::METHOD_NOT_FOUND,
+                    &format!("no method {:?}", cut_chars(&m, 64)),
+                ),
             ),
         };
         self.out.push(line);

@@ -159,12 +159,6 @@ impl T {
         r["thread"]["id"].as_str().unwrap().to_string()
     }
 
-    fn th(&self, thread_id: &str) -> String {
-        // The AWP thread of a Roll thread: from the state file via capabilities.
-        let _ = thread_id;
-        self.node_last_th()
-    }
-
     fn node_last_th(&self) -> String {
         match self.node.0.calls.borrow().last() {
             Some(Request::Send { th: Some(th), .. }) => th.clone(),
@@ -181,7 +175,7 @@ impl T {
                 "input": {"text": "go"}}),
         )
         .await;
-        let th = self.th(thread_id);
+        let th = self.node_last_th();
         let id = format!("01MSG{:021}", *self.node.0.n.borrow());
         self.line(
             "out",
@@ -760,4 +754,27 @@ async fn frames_over_the_cap_are_skipped_and_answered() {
     assert_eq!(out[0]["error"]["data"]["rollCode"], "INVALID_PARAMS");
     assert_eq!(out[0]["id"], Value::Null);
     t.check(&out[0].clone());
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_ends_the_front_not_the_node() {
+    let mut t = T::new();
+    let (tx, _rx) = tokio::sync::mpsc::channel(2);
+    // Three answers for a queue of two: the front gives up on the client at once,
+    // without waiting for it.
+    for _ in 0..3 {
+        t.front.handle_frame(b"{").await;
+    }
+    match super::flush(&mut t.front, &tx) {
+        Err(super::RollExit::Client(why)) => assert!(why.contains("unread"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // A client that is gone.
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    drop(rx);
+    t.front.handle_frame(b"{").await;
+    assert!(matches!(
+        super::flush(&mut t.front, &tx),
+        Err(super::RollExit::Client(_))
+    ));
 }
