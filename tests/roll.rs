@@ -613,3 +613,29 @@ async fn a_running_front_follows_the_node_across_its_restart() {
     assert_eq!(done["params"]["turnId"], json!(turn_id));
     roll.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roll_refuses_an_unknown_peer_and_a_missing_node_on_one_line() {
+    let run = |home: PathBuf, peer: &'static str| async move {
+        let out = Command::new(env!("CARGO_BIN_EXE_awp"))
+            .arg("--home")
+            .arg(&home)
+            .args(["roll", "--peer", peer])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let empty = tempfile::tempdir().unwrap();
+    let (code, err) = run(empty.path().to_path_buf(), "bob").await;
+    assert_eq!(code, Some(3), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let a = TestNode::start("alice").await;
+    let (code, err) = run(a.path(), "nobody").await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no known peer matches \"nobody\""), "{err}");
+}
