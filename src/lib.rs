@@ -28,6 +28,8 @@
 //! - [`config`]: settings from `config.toml`, `AWP_*` variables and flags.
 //! - [`control`]: the local control socket protocol (NDJSON) between the CLI and the node.
 //! - [`cli`]: the `awp` command line.
+//! - [`roll`]: `awp roll`, a Roll Runtime Protocol v1 front: Roll threads and turns as AWP
+//!   threads and msgs with one peer, over the control socket.
 //! - [`conform`]: `awp conform`, a conformance runner that checks any AWP peer.
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
 //! - [`doctor`]: `awp doctor`, checks of a home (store files, identity, config, modes) and
@@ -48,6 +50,7 @@ pub mod identity;
 pub mod net;
 pub mod node;
 pub mod presence;
+pub mod roll;
 pub mod session;
 pub mod store;
 pub mod transcript;

@@ -328,6 +328,13 @@ pub enum Command {
         #[arg(short = 't', long = "thread", value_name = "THREAD")]
         thread: Option<String>,
     },
+    /// Be a Roll Runtime Protocol v1 runtime on stdio (JSON-RPC 2.0, NDJSON) whose agent
+    /// is PEER: Roll threads are AWP threads with PEER (spec/roll-front.md).
+    Roll {
+        /// The peer whose agent the Roll client drives.
+        #[arg(long, value_name = "PEER", allow_hyphen_values = true)]
+        peer: String,
+    },
     /// Print the JSON Schema of AWP v0 lines.
     Schema,
     /// Check an AWP peer against the v0 conformance scenarios.

@@ -97,6 +97,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Whoami => whoami(ctx).await,
         Command::Export { thread, format } => super::transcript::export(ctx, thread, &format).await,
         Command::Verify { file } => super::transcript::verify(&file),
+        Command::Roll { peer } => crate::roll::cli(ctx, &peer).await,
         Command::Schema => out(&format!("{:#}", crate::wire::schema::schema())),
         Command::Version => version(ctx),
         Command::Doctor { fix } => super::doctor::run(ctx, fix),
