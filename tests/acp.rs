@@ -1,0 +1,322 @@
+//! `awp serve-agent --acp` end to end over two nodes with the scripted agent
+//! `examples/fake_acp_agent.rs`: prompt → reply → done, permission asked and answered (and
+//! approved by a grant), cancel, fs requests gated by grants and confined to the root, and
+//! an agent crash → failed with a note, then a restarted agent answering.
+
+mod common;
+
+use awp_node::acp::bridge::{PERMISSION_MIME, PLAN_MIME};
+use awp_node::control::Request;
+use common::{eventually, TestNode};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use tempfile::TempDir;
+
+/// The fake agent next to the test build's `awp` (built by `cargo test` with the
+/// examples, or `cargo build --example fake_acp_agent`).
+fn fake_agent() -> PathBuf {
+    let awp = PathBuf::from(env!("CARGO_BIN_EXE_awp"));
+    let p = awp.parent().unwrap().join("examples/fake_acp_agent");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --example fake_acp_agent` (a full `cargo test` builds it)",
+        p.display()
+    );
+    p
+}
+
+struct Setup {
+    a: TestNode,
+    b: TestNode,
+    root: TempDir,
+    log: PathBuf,
+    _serve: tokio::process::Child,
+}
+
+/// Node A dials node B; B runs `awp serve-agent --acp -- fake_acp_agent`.
+async fn setup() -> Setup {
+    let a = TestNode::start("alice").await;
+    let b = TestNode::start("bob").await;
+    a.connect(&b).await;
+    let root = TempDir::new().unwrap();
+    let log = root.path().join("agent.log");
+    let serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(b.path())
+        .args(["serve-agent", "--acp", "--root"])
+        .arg(root.path())
+        .arg("--")
+        .arg(fake_agent())
+        .env("FAKE_ACP_LOG", &log)
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("awp serve-agent starts");
+    // The agent is started once serve-agent has subscribed to B's events.
+    let l = log.clone();
+    eventually(20, || {
+        let l = l.clone();
+        async move { starts(&l).ge(&1).then_some(()) }
+    })
+    .await;
+    Setup {
+        a,
+        b,
+        root,
+        log,
+        _serve: serve,
+    }
+}
+
+fn starts(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// A's inbound lines in thread `th`.
+async fn inbound(a: &TestNode, th: &str) -> Vec<Value> {
+    a.inbound()
+        .await
+        .into_iter()
+        .filter(|e| e["th"] == th)
+        .map(|e| e["line"].clone())
+        .collect()
+}
+
+/// Wait (30 s at most) until B's `state` lines in `th` number more than `after` and the
+/// last is `state`; that line.
+async fn wait_state(a: &TestNode, th: &str, after: usize, state: &str) -> Value {
+    eventually(30, || async {
+        let states: Vec<Value> = inbound(a, th)
+            .await
+            .into_iter()
+            .filter(|l| l["t"] == "state")
+            .collect();
+        (states.len() > after && states.last().unwrap()["state"] == state)
+            .then(|| states.last().unwrap().clone())
+    })
+    .await
+}
+
+fn states(lines: &[Value]) -> usize {
+    lines.iter().filter(|l| l["t"] == "state").count()
+}
+
+/// The text parts of B's msgs in `th`, joined.
+async fn text(a: &TestNode, th: &str) -> String {
+    inbound(a, th)
+        .await
+        .iter()
+        .filter(|l| l["t"] == "msg")
+        .flat_map(|l| l["parts"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["text"].as_str().map(str::to_string))
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+async fn say(a: &TestNode, b: &TestNode, th: Option<&str>, t: &str) -> String {
+    let peer = b.key();
+    let r = a.send(Some(&peer), th, t).await;
+    r["th"].as_str().unwrap().to_string()
+}
+
+async fn grant(b: &TestNode, a: &TestNode, caps: &[&str]) {
+    let r = b
+        .ctl(Request::Grant {
+            peer: a.key(),
+            caps: caps.iter().map(|c| c.to_string()).collect(),
+            ttl_s: 3600,
+            aud: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_gets_progress_reply_and_done() {
+    let s = setup().await;
+    let file = s.root.path().join("notes.txt");
+    std::fs::write(&file, b"abc").unwrap();
+    let r =
+        s.a.ctl(Request::Send {
+            peer: Some(s.b.key()),
+            th: None,
+            subject: Some("ask".into()),
+            re: None,
+            parts: vec![json!({"k": "text", "text": "hello there"})],
+            files: vec![file.display().to_string()],
+            wait_ack_ms: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    let th = r.body["th"].as_str().unwrap().to_string();
+    let done = wait_state(&s.a, &th, 0, "done").await;
+    assert_eq!(done["note"], "end_turn");
+    let lines = inbound(&s.a, &th).await;
+    // working, then done.
+    assert_eq!(states(&lines), 2, "{lines:#?}");
+    let all = text(&s.a, &th).await;
+    assert!(all.contains("tool [think] Think"), "{all}");
+    assert!(all.contains("tool t1: completed"), "{all}");
+    // The three chunks of the reply are coalesced: fewer msgs than chunks.
+    let echo_msgs = lines
+        .iter()
+        .filter(|l| {
+            l["t"] == "msg"
+                && l["parts"][0]["text"]
+                    .as_str()
+                    .is_some_and(|t| !t.starts_with("tool"))
+        })
+        .count();
+    assert!(echo_msgs < 3, "{lines:#?}");
+    let reply: String = all.split('|').filter(|t| !t.starts_with("tool")).collect();
+    assert!(reply.starts_with("echo: hello there"), "{reply}");
+    // The blob reached the agent as a link to the received file.
+    assert!(
+        reply.contains("link: file:///") && reply.contains("notes.txt"),
+        "{reply}"
+    );
+    let plan = lines
+        .iter()
+        .flat_map(|l| l["parts"].as_array().cloned().unwrap_or_default())
+        .find(|p| p["mime"] == PLAN_MIME)
+        .expect("a plan part");
+    assert_eq!(plan["data"]["entries"][0]["content"], "answer");
+    // A second prompt in the thread goes to the same session and ends done again.
+    say(&s.a, &s.b, Some(&th), "refuse").await;
+    let failed = wait_state(&s.a, &th, 2, "failed").await;
+    assert_eq!(failed["note"], "the agent stopped: refusal");
+    assert_eq!(starts(&s.log), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_is_asked_and_answered_or_granted() {
+    let s = setup().await;
+    // No grant: B asks, A answers `allow`.
+    let th = say(&s.a, &s.b, None, "perm").await;
+    let waiting = wait_state(&s.a, &th, 0, "waiting").await;
+    assert_eq!(waiting["note"], "permission asked");
+    let lines = inbound(&s.a, &th).await;
+    let q = lines
+        .iter()
+        .flat_map(|l| l["parts"].as_array().cloned().unwrap_or_default())
+        .find(|p| p["mime"] == PERMISSION_MIME)
+        .expect("a permission question");
+    assert_eq!(q["data"]["options"][0]["optionId"], "ok");
+    assert_eq!(q["data"]["toolCall"]["kind"], "edit");
+    // A word that is no answer is asked again; the thread keeps waiting.
+    say(&s.a, &s.b, Some(&th), "perhaps").await;
+    eventually(10, || async {
+        text(&s.a, &th)
+            .await
+            .contains("not understood")
+            .then_some(())
+    })
+    .await;
+    say(&s.a, &s.b, Some(&th), "allow").await;
+    wait_state(&s.a, &th, 2, "done").await;
+    assert!(text(&s.a, &th).await.contains("permission: ok"));
+
+    // `deny` picks the reject option.
+    let th2 = say(&s.a, &s.b, None, "perm").await;
+    wait_state(&s.a, &th2, 0, "waiting").await;
+    say(&s.a, &s.b, Some(&th2), "deny").await;
+    wait_state(&s.a, &th2, 1, "done").await;
+    assert!(text(&s.a, &th2).await.contains("permission: no"));
+
+    // fs:write approves edits without asking, but not execute.
+    grant(&s.b, &s.a, &["fs:write"]).await;
+    let th3 = say(&s.a, &s.b, None, "perm").await;
+    wait_state(&s.a, &th3, 0, "done").await;
+    let t3 = text(&s.a, &th3).await;
+    assert!(t3.contains("approved (you hold the grant)"), "{t3}");
+    assert!(t3.contains("permission: ok"), "{t3}");
+    assert!(!inbound(&s.a, &th3)
+        .await
+        .iter()
+        .any(|l| l["state"] == "waiting"));
+    let th4 = say(&s.a, &s.b, None, "perm-exec").await;
+    wait_state(&s.a, &th4, 0, "waiting").await;
+    say(&s.a, &s.b, Some(&th4), "no").await;
+    wait_state(&s.a, &th4, 1, "done").await;
+    assert!(text(&s.a, &th4).await.contains("permission: no"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_failed_state_cancels_the_prompt() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "wait").await;
+    wait_state(&s.a, &th, 0, "working").await;
+    eventually(10, || async {
+        text(&s.a, &th)
+            .await
+            .contains("waiting for cancel")
+            .then_some(())
+    })
+    .await;
+    let r =
+        s.a.ctl(Request::State {
+            peer: Some(s.b.key()),
+            th: th.clone(),
+            state: "failed".into(),
+            note: Some("cancelled".into()),
+            wait_ack_ms: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    let failed = wait_state(&s.a, &th, 1, "failed").await;
+    assert_eq!(failed["note"], "the agent stopped: cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_crash_fails_the_prompt_and_the_agent_restarts() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "crash").await;
+    let failed = wait_state(&s.a, &th, 0, "failed").await;
+    let note = failed["note"].as_str().unwrap();
+    assert!(note.contains("exited") || note.contains("closed"), "{note}");
+    assert!(note.contains("restarted"), "{note}");
+    // The next prompt in the same thread gets a new session of the restarted agent.
+    say(&s.a, &s.b, Some(&th), "again").await;
+    wait_state(&s.a, &th, 1, "done").await;
+    let reply: String = text(&s.a, &th).await.split('|').collect();
+    assert!(reply.contains("echo: again"), "{reply}");
+    assert_eq!(starts(&s.log), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fs_requests_need_grants_and_stay_in_the_root() {
+    let s = setup().await;
+    std::fs::write(s.root.path().join("notes.txt"), "inside").unwrap();
+    let th = say(&s.a, &s.b, None, "read notes.txt").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    let t = text(&s.a, &th).await;
+    assert!(t.contains("fs error") && t.contains("fs:read"), "{t}");
+    let th = say(&s.a, &s.b, None, "write new.txt hi").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    assert!(text(&s.a, &th).await.contains("fs:write"));
+    assert!(!s.root.path().join("new.txt").exists());
+
+    grant(&s.b, &s.a, &["fs:read", "fs:write"]).await;
+    let th = say(&s.a, &s.b, None, "read notes.txt").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    assert!(text(&s.a, &th).await.contains("read: inside"));
+    let th = say(&s.a, &s.b, None, "read /etc/hostname").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    let t = text(&s.a, &th).await;
+    assert!(t.contains("fs error") && t.contains("outside"), "{t}");
+    let th = say(&s.a, &s.b, None, "read ../agent.log").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    assert!(text(&s.a, &th).await.contains("fs error"));
+    let th = say(&s.a, &s.b, None, "write new.txt hi").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    assert!(text(&s.a, &th).await.contains("wrote"));
+    assert_eq!(
+        std::fs::read_to_string(s.root.path().join("new.txt")).unwrap(),
+        "hi"
+    );
+}
