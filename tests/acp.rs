@@ -35,6 +35,11 @@ struct Setup {
 
 /// Node A dials node B; B runs `awp serve-agent --acp -- fake_acp_agent`.
 async fn setup() -> Setup {
+    setup_with(vec![fake_agent().into_os_string()]).await
+}
+
+/// Node A dials node B; B runs `awp serve-agent --acp -- AGENT…`.
+async fn setup_with(agent: Vec<std::ffi::OsString>) -> Setup {
     let a = TestNode::start("alice").await;
     let b = TestNode::start("bob").await;
     a.connect(&b).await;
@@ -46,7 +51,7 @@ async fn setup() -> Setup {
         .args(["serve-agent", "--acp", "--root"])
         .arg(root.path())
         .arg("--")
-        .arg(fake_agent())
+        .args(&agent)
         .env("FAKE_ACP_LOG", &log)
         .env_remove("AWP_HOME")
         .env_remove("RUST_LOG")
@@ -55,13 +60,15 @@ async fn setup() -> Setup {
         .kill_on_drop(true)
         .spawn()
         .expect("awp serve-agent starts");
-    // The agent is started once serve-agent has subscribed to B's events.
-    let l = log.clone();
-    eventually(20, || {
-        let l = l.clone();
-        async move { starts(&l).ge(&1).then_some(()) }
-    })
-    .await;
+    // The fake agent is started once serve-agent has subscribed to B's events.
+    if agent[0] == fake_agent() {
+        let l = log.clone();
+        eventually(20, || {
+            let l = l.clone();
+            async move { starts(&l).ge(&1).then_some(()) }
+        })
+        .await;
+    }
     Setup {
         a,
         b,
@@ -319,4 +326,68 @@ async fn fs_requests_need_grants_and_stay_in_the_root() {
         std::fs::read_to_string(s.root.path().join("new.txt")).unwrap(),
         "hi"
     );
+}
+
+/// Whether Python has the official ACP SDK (`pip install --user agent-client-protocol`);
+/// says so in one line when not.
+fn python_acp() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import acp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("python3 with the ACP SDK (agent-client-protocol) not found: this outside-SDK check is skipped");
+    }
+    ok
+}
+
+fn script(name: &str) -> std::ffi::OsString {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts/acp")
+        .join(name)
+        .into_os_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_agent_answers_a_remote_prompt() {
+    if !python_acp() {
+        return;
+    }
+    let s = setup_with(vec!["python3".into(), script("py_agent.py")]).await;
+    let th = say(&s.a, &s.b, None, "hi from alice").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    let reply: String = text(&s.a, &th).await.split('|').collect();
+    assert_eq!(reply, "py-echo: hi from alice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_client_drives_awp_acp() {
+    if !python_acp() {
+        return;
+    }
+    let s = setup().await;
+    let out = tokio::process::Command::new("python3")
+        .arg(script("py_client.py"))
+        .arg("hello editor")
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(s.a.path())
+        .args(["acp", "--peer", &s.b.key()])
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), out)
+        .await
+        .expect("the client finishes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("stop_reason=end_turn"), "{stdout}");
+    assert!(stdout.contains("echo: hello editor"), "{stdout}");
 }
