@@ -391,3 +391,111 @@ async fn python_sdk_client_drives_awp_acp() {
     assert!(stdout.contains("stop_reason=end_turn"), "{stdout}");
     assert!(stdout.contains("echo: hello editor"), "{stdout}");
 }
+
+/// An editor (the crate's ACP client) drives `awp acp --peer B` on node A: a prompt whose
+/// permission question crosses to the editor and back, then a prompt cancelled by the
+/// editor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editor_drives_awp_acp_permission_and_cancel() {
+    use acp::v1::schema as s;
+    use agent_client_protocol as acp;
+    use std::sync::{Arc, Mutex};
+    use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+    let st = setup().await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(st.a.path())
+        .args(["acp", "--peer", &st.b.key()])
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let transport = acp::ByteStreams::new(
+        child.stdin.take().unwrap().compat_write(),
+        child.stdout.take().unwrap().compat(),
+    );
+    let text = Arc::new(Mutex::new(String::new()));
+    let asked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (t1, a1) = (text.clone(), asked.clone());
+    let run = acp::Client
+        .v1()
+        .on_receive_notification(
+            async move |n: s::SessionNotification, _cx| {
+                let v = serde_json::to_value(&n.update).unwrap();
+                if let Some(t) = v["content"]["text"].as_str() {
+                    t1.lock().unwrap().push_str(t);
+                }
+                Ok(())
+            },
+            acp::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |r: s::RequestPermissionRequest, responder, _cx| {
+                let ids: Vec<String> = r
+                    .options
+                    .iter()
+                    .map(|o| o.option_id.0.to_string())
+                    .collect();
+                a1.lock().unwrap().extend(ids);
+                responder.respond(s::RequestPermissionResponse::new(
+                    s::RequestPermissionOutcome::Selected(s::SelectedPermissionOutcome::new("ok")),
+                ))
+            },
+            acp::on_receive_request!(),
+        )
+        .connect_with(transport, async |cx: acp::v1::ConnectionTo<acp::Agent>| {
+            let init: s::InitializeRequest =
+                serde_json::from_value(json!({"protocolVersion": 1})).unwrap();
+            cx.send_request(init).block_task().await?;
+            let cwd = std::env::temp_dir();
+            let sid = cx
+                .send_request(s::NewSessionRequest::new(cwd))
+                .block_task()
+                .await?
+                .session_id;
+            let block = |t: &str| s::ContentBlock::Text(s::TextContent::new(t));
+            let r = cx
+                .send_request(s::PromptRequest::new(sid.clone(), vec![block("perm")]))
+                .block_task()
+                .await?;
+            let first = serde_json::to_value(r.stop_reason).unwrap();
+            // The second prompt waits in the agent until the editor cancels it.
+            let pending = cx
+                .send_request(s::PromptRequest::new(sid.clone(), vec![block("wait")]))
+                .block_task();
+            let cancel = {
+                let cx = cx.clone();
+                let t = text.clone();
+                let sid = sid.clone();
+                async move {
+                    for _ in 0..500 {
+                        if t.lock().unwrap().contains("waiting for cancel") {
+                            break;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                    cx.send_notification(s::CancelNotification::new(sid))
+                        .unwrap();
+                }
+            };
+            let (r, ()) = tokio::join!(pending, cancel);
+            let second = serde_json::to_value(r?.stop_reason).unwrap();
+            Ok((first, second))
+        });
+    let (first, second) = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+        .await
+        .expect("the editor's session ends in time")
+        .expect("ACP works");
+    assert_eq!(first, "end_turn");
+    assert_eq!(*asked.lock().unwrap(), vec!["ok".to_string(), "no".into()]);
+    assert!(
+        text.lock().unwrap().contains("permission: ok"),
+        "{}",
+        text.lock().unwrap()
+    );
+    assert_eq!(second, "cancelled");
+}
