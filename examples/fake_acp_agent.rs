@@ -3,7 +3,8 @@
 //!
 //! The first text block of a prompt picks what it does:
 //! - `crash`: exits at once (status 3), mid-prompt.
-//! - `wait`: answers nothing until `session/cancel` for its session, then `cancelled`.
+//! - `wait`: answers nothing until `session/cancel` for its session, then `cancelled`
+//!   (other sessions are served meanwhile).
 //! - `perm` / `perm-exec`: asks `session/request_permission` for an `edit` / `execute` tool
 //!   call (options `ok` allow_once, `no` reject_once), then says `permission: ID` (or
 //!   `permission: cancelled`) and ends the turn.
@@ -68,16 +69,6 @@ impl Io {
             self.deferred.push_back(m);
         }
     }
-    /// Wait for `session/cancel` of `session`; other messages wait for later.
-    fn wait_cancel(&mut self, session: &str) {
-        loop {
-            let m = self.recv();
-            if m["method"] == "session/cancel" && m["params"]["sessionId"] == session {
-                return;
-            }
-            self.deferred.push_back(m);
-        }
-    }
 }
 
 fn main() {
@@ -110,6 +101,8 @@ fn main() {
         next_id: 0,
     };
     let mut sessions = 0u64;
+    // Prompts waiting for their session's cancel: session id → request id.
+    let mut waiting: std::collections::HashMap<String, Value> = Default::default();
     loop {
         let m = match io.deferred.pop_front() {
             Some(m) => m,
@@ -138,10 +131,20 @@ fn main() {
                     .and_then(|b| b["text"].as_str())
                     .unwrap_or("")
                     .to_string();
+                if text == "wait" {
+                    say(&session, "waiting for cancel");
+                    waiting.insert(session, id);
+                    continue;
+                }
                 let stop = prompt(&mut io, &session, &text, &blocks);
                 respond(&id, json!({"stopReason": stop}));
             }
-            Some("session/cancel") => {}
+            Some("session/cancel") => {
+                let session = m["params"]["sessionId"].as_str().unwrap_or("");
+                if let Some(id) = waiting.remove(session) {
+                    respond(&id, json!({"stopReason": "cancelled"}));
+                }
+            }
             Some(_) if !id.is_null() => send(
                 &json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "method not found"}}),
             ),
@@ -154,11 +157,6 @@ fn prompt(io: &mut Io, session: &str, text: &str, blocks: &[Value]) -> &'static 
     let words: Vec<&str> = text.splitn(3, ' ').collect();
     match words[0] {
         "crash" => std::process::exit(3),
-        "wait" => {
-            say(session, "waiting for cancel");
-            io.wait_cancel(session);
-            "cancelled"
-        }
         "refuse" => "refusal",
         "perm" | "perm-exec" => {
             let kind = if words[0] == "perm" {

@@ -60,15 +60,13 @@ async fn setup_with(agent: Vec<std::ffi::OsString>) -> Setup {
         .kill_on_drop(true)
         .spawn()
         .expect("awp serve-agent starts");
-    // The fake agent is started once serve-agent has subscribed to B's events.
-    if agent[0] == fake_agent() {
-        let l = log.clone();
-        eventually(20, || {
-            let l = l.clone();
-            async move { starts(&l).ge(&1).then_some(()) }
-        })
-        .await;
-    }
+    // The agent is started (and logs it) once serve-agent has subscribed to B's events.
+    let l = log.clone();
+    eventually(20, || {
+        let l = l.clone();
+        async move { starts(&l).ge(&1).then_some(()) }
+    })
+    .await;
     Setup {
         a,
         b,
@@ -353,7 +351,14 @@ async fn python_sdk_agent_answers_a_remote_prompt() {
     if !python_acp() {
         return;
     }
-    let s = setup_with(vec!["python3".into(), script("py_agent.py")]).await;
+    // The shell notes the start in FAKE_ACP_LOG, as the fake agent does.
+    let s = setup_with(vec![
+        "sh".into(),
+        "-c".into(),
+        "echo start >> \"$FAKE_ACP_LOG\"; exec python3 \"$0\"".into(),
+        script("py_agent.py"),
+    ])
+    .await;
     let th = say(&s.a, &s.b, None, "hi from alice").await;
     wait_state(&s.a, &th, 0, "done").await;
     let reply: String = text(&s.a, &th).await.split('|').collect();
@@ -498,4 +503,41 @@ async fn editor_drives_awp_acp_permission_and_cancel() {
         text.lock().unwrap()
     );
     assert_eq!(second, "cancelled");
+}
+
+/// A prompt stuck in the agent holds only its own thread: another thread of the same peer
+/// gets its answer meanwhile, and plain msgs between the nodes flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_prompt_does_not_stall_other_threads() {
+    let s = setup().await;
+    let stuck = say(&s.a, &s.b, None, "wait").await;
+    wait_state(&s.a, &stuck, 0, "working").await;
+    let started = std::time::Instant::now();
+    let other = say(&s.a, &s.b, None, "meanwhile").await;
+    wait_state(&s.a, &other, 0, "done").await;
+    eprintln!(
+        "a second thread answered in {} ms while the first was stuck",
+        started.elapsed().as_millis()
+    );
+    // The stuck thread is still working (nothing ended it).
+    let last = inbound(&s.a, &stuck)
+        .await
+        .into_iter()
+        .rfind(|l| l["t"] == "state")
+        .unwrap();
+    assert_eq!(last["state"], "working");
+    // The node's own traffic is not held up either: B's user writes to A directly.
+    let r =
+        s.b.ctl(Request::Send {
+            peer: Some(s.a.key()),
+            th: None,
+            subject: Some("direct".into()),
+            re: None,
+            parts: vec![json!({"k": "text", "text": "direct"})],
+            files: vec![],
+            wait_ack_ms: Some(10_000),
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(r.body["status"], "delivered", "{:?}", r.body);
 }

@@ -26,13 +26,15 @@ pub const MAX_TOOL_LINE: usize = 200;
 /// Largest text one prompt carries from one msg, in bytes (the wire caps a line at 1 MiB).
 pub const MAX_PROMPT_TEXT: usize = 1024 * 1024;
 
-/// Whether a msg part is a served request (`application/vnd.awp.<cap>+json` data part): those
-/// are the node's own business (exec, fs:read, fs:write), never a prompt.
+/// Whether a msg part belongs to the node itself, never a prompt: a served request
+/// (`application/vnd.awp.<cap>+json` data part: exec, fs:read, fs:write) or an artifact
+/// thread's command, result or event (`application/vnd.artifactr.…`).
 pub fn is_served_request(part: &Value) -> bool {
     part["k"] == "data"
-        && part["mime"]
-            .as_str()
-            .is_some_and(|m| m.starts_with("application/vnd.awp.") && m.ends_with("+json"))
+        && part["mime"].as_str().is_some_and(|m| {
+            (m.starts_with("application/vnd.awp.") && m.ends_with("+json"))
+                || m.starts_with("application/vnd.artifactr.")
+        })
 }
 
 /// The ACP prompt (`ContentBlock` JSON objects) for the parts of one AWP msg. `blob_path`
@@ -334,6 +336,9 @@ mod tests {
     fn served_requests_are_not_prompts() {
         assert!(is_served_request(
             &json!({"k": "data", "mime": "application/vnd.awp.exec+json", "data": {}})
+        ));
+        assert!(is_served_request(
+            &json!({"k": "data", "mime": crate::artifact::MIME_COMMAND, "data": {}})
         ));
         assert!(!is_served_request(
             &json!({"k": "data", "mime": "application/json", "data": {}})
