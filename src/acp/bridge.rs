@@ -333,6 +333,21 @@ mod tests {
     }
 
     #[test]
+    fn prompt_text_is_capped_at_a_char_boundary() {
+        let long = format!("{}é", "x".repeat(MAX_PROMPT_TEXT - 1));
+        let blocks = prompt_blocks(&[json!({"k": "text", "text": long})], |_| None);
+        assert_eq!(
+            blocks[0]["text"].as_str().unwrap().len(),
+            MAX_PROMPT_TEXT - 1
+        );
+        let blocks = prompt_blocks(
+            &[json!({"k": "text"}), json!({"k": "blob", "name": "no ref"})],
+            |_| None,
+        );
+        assert!(blocks.is_empty(), "{blocks:?}");
+    }
+
+    #[test]
     fn served_requests_are_not_prompts() {
         assert!(is_served_request(
             &json!({"k": "data", "mime": "application/vnd.awp.exec+json", "data": {}})
