@@ -541,3 +541,25 @@ async fn a_stuck_prompt_does_not_stall_other_threads() {
     assert!(r.ok, "{:?}", r.error);
     assert_eq!(r.body["status"], "delivered", "{:?}", r.body);
 }
+
+/// A thread that B's user started is B's user's: A's reply in it is no prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_in_threads_the_serving_user_started_are_not_prompts() {
+    let s = setup().await;
+    let r =
+        s.b.send(Some(&s.a.key()), None, "a question from bob's user")
+            .await;
+    let th = r["th"].as_str().unwrap().to_string();
+    eventually(10, || async {
+        (!inbound(&s.a, &th).await.is_empty()).then_some(())
+    })
+    .await;
+    s.a.send(None, Some(&th), "hello, an answer for bob's user")
+        .await;
+    // A later thread of A is served; by then the reply has been seen and left alone.
+    let other = say(&s.a, &s.b, None, "served").await;
+    wait_state(&s.a, &other, 0, "done").await;
+    let lines = inbound(&s.a, &th).await;
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0]["parts"][0]["text"], "a question from bob's user");
+}

@@ -4,7 +4,8 @@
 //! events and answers through `send` / `state` requests.
 //!
 //! - Each AWP thread from a peer ↔ one ACP session (`session/new`, `cwd` = the root), one
-//!   task per thread ([`MAX_THREADS`] at most, each with a bounded inbox).
+//!   task per thread ([`MAX_THREADS`] at most, each with a bounded inbox). A thread where
+//!   this node's user wrote first (seen while serving) is left to the user.
 //! - An inbound msg becomes a `session/prompt` ([`bridge::prompt_blocks`]); msgs that come
 //!   while a prompt runs wait (at most [`MAX_QUEUED_PROMPTS`]).
 //! - `session/update`s become progress msgs ([`bridge::progress_of`], coalesced by
@@ -184,10 +185,11 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     });
     let supervisor = tokio::spawn(supervise(shared.clone(), conn_tx));
     let mut threads: HashMap<(String, String), mpsc::Sender<ThreadEvent>> = HashMap::new();
+    let mut ours = std::collections::HashSet::new();
     let result = loop {
         tokio::select! {
             ev = sub.next_event() => match ev {
-                Ok(Some(ev)) => dispatch(&shared, &mut threads, ev),
+                Ok(Some(ev)) => dispatch(&shared, &mut threads, &mut ours, ev),
                 Ok(None) => break Err("the node closed the event stream".to_string()),
                 Err(e) => break Err(format!("the node's event stream failed: {e}")),
             },
@@ -198,14 +200,16 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     result
 }
 
+/// Threads remembered as started by this node's user (their replies are not prompts).
+const MAX_OURS: usize = 4096;
+
 fn dispatch(
     shared: &Arc<Shared>,
     threads: &mut HashMap<(String, String), mpsc::Sender<ThreadEvent>>,
+    ours: &mut std::collections::HashSet<(String, String)>,
     ev: control::Event,
 ) {
-    if ev.get("event").and_then(Value::as_str) != Some("line")
-        || ev.get("dir").and_then(Value::as_str) != Some("in")
-    {
+    if ev.get("event").and_then(Value::as_str) != Some("line") {
         return;
     }
     let (Some(peer), Some(th)) = (
@@ -214,8 +218,23 @@ fn dispatch(
     ) else {
         return;
     };
-    let Some(line) = ev.get("line") else { return };
     let key = (peer.to_string(), th.to_string());
+    match ev.get("dir").and_then(Value::as_str) {
+        Some("in") if !ours.contains(&key) => {}
+        Some("out") => {
+            // A line of ours in a thread no session serves: the user talks to the peer
+            // directly there, and the peer's replies are for the user, not the agent.
+            if !threads.contains_key(&key) {
+                if ours.len() >= MAX_OURS {
+                    ours.clear();
+                }
+                ours.insert(key);
+            }
+            return;
+        }
+        _ => return,
+    }
+    let Some(line) = ev.get("line") else { return };
     let event = match line["t"].as_str() {
         Some("msg") => {
             let parts = line["parts"].as_array().cloned().unwrap_or_default();
@@ -297,7 +316,7 @@ fn busy(shared: &Arc<Shared>, peer: &str, th: &str, why: &str) {
         shared.socket.clone(),
         peer.to_string(),
         th.to_string(),
-        format!("busy: {why}; try again later"),
+        format!("busy: {why}; try again later in a new thread"),
     );
     tokio::spawn(async move {
         let _ = control::request(
