@@ -54,7 +54,7 @@ pub async fn serve_agent(ctx: &Ctx, args: ServeAgentArgs) -> Result<(), Failure>
         ));
     }
     let socket = crate::daemon::socket_path(&ctx.home);
-    check_node(&socket).await?;
+    check_node(ctx, &socket).await?;
     let cfg = super::serve::ServeConfig {
         socket,
         root,
@@ -69,7 +69,7 @@ pub async fn serve_agent(ctx: &Ctx, args: ServeAgentArgs) -> Result<(), Failure>
 /// Run `awp acp` until the editor closes stdin.
 pub async fn acp(ctx: &Ctx, args: AcpArgs) -> Result<(), Failure> {
     let socket = crate::daemon::socket_path(&ctx.home);
-    check_node(&socket).await?;
+    check_node(ctx, &socket).await?;
     super::agent::run(super::agent::AgentConfig {
         socket,
         peer: args.peer,
@@ -79,25 +79,13 @@ pub async fn acp(ctx: &Ctx, args: AcpArgs) -> Result<(), Failure> {
     .map_err(|e| Failure::new(Exit::Failed, e, "check the node with `awp status`"))
 }
 
-/// Exit 3 when no node answers.
-async fn check_node(socket: &std::path::Path) -> Result<(), Failure> {
-    match crate::control::request(socket, &crate::control::Request::Status).await {
-        Ok(r) if r.ok => Ok(()),
-        Ok(r) => Err(Failure::new(
-            Exit::Failed,
-            r.error.map(|e| e.message).unwrap_or_default(),
-            "check the node with `awp status`",
-        )),
-        Err(crate::control::ClientError::NotRunning { .. }) => {
-            Err(
-                Failure::new(Exit::NoNode, "no node running", "start one with `awp up`")
-                    .with_code("no_node"),
-            )
-        }
-        Err(e) => Err(Failure::new(
-            Exit::Failed,
-            e.to_string(),
-            "check the node with `awp status`",
-        )),
+/// Exit 3 when no node answers (the usual failures of [`crate::cli::client_failure`]).
+async fn check_node(ctx: &Ctx, socket: &std::path::Path) -> Result<(), Failure> {
+    let resp = crate::control::request(socket, &crate::control::Request::Status)
+        .await
+        .map_err(|e| crate::cli::client_failure(&e, &ctx.home))?;
+    match resp.error {
+        Some(e) if !resp.ok => Err(crate::cli::node_failure(&e, &ctx.home)),
+        _ => Ok(()),
     }
 }
