@@ -34,8 +34,11 @@
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
 //! - [`doctor`]: `awp doctor`, checks of a home (store files, identity, config, modes) and
 //!   their safe fixes.
+//! - [`acp`]: Agent Client Protocol bridges: `awp serve-agent --acp` (a local ACP agent
+//!   served to peers) and `awp acp` (an ACP agent for an editor, backed by a peer).
 #![forbid(unsafe_code)]
 
+pub mod acp;
 pub mod artifact;
 pub mod blob;
 pub mod canonical;

@@ -361,6 +361,11 @@ pub enum Command {
     },
     /// Print the man page (roff) to stdout, e.g. `awp man | man -l -`.
     Man,
+    /// Serve a local ACP agent to peers: `awp serve-agent --acp -- CMD ARGS…` (each thread
+    /// from a peer is one ACP session of the agent).
+    ServeAgent(crate::acp::cli::ServeAgentArgs),
+    /// Be an ACP agent on stdio for an editor: prompts go to PEER's served agent.
+    Acp(crate::acp::cli::AcpArgs),
 }
 
 /// Default `awp read --limit`.

@@ -104,6 +104,8 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Conform(args) => crate::conform::cli::run(ctx, args).await,
         Command::Completions { shell } => super::docs::completions(shell),
         Command::Man => super::docs::man(),
+        Command::ServeAgent(args) => crate::acp::cli::serve_agent(ctx, args).await,
+        Command::Acp(args) => crate::acp::cli::acp(ctx, args).await,
     }
 }
 

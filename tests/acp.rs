@@ -1,0 +1,565 @@
+//! `awp serve-agent --acp` end to end over two nodes with the scripted agent
+//! `examples/fake_acp_agent.rs`: prompt → reply → done, permission asked and answered (and
+//! approved by a grant), cancel, fs requests gated by grants and confined to the root, and
+//! an agent crash → failed with a note, then a restarted agent answering.
+
+mod common;
+
+use awp_node::acp::bridge::{PERMISSION_MIME, PLAN_MIME};
+use awp_node::control::Request;
+use common::{eventually, TestNode};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use tempfile::TempDir;
+
+/// The fake agent next to the test build's `awp` (built by `cargo test` with the
+/// examples, or `cargo build --example fake_acp_agent`).
+fn fake_agent() -> PathBuf {
+    let awp = PathBuf::from(env!("CARGO_BIN_EXE_awp"));
+    let p = awp.parent().unwrap().join("examples/fake_acp_agent");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --example fake_acp_agent` (a full `cargo test` builds it)",
+        p.display()
+    );
+    p
+}
+
+struct Setup {
+    a: TestNode,
+    b: TestNode,
+    root: TempDir,
+    log: PathBuf,
+    _serve: tokio::process::Child,
+}
+
+/// Node A dials node B; B runs `awp serve-agent --acp -- fake_acp_agent`.
+async fn setup() -> Setup {
+    setup_with(vec![fake_agent().into_os_string()]).await
+}
+
+/// Node A dials node B; B runs `awp serve-agent --acp -- AGENT…`.
+async fn setup_with(agent: Vec<std::ffi::OsString>) -> Setup {
+    let a = TestNode::start("alice").await;
+    let b = TestNode::start("bob").await;
+    a.connect(&b).await;
+    let root = TempDir::new().unwrap();
+    let log = root.path().join("agent.log");
+    let serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(b.path())
+        .args(["serve-agent", "--acp", "--root"])
+        .arg(root.path())
+        .arg("--")
+        .args(&agent)
+        .env("FAKE_ACP_LOG", &log)
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("awp serve-agent starts");
+    // The agent is started (and logs it) once serve-agent has subscribed to B's events.
+    let l = log.clone();
+    eventually(20, || {
+        let l = l.clone();
+        async move { starts(&l).ge(&1).then_some(()) }
+    })
+    .await;
+    Setup {
+        a,
+        b,
+        root,
+        log,
+        _serve: serve,
+    }
+}
+
+fn starts(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// A's inbound lines in thread `th`.
+async fn inbound(a: &TestNode, th: &str) -> Vec<Value> {
+    a.inbound()
+        .await
+        .into_iter()
+        .filter(|e| e["th"] == th)
+        .map(|e| e["line"].clone())
+        .collect()
+}
+
+/// Wait (30 s at most) until B's `state` lines in `th` number more than `after` and the
+/// last is `state`; that line.
+async fn wait_state(a: &TestNode, th: &str, after: usize, state: &str) -> Value {
+    eventually(30, || async {
+        let states: Vec<Value> = inbound(a, th)
+            .await
+            .into_iter()
+            .filter(|l| l["t"] == "state")
+            .collect();
+        (states.len() > after && states.last().unwrap()["state"] == state)
+            .then(|| states.last().unwrap().clone())
+    })
+    .await
+}
+
+fn states(lines: &[Value]) -> usize {
+    lines.iter().filter(|l| l["t"] == "state").count()
+}
+
+/// The text parts of B's msgs in `th`, joined.
+async fn text(a: &TestNode, th: &str) -> String {
+    inbound(a, th)
+        .await
+        .iter()
+        .filter(|l| l["t"] == "msg")
+        .flat_map(|l| l["parts"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["text"].as_str().map(str::to_string))
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+async fn say(a: &TestNode, b: &TestNode, th: Option<&str>, t: &str) -> String {
+    let peer = b.key();
+    let r = a.send(Some(&peer), th, t).await;
+    r["th"].as_str().unwrap().to_string()
+}
+
+async fn grant(b: &TestNode, a: &TestNode, caps: &[&str]) {
+    let r = b
+        .ctl(Request::Grant {
+            peer: a.key(),
+            caps: caps.iter().map(|c| c.to_string()).collect(),
+            ttl_s: 3600,
+            aud: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_gets_progress_reply_and_done() {
+    let s = setup().await;
+    let file = s.root.path().join("notes.txt");
+    std::fs::write(&file, b"abc").unwrap();
+    let r =
+        s.a.ctl(Request::Send {
+            peer: Some(s.b.key()),
+            th: None,
+            subject: Some("ask".into()),
+            re: None,
+            parts: vec![json!({"k": "text", "text": "hello there"})],
+            files: vec![file.display().to_string()],
+            wait_ack_ms: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    let th = r.body["th"].as_str().unwrap().to_string();
+    let done = wait_state(&s.a, &th, 0, "done").await;
+    assert_eq!(done["note"], "end_turn");
+    let lines = inbound(&s.a, &th).await;
+    // working, then done.
+    assert_eq!(states(&lines), 2, "{lines:#?}");
+    let all = text(&s.a, &th).await;
+    assert!(all.contains("tool [think] Think"), "{all}");
+    assert!(all.contains("tool t1: completed"), "{all}");
+    // The three chunks of the reply are coalesced: fewer msgs than chunks.
+    let echo_msgs = lines
+        .iter()
+        .filter(|l| {
+            l["t"] == "msg"
+                && l["parts"][0]["text"]
+                    .as_str()
+                    .is_some_and(|t| !t.starts_with("tool"))
+        })
+        .count();
+    assert!(echo_msgs < 3, "{lines:#?}");
+    let reply: String = all.split('|').filter(|t| !t.starts_with("tool")).collect();
+    assert!(reply.starts_with("echo: hello there"), "{reply}");
+    // The blob reached the agent as a link to the received file.
+    assert!(
+        reply.contains("link: file:///") && reply.contains("notes.txt"),
+        "{reply}"
+    );
+    let plan = lines
+        .iter()
+        .flat_map(|l| l["parts"].as_array().cloned().unwrap_or_default())
+        .find(|p| p["mime"] == PLAN_MIME)
+        .expect("a plan part");
+    assert_eq!(plan["data"]["entries"][0]["content"], "answer");
+    // A second prompt in the thread goes to the same session and ends done again.
+    say(&s.a, &s.b, Some(&th), "refuse").await;
+    let failed = wait_state(&s.a, &th, 2, "failed").await;
+    assert_eq!(failed["note"], "the agent stopped: refusal");
+    assert_eq!(starts(&s.log), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_is_asked_and_answered_or_granted() {
+    let s = setup().await;
+    // No grant: B asks, A answers `allow`.
+    let th = say(&s.a, &s.b, None, "perm").await;
+    let waiting = wait_state(&s.a, &th, 0, "waiting").await;
+    assert_eq!(waiting["note"], "permission asked");
+    let lines = inbound(&s.a, &th).await;
+    let q = lines
+        .iter()
+        .flat_map(|l| l["parts"].as_array().cloned().unwrap_or_default())
+        .find(|p| p["mime"] == PERMISSION_MIME)
+        .expect("a permission question");
+    assert_eq!(q["data"]["options"][0]["optionId"], "ok");
+    assert_eq!(q["data"]["toolCall"]["kind"], "edit");
+    // A word that is no answer is asked again; the thread keeps waiting.
+    say(&s.a, &s.b, Some(&th), "perhaps").await;
+    eventually(10, || async {
+        text(&s.a, &th)
+            .await
+            .contains("not understood")
+            .then_some(())
+    })
+    .await;
+    say(&s.a, &s.b, Some(&th), "allow").await;
+    wait_state(&s.a, &th, 2, "done").await;
+    assert!(text(&s.a, &th).await.contains("permission: ok"));
+
+    // `deny` picks the reject option.
+    let th2 = say(&s.a, &s.b, None, "perm").await;
+    wait_state(&s.a, &th2, 0, "waiting").await;
+    say(&s.a, &s.b, Some(&th2), "deny").await;
+    wait_state(&s.a, &th2, 1, "done").await;
+    assert!(text(&s.a, &th2).await.contains("permission: no"));
+
+    // fs:write approves edits without asking, but not execute.
+    grant(&s.b, &s.a, &["fs:write"]).await;
+    let th3 = say(&s.a, &s.b, None, "perm").await;
+    wait_state(&s.a, &th3, 0, "done").await;
+    let t3 = text(&s.a, &th3).await;
+    assert!(t3.contains("approved (you hold the grant)"), "{t3}");
+    assert!(t3.contains("permission: ok"), "{t3}");
+    assert!(!inbound(&s.a, &th3)
+        .await
+        .iter()
+        .any(|l| l["state"] == "waiting"));
+    let th4 = say(&s.a, &s.b, None, "perm-exec").await;
+    wait_state(&s.a, &th4, 0, "waiting").await;
+    say(&s.a, &s.b, Some(&th4), "no").await;
+    wait_state(&s.a, &th4, 1, "done").await;
+    assert!(text(&s.a, &th4).await.contains("permission: no"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_failed_state_cancels_the_prompt() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "wait").await;
+    wait_state(&s.a, &th, 0, "working").await;
+    eventually(10, || async {
+        text(&s.a, &th)
+            .await
+            .contains("waiting for cancel")
+            .then_some(())
+    })
+    .await;
+    let r =
+        s.a.ctl(Request::State {
+            peer: Some(s.b.key()),
+            th: th.clone(),
+            state: "failed".into(),
+            note: Some("cancelled".into()),
+            wait_ack_ms: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    let failed = wait_state(&s.a, &th, 1, "failed").await;
+    assert_eq!(failed["note"], "the agent stopped: cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_crash_fails_the_prompt_and_the_agent_restarts() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "crash").await;
+    let failed = wait_state(&s.a, &th, 0, "failed").await;
+    let note = failed["note"].as_str().unwrap();
+    assert!(note.contains("exited") || note.contains("closed"), "{note}");
+    assert!(note.contains("restarted"), "{note}");
+    // The next prompt in the same thread gets a new session of the restarted agent.
+    say(&s.a, &s.b, Some(&th), "again").await;
+    wait_state(&s.a, &th, 1, "done").await;
+    let reply: String = text(&s.a, &th).await.split('|').collect();
+    assert!(reply.contains("echo: again"), "{reply}");
+    assert_eq!(starts(&s.log), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fs_requests_need_grants_and_stay_in_the_root() {
+    let s = setup().await;
+    std::fs::write(s.root.path().join("notes.txt"), "inside").unwrap();
+    let th = say(&s.a, &s.b, None, "read notes.txt").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    let t = text(&s.a, &th).await;
+    assert!(t.contains("fs error") && t.contains("fs:read"), "{t}");
+    let th = say(&s.a, &s.b, None, "write new.txt hi").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    assert!(text(&s.a, &th).await.contains("fs:write"));
+    assert!(!s.root.path().join("new.txt").exists());
+
+    grant(&s.b, &s.a, &["fs:read", "fs:write"]).await;
+    let th = say(&s.a, &s.b, None, "read notes.txt").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    assert!(text(&s.a, &th).await.contains("read: inside"));
+    let th = say(&s.a, &s.b, None, "read /etc/hostname").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    let t = text(&s.a, &th).await;
+    assert!(t.contains("fs error") && t.contains("outside"), "{t}");
+    let th = say(&s.a, &s.b, None, "read ../agent.log").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    assert!(text(&s.a, &th).await.contains("fs error"));
+    let th = say(&s.a, &s.b, None, "write new.txt hi").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    assert!(text(&s.a, &th).await.contains("wrote"));
+    assert_eq!(
+        std::fs::read_to_string(s.root.path().join("new.txt")).unwrap(),
+        "hi"
+    );
+}
+
+/// Whether Python has the official ACP SDK (`pip install --user agent-client-protocol`);
+/// says so in one line when not.
+fn python_acp() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import acp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("python3 with the ACP SDK (agent-client-protocol) not found: this outside-SDK check is skipped");
+    }
+    ok
+}
+
+fn script(name: &str) -> std::ffi::OsString {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts/acp")
+        .join(name)
+        .into_os_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_agent_answers_a_remote_prompt() {
+    if !python_acp() {
+        return;
+    }
+    // The shell notes the start in FAKE_ACP_LOG, as the fake agent does.
+    let s = setup_with(vec![
+        "sh".into(),
+        "-c".into(),
+        "echo start >> \"$FAKE_ACP_LOG\"; exec python3 \"$0\"".into(),
+        script("py_agent.py"),
+    ])
+    .await;
+    let th = say(&s.a, &s.b, None, "hi from alice").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    let reply: String = text(&s.a, &th).await.split('|').collect();
+    assert_eq!(reply, "py-echo: hi from alice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_client_drives_awp_acp() {
+    if !python_acp() {
+        return;
+    }
+    let s = setup().await;
+    let out = tokio::process::Command::new("python3")
+        .arg(script("py_client.py"))
+        .arg("hello editor")
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(s.a.path())
+        .args(["acp", "--peer", &s.b.key()])
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), out)
+        .await
+        .expect("the client finishes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("stop_reason=end_turn"), "{stdout}");
+    assert!(stdout.contains("echo: hello editor"), "{stdout}");
+}
+
+/// An editor (the crate's ACP client) drives `awp acp --peer B` on node A: a prompt whose
+/// permission question crosses to the editor and back, then a prompt cancelled by the
+/// editor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editor_drives_awp_acp_permission_and_cancel() {
+    use acp::v1::schema as s;
+    use agent_client_protocol as acp;
+    use std::sync::{Arc, Mutex};
+    use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+    let st = setup().await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(st.a.path())
+        .args(["acp", "--peer", &st.b.key()])
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let transport = acp::ByteStreams::new(
+        child.stdin.take().unwrap().compat_write(),
+        child.stdout.take().unwrap().compat(),
+    );
+    let text = Arc::new(Mutex::new(String::new()));
+    let asked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (t1, a1) = (text.clone(), asked.clone());
+    let run = acp::Client
+        .v1()
+        .on_receive_notification(
+            async move |n: s::SessionNotification, _cx| {
+                let v = serde_json::to_value(&n.update).unwrap();
+                if let Some(t) = v["content"]["text"].as_str() {
+                    t1.lock().unwrap().push_str(t);
+                }
+                Ok(())
+            },
+            acp::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |r: s::RequestPermissionRequest, responder, _cx| {
+                let ids: Vec<String> = r
+                    .options
+                    .iter()
+                    .map(|o| o.option_id.0.to_string())
+                    .collect();
+                a1.lock().unwrap().extend(ids);
+                responder.respond(s::RequestPermissionResponse::new(
+                    s::RequestPermissionOutcome::Selected(s::SelectedPermissionOutcome::new("ok")),
+                ))
+            },
+            acp::on_receive_request!(),
+        )
+        .connect_with(transport, async |cx: acp::v1::ConnectionTo<acp::Agent>| {
+            let init: s::InitializeRequest =
+                serde_json::from_value(json!({"protocolVersion": 1})).unwrap();
+            cx.send_request(init).block_task().await?;
+            let cwd = std::env::temp_dir();
+            let sid = cx
+                .send_request(s::NewSessionRequest::new(cwd))
+                .block_task()
+                .await?
+                .session_id;
+            let block = |t: &str| s::ContentBlock::Text(s::TextContent::new(t));
+            let r = cx
+                .send_request(s::PromptRequest::new(sid.clone(), vec![block("perm")]))
+                .block_task()
+                .await?;
+            let first = serde_json::to_value(r.stop_reason).unwrap();
+            // The second prompt waits in the agent until the editor cancels it.
+            let pending = cx
+                .send_request(s::PromptRequest::new(sid.clone(), vec![block("wait")]))
+                .block_task();
+            let cancel = {
+                let cx = cx.clone();
+                let t = text.clone();
+                let sid = sid.clone();
+                async move {
+                    for _ in 0..500 {
+                        if t.lock().unwrap().contains("waiting for cancel") {
+                            break;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                    cx.send_notification(s::CancelNotification::new(sid))
+                        .unwrap();
+                }
+            };
+            let (r, ()) = tokio::join!(pending, cancel);
+            let second = serde_json::to_value(r?.stop_reason).unwrap();
+            Ok((first, second))
+        });
+    let (first, second) = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+        .await
+        .expect("the editor's session ends in time")
+        .expect("ACP works");
+    assert_eq!(first, "end_turn");
+    assert_eq!(*asked.lock().unwrap(), vec!["ok".to_string(), "no".into()]);
+    assert!(
+        text.lock().unwrap().contains("permission: ok"),
+        "{}",
+        text.lock().unwrap()
+    );
+    assert_eq!(second, "cancelled");
+}
+
+/// A prompt stuck in the agent holds only its own thread: another thread of the same peer
+/// gets its answer meanwhile, and plain msgs between the nodes flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_prompt_does_not_stall_other_threads() {
+    let s = setup().await;
+    let stuck = say(&s.a, &s.b, None, "wait").await;
+    wait_state(&s.a, &stuck, 0, "working").await;
+    let started = std::time::Instant::now();
+    let other = say(&s.a, &s.b, None, "meanwhile").await;
+    wait_state(&s.a, &other, 0, "done").await;
+    eprintln!(
+        "a second thread answered in {} ms while the first was stuck",
+        started.elapsed().as_millis()
+    );
+    // The stuck thread is still working (nothing ended it).
+    let last = inbound(&s.a, &stuck)
+        .await
+        .into_iter()
+        .rfind(|l| l["t"] == "state")
+        .unwrap();
+    assert_eq!(last["state"], "working");
+    // The node's own traffic is not held up either: B's user writes to A directly.
+    let r =
+        s.b.ctl(Request::Send {
+            peer: Some(s.a.key()),
+            th: None,
+            subject: Some("direct".into()),
+            re: None,
+            parts: vec![json!({"k": "text", "text": "direct"})],
+            files: vec![],
+            wait_ack_ms: Some(10_000),
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(r.body["status"], "delivered", "{:?}", r.body);
+}
+
+/// A thread that B's user started is B's user's: A's reply in it is no prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_in_threads_the_serving_user_started_are_not_prompts() {
+    let s = setup().await;
+    let r =
+        s.b.send(Some(&s.a.key()), None, "a question from bob's user")
+            .await;
+    let th = r["th"].as_str().unwrap().to_string();
+    eventually(10, || async {
+        (!inbound(&s.a, &th).await.is_empty()).then_some(())
+    })
+    .await;
+    s.a.send(None, Some(&th), "hello, an answer for bob's user")
+        .await;
+    // A later thread of A is served; by then the reply has been seen and left alone.
+    let other = say(&s.a, &s.b, None, "served").await;
+    wait_state(&s.a, &other, 0, "done").await;
+    let lines = inbound(&s.a, &th).await;
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0]["parts"][0]["text"], "a question from bob's user");
+}
