@@ -28,6 +28,7 @@
 //! - [`config`]: settings from `config.toml`, `AWP_*` variables and flags.
 //! - [`control`]: the local control socket protocol (NDJSON) between the CLI and the node.
 //! - [`cli`]: the `awp` command line.
+//! - [`mcp`]: `awp mcp`, the CLI's verbs as MCP tools on stdio for agent harnesses.
 //! - [`conform`]: `awp conform`, a conformance runner that checks any AWP peer.
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
 //! - [`doctor`]: `awp doctor`, checks of a home (store files, identity, config, modes) and
@@ -45,6 +46,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod grant;
 pub mod identity;
+pub mod mcp;
 pub mod net;
 pub mod node;
 pub mod presence;
