@@ -28,11 +28,18 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# inspector-cli 1.0.3 looks for its own package.json with `fs.existsSync("../package.json")`
+# relative to the working directory but imports it relative to its module: run it from a
+# directory whose parent holds a package.json, so the check passes and the import finds its
+# own file.
+mkdir -p "$WORK/npx/run"
+echo '{"private": true}' >"$WORK/npx/package.json"
+
 # inspect HOME ARGS…: one inspector CLI call against `awp --home HOME mcp`.
 inspect() {
     local home=$1
     shift
-    timeout 300 npx -y "$INSPECTOR" --cli "$AWP" --home "$home" mcp "$@"
+    (cd "$WORK/npx/run" && timeout 300 npx -y "$INSPECTOR" --cli "$AWP" --home "$home" mcp "$@")
 }
 
 echo "== start alice and bob"
