@@ -71,14 +71,31 @@ pub struct AwpMcp {
     tool_router: ToolRouter<Self>,
 }
 
+/// Why a tool failed: a CLI failure (shown as its one line, as the CLI prints it on
+/// stderr), or a failure whose text holds fenced peer text (shown as is).
+#[derive(Debug)]
+pub enum ToolError {
+    /// A failure as the CLI reports it.
+    Cli(Failure),
+    /// A multi-line report: the CLI's line, then fenced peer text.
+    Text(String),
+}
+
+impl From<Failure> for ToolError {
+    fn from(f: Failure) -> ToolError {
+        ToolError::Cli(f)
+    }
+}
+
 /// A tool's outcome as an MCP result: the text, or the CLI's failure line as a tool
 /// error.
-fn result(r: Result<String, Failure>) -> Result<CallToolResult, ErrorData> {
+fn result(r: Result<String, ToolError>) -> Result<CallToolResult, ErrorData> {
     Ok(match r {
         Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
-        Err(f) => CallToolResult::error(vec![ContentBlock::text(
+        Err(ToolError::Cli(f)) => CallToolResult::error(vec![ContentBlock::text(
             f.message().unwrap_or_else(|| "awp: failed".into()),
         )]),
+        Err(ToolError::Text(t)) => CallToolResult::error(vec![ContentBlock::text(t)]),
     })
 }
 
@@ -360,15 +377,14 @@ impl AwpMcp {
     async fn bounded(
         &self,
         wait: Duration,
-        fut: impl Future<Output = Result<String, Failure>>,
+        fut: impl Future<Output = Result<String, ToolError>>,
     ) -> Result<CallToolResult, ErrorData> {
         let limit = wait + TOOL_TIMEOUT;
         result(match tokio::time::timeout(limit, fut).await {
             Ok(r) => r,
-            Err(_) => Err(client_failure(
-                &control::ClientError::Timeout(limit),
-                &self.ctx.home,
-            )),
+            Err(_) => {
+                Err(client_failure(&control::ClientError::Timeout(limit), &self.ctx.home).into())
+            }
         })
     }
 
@@ -391,13 +407,13 @@ impl AwpMcp {
 
     /// An artifact command's answer: the CLI's result line and the node's answer, or the
     /// CLI's rejection as an error.
-    async fn artifact_result(&self, action: &str, args: Value) -> Result<String, Failure> {
+    async fn artifact_result(&self, action: &str, args: Value) -> Result<String, ToolError> {
         let body = self.artifact(action, args).await?;
         let line = cli_art::result_report(&body)?;
         Ok(answer(&line, &body))
     }
 
-    async fn listing(&self, req: Request, key: &str) -> Result<String, Failure> {
+    async fn listing(&self, req: Request, key: &str) -> Result<String, ToolError> {
         let items = self.ctx.call_all(&req, key).await?;
         let n = items.len();
         Ok(answer(
@@ -409,29 +425,25 @@ impl AwpMcp {
         ))
     }
 
-    async fn send_or_state(&self, req: Request) -> Result<String, Failure> {
+    async fn send_or_state(&self, req: Request) -> Result<String, ToolError> {
         let mut body = self.ctx.call(&req).await?;
         if cli_cmd::refused_failure(&body).is_some() {
-            // The CLI's words, with what the peer chose (its name, the detail) fenced.
+            // The CLI's words without what the peer chose (its name, the detail; the peer
+            // is named by key), then the refusal as the peer wrote it, fenced.
             let refusal = body.get("refusal").cloned().unwrap_or(Value::Null);
-            let key = body.get("peer").cloned().unwrap_or(Value::Null);
-            let name = body.remove("peer_name");
+            let detail = json!({"peer": body.get("peer"), "peer_name": body.get("peer_name"), "refusal": refusal});
+            body.remove("peer_name");
             if let Some(r) = body.get_mut("refusal").and_then(Value::as_object_mut) {
                 r.remove("detail");
             }
-            let f = cli_cmd::refused_failure(&body)
-                .unwrap_or_else(|| Failure::new(Exit::Failed, "the peer refused", ""));
-            let detail = json!({"peer": key, "peer_name": name, "refusal": refusal});
-            return Err(Failure::new(
-                f.exit,
-                format!(
-                    "{}\n{}\n{}",
-                    f.what,
-                    render::NOTICE,
-                    render::json_block("The refusal as the peer wrote it:", &detail)
-                ),
-                f.hint,
-            ));
+            let line = cli_cmd::refused_failure(&body)
+                .and_then(|f| f.message())
+                .unwrap_or_else(|| "awp: the peer refused".into());
+            return Err(ToolError::Text(format!(
+                "{line}\n{}\n\n{}",
+                render::NOTICE,
+                render::json_block("The refusal as the peer wrote it (JSON):", &detail)
+            )));
         }
         Ok(answer(&cli_cmd::delivery_line(&body), &body))
     }
@@ -469,7 +481,7 @@ impl AwpMcp {
         out
     }
 
-    async fn read(&self, a: ReadArgs) -> Result<String, Failure> {
+    async fn read(&self, a: ReadArgs) -> Result<String, ToolError> {
         let wait = a.wait_seconds.unwrap_or(0).min(MAX_WAIT_SECONDS);
         let mut waited = None;
         if wait > 0 || !a.until_state.is_empty() {
@@ -480,7 +492,7 @@ impl AwpMcp {
                 Err(f) if f.exit == Exit::Usage && f.what.starts_with("timed out") => {
                     waited = Some(f.what)
                 }
-                Err(f) => return Err(f),
+                Err(f) => return Err(f.into()),
             }
         }
         let limit = a.limit.unwrap_or(READ_LIMIT).clamp(1, READ_LIMIT);
@@ -599,10 +611,9 @@ impl AwpMcp {
             let paths: Vec<std::path::PathBuf> = a.files.iter().map(Into::into).collect();
             let files = crate::cli::blobs::resolve_files(&paths)?;
             if parts.is_empty() && files.is_empty() {
-                return Err(cli_cmd::nothing_to_send(
-                    a.peer.as_deref(),
-                    a.thread.as_deref(),
-                ));
+                return Err(
+                    cli_cmd::nothing_to_send(a.peer.as_deref(), a.thread.as_deref()).into(),
+                );
             }
             self.send_or_state(Request::Send {
                 peer: a.peer,
@@ -749,7 +760,7 @@ impl AwpMcp {
                 return Err(Failure::usage(
                     "the peer of a new artifact thread, or a thread, is missing",
                     "give peer or thread",
-                ));
+                ).into());
             }
             let kind = a.kind.unwrap_or_else(|| "markdown".into());
             let data = match kind.as_str() {
