@@ -33,6 +33,8 @@ use std::time::Duration;
 
 /// Longest `wait_seconds` of `awp_read` (longer asks are cut to it).
 pub const MAX_WAIT_SECONDS: u64 = 300;
+/// How long `awp_read` with `until_state` waits when `wait_seconds` is not given.
+pub const UNTIL_STATE_WAIT: u64 = 30;
 /// Longest `wait_ack_seconds` of `awp_send` / `awp_state` and `timeout_seconds` of
 /// `awp_connect`.
 pub const MAX_ACK_SECONDS: u64 = 60;
@@ -99,6 +101,17 @@ fn result(r: Result<String, ToolError>) -> Result<CallToolResult, ErrorData> {
     })
 }
 
+/// How long `awp_read` waits, in seconds: `wait_seconds` (default 0, or
+/// [`UNTIL_STATE_WAIT`] with `until_state`), at most [`MAX_WAIT_SECONDS`].
+fn read_wait(a: &ReadArgs) -> u64 {
+    let default = if a.until_state.is_empty() {
+        0
+    } else {
+        UNTIL_STATE_WAIT
+    };
+    a.wait_seconds.unwrap_or(default).min(MAX_WAIT_SECONDS)
+}
+
 fn secs(s: Option<u64>, max: u64) -> Option<u64> {
     s.map(|s| s.min(max) * 1000)
 }
@@ -161,8 +174,8 @@ pub struct ReadArgs {
     /// When nothing matching is unread, wait up to this many seconds (at most 300) for an
     /// inbound line; then return the unread lines.
     pub wait_seconds: Option<u64>,
-    /// Wait (up to `wait_seconds`) for an inbound state line with one of these states
-    /// (e.g. ["done", "failed"]), then return the unread lines up to it.
+    /// Wait (up to `wait_seconds`, default 30) for an inbound state line with one of these
+    /// states (e.g. ["done", "failed"]) or a peer's refusal, then return the unread lines.
     #[serde(default)]
     pub until_state: Vec<String>,
     /// Leave the lines unread (default false: they are marked read).
@@ -482,7 +495,7 @@ impl AwpMcp {
     }
 
     async fn read(&self, a: ReadArgs) -> Result<String, ToolError> {
-        let wait = a.wait_seconds.unwrap_or(0).min(MAX_WAIT_SECONDS);
+        let wait = read_wait(&a);
         let mut waited = None;
         if wait > 0 || !a.until_state.is_empty() {
             // `awp wait`'s logic: an unread matching line already here ends it at once.
@@ -636,7 +649,7 @@ impl AwpMcp {
         &self,
         Parameters(a): Parameters<ReadArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        let wait = Duration::from_secs(a.wait_seconds.unwrap_or(0).min(MAX_WAIT_SECONDS));
+        let wait = Duration::from_secs(read_wait(&a));
         self.bounded(wait, self.read(a)).await
     }
 
