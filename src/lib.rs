@@ -30,6 +30,7 @@
 //! - [`cli`]: the `awp` command line.
 //! - [`roll`]: `awp roll`, a Roll Runtime Protocol v1 front: Roll threads and turns as AWP
 //!   threads and msgs with one peer, over the control socket.
+//! - [`mcp`]: `awp mcp`, the CLI's verbs as MCP tools on stdio for agent harnesses.
 //! - [`conform`]: `awp conform`, a conformance runner that checks any AWP peer.
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
 //! - [`doctor`]: `awp doctor`, checks of a home (store files, identity, config, modes) and
@@ -50,6 +51,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod grant;
 pub mod identity;
+pub mod mcp;
 pub mod net;
 pub mod node;
 pub mod presence;

@@ -301,6 +301,9 @@ pub enum Command {
     /// over AWP threads; the node that opens the thread hosts it).
     #[command(subcommand)]
     Artifact(super::artifacts::ArtifactCmd),
+    /// Serve the node's verbs as MCP tools on stdin/stdout (for agent harnesses; needs a
+    /// running node, see the README's MCP section).
+    Mcp,
     /// Revoke a grant by its hash (never honored here again).
     Revoke {
         /// The grant's hash (32 hex characters, from `awp grants`) or a unique prefix of

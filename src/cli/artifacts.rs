@@ -193,7 +193,8 @@ fn json_patch(p: &PathBuf) -> Result<Value, Failure> {
     Ok(json!({"kind": "json_patch", "ops": ops}))
 }
 
-fn text_edits(field: &str, pairs: &[String]) -> Value {
+/// A `text_edits` change of `field`: each pair of `pairs` is OLD, NEW.
+pub(crate) fn text_edits(field: &str, pairs: &[String]) -> Value {
     let edits: Vec<Value> = pairs
         .chunks(2)
         .map(|c| json!({"old": c[0], "new": c.get(1).cloned().unwrap_or_default()}))
@@ -222,17 +223,31 @@ async fn call(ctx: &Ctx, action: &str, args: Value) -> Result<Map<String, Value>
 
 /// Print a command's answer: the result (exit 1 on a rejection), or `queued`.
 fn print_result(ctx: &Ctx, body: &Map<String, Value>) -> Result<(), Failure> {
+    let report = result_report(body);
+    if ctx.json {
+        out_json(&Value::Object(body.clone()))?;
+        return report
+            .map(|_| ())
+            .map_err(|_| Failure::silent(Exit::Failed));
+    }
+    out(&report?)
+}
+
+/// An artifact command's answer as `awp artifact` reports it: the line (`applied ART vN
+/// (thread TH, seq S)`, `proposed …`, `accepted …`, `queued for the host of TH …`), or
+/// for a rejection by the engine the failure (exit 1) `rejected: TYPE: MESSAGE`, with
+/// the grant cap it lacks in the hint.
+pub(crate) fn result_report(body: &Map<String, Value>) -> Result<String, Failure> {
     let result = body.get("result").cloned().unwrap_or(Value::Null);
     let rejected =
         result.get("ok") == Some(&json!(false)) || result.get("type") == Some(&json!("error"));
-    if ctx.json {
-        out_json(&Value::Object(body.clone()))?;
-    } else if body.get("queued") == Some(&json!(true)) {
-        out(&format!(
+    if body.get("queued") == Some(&json!(true)) {
+        return Ok(format!(
             "queued for the host of {} (the result shows in `awp artifact log`)",
             str_field(body, &["th"]).unwrap_or("?")
-        ))?;
-    } else if rejected {
+        ));
+    }
+    if rejected {
         let r = result
             .get("rejection")
             .or(Some(&result))
@@ -254,44 +269,38 @@ fn print_result(ctx: &Ctx, body: &Map<String, Value>) -> Result<(), Failure> {
             ),
             hint,
         ));
-    } else {
-        let o = result.get("outcome").cloned().unwrap_or(Value::Null);
-        let th = str_field(body, &["th"]).unwrap_or("?");
-        let line = match o.get("type").and_then(Value::as_str) {
-            Some("applied") => format!(
-                "applied {} v{} (thread {th}, seq {})",
-                o["artifact_id"].as_str().unwrap_or("?"),
-                o["version"],
-                o["seq"]
-            ),
-            Some("proposed") => format!(
-                "proposed {} (thread {th}, seq {})",
-                o["proposal_id"].as_str().unwrap_or("?"),
-                o["seq"]
-            ),
-            Some("resolved") => format!(
-                "{} {} (version {}, seq {})",
-                if o["decision"] == "accept" {
-                    "accepted"
-                } else {
-                    "rejected"
-                },
-                o["proposal_id"].as_str().unwrap_or("?"),
-                o["version"],
-                o["seq"]
-            ),
-            _ => format!("done (thread {th}, seq {})", o["seq"]),
-        };
-        out(&line)?;
     }
-    if rejected && ctx.json {
-        return Err(Failure::silent(Exit::Failed));
-    }
-    Ok(())
+    let o = result.get("outcome").cloned().unwrap_or(Value::Null);
+    let th = str_field(body, &["th"]).unwrap_or("?");
+    Ok(match o.get("type").and_then(Value::as_str) {
+        Some("applied") => format!(
+            "applied {} v{} (thread {th}, seq {})",
+            o["artifact_id"].as_str().unwrap_or("?"),
+            o["version"],
+            o["seq"]
+        ),
+        Some("proposed") => format!(
+            "proposed {} (thread {th}, seq {})",
+            o["proposal_id"].as_str().unwrap_or("?"),
+            o["seq"]
+        ),
+        Some("resolved") => format!(
+            "{} {} (version {}, seq {})",
+            if o["decision"] == "accept" {
+                "accepted"
+            } else {
+                "rejected"
+            },
+            o["proposal_id"].as_str().unwrap_or("?"),
+            o["version"],
+            o["seq"]
+        ),
+        _ => format!("done (thread {th}, seq {})", o["seq"]),
+    })
 }
 
 /// The text a version shows: the `text` field, or the value/data as pretty JSON.
-fn render(kind: &str, data: &Value) -> String {
+pub(crate) fn render(kind: &str, data: &Value) -> String {
     match (kind, data.get("text").and_then(Value::as_str)) {
         ("markdown" | "code", Some(t)) => t.to_string(),
         _ => {
@@ -600,6 +609,19 @@ impl LogSource for NodeLog<'_> {
             None => Ok(None),
         }
     }
+}
+
+/// The stored events of artifact thread `th` (id or unique prefix) with seq > `after`,
+/// in seq order (`awp artifact log` without `--follow`): artifactr event frames.
+pub(crate) async fn log_frames(ctx: &Ctx, th: String, after: u64) -> Result<Vec<Value>, Failure> {
+    let mut src = NodeLog { ctx, th, sub: None };
+    let mut frames = Vec::new();
+    log_events(&mut src, after, false, |e| {
+        frames.push(e.clone());
+        Ok(())
+    })
+    .await?;
+    Ok(frames)
 }
 
 async fn log(ctx: &Ctx, th: String, after: u64, follow: bool) -> Result<(), Failure> {

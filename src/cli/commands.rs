@@ -75,6 +75,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Grants => super::grants::grants(ctx).await,
         Command::Artifact(cmd) => super::artifacts::run(ctx, cmd).await,
         Command::Revoke { hash } => super::grants::revoke(ctx, hash).await,
+        Command::Mcp => crate::mcp::serve(ctx).await,
         Command::Introduce {
             to,
             peer,
@@ -110,7 +111,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
 }
 
 impl Ctx {
-    pub(super) fn socket(&self) -> PathBuf {
+    pub(crate) fn socket(&self) -> PathBuf {
         daemon::socket_path(&self.home)
     }
 
@@ -130,7 +131,7 @@ impl Ctx {
 
     /// One request to the running node (never starts one: no node is exit 3, see
     /// [`super::client_failure`]); the body of an `ok` response.
-    pub(super) async fn call(&self, req: &Request) -> Result<Map<String, Value>, Failure> {
+    pub(crate) async fn call(&self, req: &Request) -> Result<Map<String, Value>, Failure> {
         self.call_running(req).await
     }
 
@@ -142,7 +143,7 @@ impl Ctx {
         self.body(resp)
     }
 
-    pub(super) fn body(&self, resp: Response) -> Result<Map<String, Value>, Failure> {
+    pub(crate) fn body(&self, resp: Response) -> Result<Map<String, Value>, Failure> {
         if resp.ok {
             Ok(resp.body)
         } else {
@@ -157,7 +158,7 @@ impl Ctx {
 
     /// Every item of a listing answered as `{KEY: [items], "next"?}`: page after page
     /// ([`control::Page`]) until the node gives no `next` (at most [`MAX_PAGES`] pages).
-    pub(super) async fn call_all(&self, req: &Request, key: &str) -> Result<Vec<Value>, Failure> {
+    pub(crate) async fn call_all(&self, req: &Request, key: &str) -> Result<Vec<Value>, Failure> {
         let mut page = control::Page::first();
         let mut items = Vec::new();
         for _ in 0..MAX_PAGES {
@@ -181,7 +182,7 @@ impl Ctx {
         ))
     }
 
-    pub(super) async fn subscribe(&self, req: &Request) -> Result<control::Subscription, Failure> {
+    pub(crate) async fn subscribe(&self, req: &Request) -> Result<control::Subscription, Failure> {
         control::subscribe(&self.socket(), req)
             .await
             .map_err(|e| client_failure(&e, &self.home))
@@ -435,15 +436,7 @@ pub fn send_request(args: &SendArgs) -> Result<Request, Failure> {
     let parts = build_parts(&text, code, data);
     let files = super::blobs::resolve_files(&args.files)?;
     if parts.is_empty() && files.is_empty() {
-        let to = match (peer, &args.thread) {
-            (_, Some(th)) => format!(" in {th}"),
-            (Some(p), None) => format!(" to {p}"),
-            (None, None) => String::new(),
-        };
-        return Err(Failure::usage(
-            format!("nothing to send{to}: the text, a file or data is missing"),
-            "e.g. `awp send PEER TEXT`; or add --code FILE, --data JSON or -f FILE",
-        ));
+        return Err(nothing_to_send(peer, args.thread.as_deref()));
     }
     Ok(Request::Send {
         peer: peer.map(str::to_string),
@@ -454,6 +447,19 @@ pub fn send_request(args: &SendArgs) -> Result<Request, Failure> {
         files,
         wait_ack_ms: millis(args.wait_ack),
     })
+}
+
+/// The usage failure of a send without text, file or data (to `peer`, in `thread`).
+pub fn nothing_to_send(peer: Option<&str>, thread: Option<&str>) -> Failure {
+    let to = match (peer, thread) {
+        (_, Some(th)) => format!(" in {th}"),
+        (Some(p), None) => format!(" to {p}"),
+        (None, None) => String::new(),
+    };
+    Failure::usage(
+        format!("nothing to send{to}: the text, a file or data is missing"),
+        "e.g. `awp send PEER TEXT`; or add --code FILE, --data JSON or -f FILE",
+    )
 }
 
 /// `delivered <id> in <th>` / `queued <id> in <th>` (with `(peer offline)` when the
@@ -723,6 +729,29 @@ async fn wait(
     timeout: Option<Duration>,
     mark: bool,
 ) -> Result<(), Failure> {
+    let ev = wait_event(ctx, th, &states, timeout).await?;
+    // The line is consumed: a following `awp read` (or `awp wait`) does not see it again.
+    if let (true, Some(seq)) = (mark, ev.get("seq").and_then(Value::as_u64)) {
+        ctx.call_running(&Request::MarkRead { seqs: vec![seq] })
+            .await?;
+    }
+    print_event(ctx, &ev)?;
+    if str_field(&ev, &["t"]) == Some("err") {
+        return Err(peer_err_failure(&ev));
+    }
+    Ok(())
+}
+
+/// The `line` event that ends `awp wait` (see [`wait_matches`]; `th` is `TH` or
+/// `PEER/TH`, resolved by the node): an unread one already stored, else the next one to
+/// arrive. Nothing is marked read. After `timeout` (None: no limit), a usage failure
+/// `timed out after DUR waiting for an inbound line`; without a node, exit 3.
+pub(crate) async fn wait_event(
+    ctx: &Ctx,
+    th: Option<String>,
+    states: &[String],
+    timeout: Option<Duration>,
+) -> Result<Event, Failure> {
     let mut sub = ctx
         .subscribe(&Request::Subscribe {
             th,
@@ -739,7 +768,7 @@ async fn wait(
                 Ok(Some(ev)) if str_field(&ev, &["event"]) == Some("caught_up") => live = true,
                 Ok(Some(ev))
                     // The node filters by thread (it resolves `TH` and `PEER/TH`).
-                    if wait_matches(&ev, None, &states)
+                    if wait_matches(&ev, None, states)
                         && (live || ev.get("read").and_then(Value::as_bool) == Some(false)) =>
                 {
                     return Ok(ev)
@@ -766,16 +795,7 @@ async fn wait(
             }
         },
     };
-    // The line is consumed: a following `awp read` (or `awp wait`) does not see it again.
-    if let (true, Some(seq)) = (mark, ev.get("seq").and_then(Value::as_u64)) {
-        ctx.call_running(&Request::MarkRead { seqs: vec![seq] })
-            .await?;
-    }
-    print_event(ctx, &ev)?;
-    if str_field(&ev, &["t"]) == Some("err") {
-        return Err(peer_err_failure(&ev));
-    }
-    Ok(())
+    Ok(ev)
 }
 
 /// The failure of `awp wait` ended by a peer's refusal (a `line` event with `t` = `err`):
@@ -839,6 +859,16 @@ fn show_list(
 }
 
 async fn status(ctx: &Ctx) -> Result<(), Failure> {
+    let body = status_body(ctx).await?;
+    if ctx.json {
+        out_json(&Value::Object(body))
+    } else {
+        out(&format::key_values(&body))
+    }
+}
+
+/// The node's status (`awp status`); without a node, exit 3 `no node running on HOME`.
+pub(crate) async fn status_body(ctx: &Ctx) -> Result<Map<String, Value>, Failure> {
     match control::request(&ctx.socket(), &Request::Status).await {
         Err(ClientError::NotRunning { .. }) => Err(Failure::new(
             Exit::NoNode,
@@ -846,14 +876,7 @@ async fn status(ctx: &Ctx) -> Result<(), Failure> {
             "start one with `awp up`",
         )),
         Err(e) => Err(client_failure(&e, &ctx.home)),
-        Ok(resp) => {
-            let body = ctx.body(resp)?;
-            if ctx.json {
-                out_json(&Value::Object(body))
-            } else {
-                out(&format::key_values(&body))
-            }
-        }
+        Ok(resp) => ctx.body(resp),
     }
 }
 
