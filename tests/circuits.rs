@@ -621,7 +621,11 @@ async fn a_peer_known_only_by_its_presence_document_is_reached_through_its_circu
             timeout_ms: Some(10_000),
         })
         .await;
-    assert!(r.ok, "connect KEY through the presence circuit: {:?}", r.error);
+    assert!(
+        r.ok,
+        "connect KEY through the presence circuit: {:?}",
+        r.error
+    );
     assert!(
         r.body["address"]
             .as_str()
@@ -669,7 +673,11 @@ async fn a_plain_node_serves_circuits_only_when_its_policy_allows() {
             timeout_ms: Some(10_000),
         })
         .await;
-    assert!(r.ok, "connect through a plain node's circuit: {:?}", r.error);
+    assert!(
+        r.ok,
+        "connect through a plain node's circuit: {:?}",
+        r.error
+    );
     alice
         .send(Some(&bob.key()), None, "through a plain node")
         .await;
@@ -771,14 +779,20 @@ async fn a_relay_that_alters_spliced_bytes_breaks_the_circuit_not_the_content() 
     let r = dial.await.unwrap();
     assert!(r.ok, "an honest splice works: {:?}", r.error);
     let first = alice.send(Some(&bob.key()), None, "spliced as sent").await;
-    eventually(10, || async { (!inbound_texts(&bob).await.is_empty()).then_some(()) }).await;
+    eventually(10, || async {
+        (!inbound_texts(&bob).await.is_empty()).then_some(())
+    })
+    .await;
     assert_eq!(inbound_texts(&bob).await, ["spliced as sent"]);
 
     tamper.store(true, std::sync::atomic::Ordering::SeqCst);
     let th = first["th"].as_str().unwrap().to_string();
     alice.send(None, Some(&th), "exactly these words").await;
     // Bob's end-to-end TLS refuses the altered record and the circuit closes.
-    eventually(10, || async { (!connected(&alice, &bob).await).then_some(()) }).await;
+    eventually(10, || async {
+        (!connected(&alice, &bob).await).then_some(())
+    })
+    .await;
     assert_eq!(inbound_texts(&bob).await, ["spliced as sent"]);
     drop(standing);
 }

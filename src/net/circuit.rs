@@ -1876,7 +1876,9 @@ mod tests {
         let (mut c, mut s) = outer_pair().await;
         // The relay's last line, then at once raw bytes on the socket: the client's TLS
         // must not swallow them with the line's record.
-        write_line(&mut s, &json!({"t":"circuit_ok"})).await.unwrap();
+        write_line(&mut s, &json!({"t":"circuit_ok"}))
+            .await
+            .unwrap();
         let mut raw = to_raw_server(s).unwrap();
         raw.write_all(b"RAW").await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1894,7 +1896,9 @@ mod tests {
     async fn leaving_tls_is_refused_with_plaintext_after_the_last_line() {
         let (mut c, mut s) = outer_pair().await;
         // The line and more bytes in one record: what follows the line is still inside TLS.
-        s.write_all(b"{\"t\":\"circuit_ok\"}\nsmuggled").await.unwrap();
+        s.write_all(b"{\"t\":\"circuit_ok\"}\nsmuggled")
+            .await
+            .unwrap();
         s.flush().await.unwrap();
         read_control_line(&mut c).await.unwrap().unwrap();
         assert_eq!(

@@ -10,8 +10,8 @@
 //! itself.
 
 use super::BoxReader;
-use tokio::io::AsyncRead;
 use crate::wire::MAX_LINE;
+use tokio::io::AsyncRead;
 
 /// Framing failures.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +97,9 @@ impl LineReader {
             self.make_room();
             let mut into = tokio::io::ReadBuf::new(&mut self.buf[self.end..]);
             match std::pin::Pin::new(&mut self.reader).poll_read(cx, &mut into) {
-                std::task::Poll::Ready(r) => std::task::Poll::Ready(r.map(|()| into.filled().len())),
+                std::task::Poll::Ready(r) => {
+                    std::task::Poll::Ready(r.map(|()| into.filled().len()))
+                }
                 std::task::Poll::Pending => {
                     if self.start == self.end {
                         self.buf = Vec::new();
