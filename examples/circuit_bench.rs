@@ -1,5 +1,6 @@
 //! Circuit benchmark (used by `scripts/bench-circuit.sh`): a direct TLS connection against
-//! a relay circuit (TLS inside TLS, spliced by a running `awp relay`) on loopback.
+//! a relay circuit (the end-to-end TLS copied between two sockets by a running `awp
+//! relay`, spec/relay-circuits.md §Splicing) on loopback.
 //!
 //! Measures, for each path: throughput (lines of 16 KiB one way, acknowledged once at the
 //! end) and round-trip time of small lines (median and p99); then opens idle circuits and

@@ -41,10 +41,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             if s.write_all(b"{\"t\":\"circuit_ok\",\"circuit\":\"mitm\"}\n")
                 .await
                 .is_err()
+                || s.flush().await.is_err()
             {
                 return;
             }
-            match inner.accept(s).await {
+            // The circuit leaves the outer TLS after circuit_ok (spec/relay-circuits.md).
+            match inner.accept(s.into_inner().0).await {
                 Ok(_) => println!("ACCEPTED"),
                 Err(e) => println!("refused: {e}"),
             }

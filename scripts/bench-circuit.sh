@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Relay circuit benchmark on loopback (spec/relay-circuits.md): one `awp relay` and one load
 # process (examples/circuit_bench.rs) comparing a direct TLS connection with a circuit
-# through the relay (TLS end to end inside the relay's TLS): throughput, round-trip time,
+# through the relay (TLS end to end, copied as is by the relay): throughput, round-trip time,
 # and the relay's memory per idle circuit. Goals: >= 80% of direct throughput, <= +0.2 ms.
 #
 #   scripts/bench-circuit.sh [MIB [CIRCUITS]]     (default 256 MiB, 200 circuits)

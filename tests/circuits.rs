@@ -243,7 +243,10 @@ async fn a_relay_that_terminates_tls_is_detected_by_both_ends() {
     )
     .await;
 
-    // Terminate TLS towards both with the relay's own certificate.
+    // After circuit_ok both connections leave the outer TLS (spec/relay-circuits.md
+    // §Splicing); terminate the end-to-end TLS towards both with the relay's own certificate.
+    let from_alice = from_alice.into_inner().0;
+    let from_bob = from_bob.into_inner().0;
     let to_alice = tokio::spawn({
         let inner = acceptor(&mal_tls, b"awp/0");
         async move { inner.accept(from_alice).await.map(|_| ()) }
@@ -537,4 +540,259 @@ async fn a_circuit_is_upgraded_to_a_direct_connection() {
             rec.address
         );
     }
+}
+
+fn quick_presence() -> awp_node::node::PresenceTiming {
+    awp_node::node::PresenceTiming {
+        debounce: Duration::from_millis(50),
+        heartbeat: Duration::from_secs(600),
+        min_interval: Duration::from_millis(1100),
+    }
+}
+
+/// Whether `n` holds a presence document of `origin` listing a circuit address.
+async fn holds_circuits_of(n: &TestNode, origin: &str) -> bool {
+    let r = n
+        .ctl(Request::Presence {
+            peer: Some(origin.to_string()),
+        })
+        .await;
+    r.ok && Value::Object(r.body).to_string().contains("relay:tls:")
+}
+
+/// The remote of `from`'s connection to `to`, if any.
+async fn remote_of(from: &TestNode, to: &TestNode) -> Option<String> {
+    let r = from.ctl(Request::Status).await;
+    r.body["connections"].as_array()?.iter().find_map(|c| {
+        (c["peer"].as_str() == Some(to.key().as_str()))
+            .then(|| c["remote"].as_str().unwrap_or("").to_string())
+    })
+}
+
+/// Issue 14: a node that knows a peer only by the presence document it relayed (no
+/// address stored, never connected) reaches it through the circuit the document lists,
+/// both by sending (the dialer) and by `connect KEY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_known_only_by_its_presence_document_is_reached_through_its_circuit() {
+    let relay = start("relay@test", |c| {
+        c.relay = true;
+        c.presence_timing = quick_presence();
+    })
+    .await;
+    let via: Address = relay.address().parse().unwrap();
+    let bob = start("bob@test", |c| {
+        c.via = vec![via.clone()];
+        c.presence = true;
+        c.presence_timing = quick_presence();
+    })
+    .await;
+    let alice = start("alice@test", |c| c.presence_timing = quick_presence()).await;
+    let carol = start("carol@test", |c| c.presence_timing = quick_presence()).await;
+    via_up(&bob).await;
+    // Everyone talks to the relay only; Bob's document reaches Alice and Carol through it.
+    for n in [&bob, &alice, &carol] {
+        n.connect(&relay).await;
+    }
+    for n in [&alice, &carol] {
+        eventually(10, || async {
+            holds_circuits_of(n, &bob.key()).await.then_some(())
+        })
+        .await;
+    }
+
+    // Alice sends to Bob's key: the dialer finds the circuit in the document.
+    alice
+        .send(Some(&bob.key()), None, "found by presence")
+        .await;
+    eventually(15, || async {
+        inbound_texts(&bob)
+            .await
+            .contains(&"found by presence".to_string())
+            .then_some(())
+    })
+    .await;
+    let remote = remote_of(&alice, &bob).await.unwrap_or_default();
+    assert!(remote.starts_with("circuit via "), "{remote}");
+
+    // Carol connects by key alone.
+    let r = carol
+        .ctl(Request::Connect {
+            address: bob.key(),
+            timeout_ms: Some(10_000),
+        })
+        .await;
+    assert!(
+        r.ok,
+        "connect KEY through the presence circuit: {:?}",
+        r.error
+    );
+    assert!(
+        r.body["address"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("relay:")),
+        "{:?}",
+        r.body
+    );
+    let remote = remote_of(&carol, &bob).await.unwrap_or_default();
+    assert!(remote.starts_with("circuit via "), "{remote}");
+}
+
+/// Issue 14: relays are nodes. A plain node refuses circuit connections (its listener
+/// offers only `awp/0`) unless its `[relay]` policy sets `serve_circuits`; then it serves
+/// them like `awp relay`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_node_serves_circuits_only_when_its_policy_allows() {
+    let plain = start("plain@test", |_| {}).await;
+    let probe = TlsConfig::new(&awp_node::identity::Identity::generate()).unwrap();
+    let err = circuit::listen(&plain.address().parse().unwrap(), &probe)
+        .await
+        .err()
+        .expect("a plain node is no circuit relay");
+    assert!(
+        err.to_string().contains("not a circuit relay")
+            || err.to_string().contains("no_application_protocol")
+            || err.to_string().to_lowercase().contains("alpn")
+            || err.to_string().contains("NoApplicationProtocol"),
+        "{err}"
+    );
+
+    let serving = start("serving@test", |c| {
+        c.circuit_policy = Some(circuit::Policy {
+            serve_circuits: true,
+            ..Default::default()
+        })
+    })
+    .await;
+    let via: Address = serving.address().parse().unwrap();
+    let bob = start("bob@test", |c| c.via = vec![via.clone()]).await;
+    let alice = start("alice@test", |_| {}).await;
+    via_up(&bob).await;
+    let r = alice
+        .ctl(Request::Connect {
+            address: circuit_address(&bob),
+            timeout_ms: Some(10_000),
+        })
+        .await;
+    assert!(
+        r.ok,
+        "connect through a plain node's circuit: {:?}",
+        r.error
+    );
+    alice
+        .send(Some(&bob.key()), None, "through a plain node")
+        .await;
+    eventually(10, || async {
+        inbound_texts(&bob)
+            .await
+            .contains(&"through a plain node".to_string())
+            .then_some(())
+    })
+    .await;
+    let s = relay_status(serving.home.path()).await;
+    assert!(s["circuits"]["opened"].as_u64() >= Some(1), "{s}");
+    // It is still an ordinary node: it keeps an outbox and takes sends.
+    let r = serving.ctl(Request::Status).await;
+    assert!(r.ok);
+}
+
+/// Copy `from` to `to` until EOF, flipping the last byte of every chunk read once
+/// `tamper` is set.
+async fn copy_maybe_tampering(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    tamper: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    for _ in 0..100_000 {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if tamper.load(std::sync::atomic::Ordering::SeqCst) {
+            buf[n - 1] ^= 1;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// The relay sees only the end-to-end TLS after `circuit_ok` and cannot forge content: a
+/// relay that follows the protocol and splices honestly delivers Alice's first text;
+/// once it flips bits in what it copies from Alice, the circuit breaks and her next text
+/// reaches Bob neither altered nor at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_alters_spliced_bytes_breaks_the_circuit_not_the_content() {
+    let mal_tls = TlsConfig::new(&awp_node::identity::Identity::generate()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let via: Address = format!("tls:127.0.0.1:{port}#{}", mal_tls.key())
+        .parse()
+        .unwrap();
+    let bob = start("bob@test", |c| c.via = vec![via.clone()]).await;
+    let alice = start("alice@test", |_| {}).await;
+    let outer = acceptor(&mal_tls, circuit::ALPN);
+    let (tcp, _) = listener.accept().await.unwrap();
+    let mut standing = outer.accept(tcp).await.unwrap();
+    assert_eq!(read_obj(&mut standing).await["t"], "circuit_listen");
+    write_json(&mut standing, serde_json::json!({"t":"circuit_ready"})).await;
+
+    let bob_circuit = Address::circuit(&via, bob.handle.key())
+        .unwrap()
+        .to_string();
+    let alice_home = alice.path();
+    let dial = tokio::spawn(async move {
+        ctl(
+            &alice_home,
+            Request::Connect {
+                address: bob_circuit,
+                timeout_ms: Some(10_000),
+            },
+        )
+        .await
+    });
+    let (tcp, _) = listener.accept().await.unwrap();
+    let mut from_alice = outer.accept(tcp).await.unwrap();
+    let req = read_obj(&mut from_alice).await;
+    write_json(
+        &mut standing,
+        serde_json::json!({"t":"circuit_offer","circuit":"c1","req":Value::Object(req)}),
+    )
+    .await;
+    let (tcp, _) = listener.accept().await.unwrap();
+    let mut from_bob = outer.accept(tcp).await.unwrap();
+    assert_eq!(read_obj(&mut from_bob).await["t"], "circuit_join");
+    for s in [&mut from_alice, &mut from_bob] {
+        write_json(s, serde_json::json!({"t":"circuit_ok","circuit":"c1"})).await;
+    }
+    let tamper = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ar, aw) = from_alice.into_inner().0.into_split();
+    let (br, bw) = from_bob.into_inner().0.into_split();
+    tokio::spawn(copy_maybe_tampering(ar, bw, tamper.clone()));
+    tokio::spawn(copy_maybe_tampering(
+        br,
+        aw,
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    ));
+
+    let r = dial.await.unwrap();
+    assert!(r.ok, "an honest splice works: {:?}", r.error);
+    let first = alice.send(Some(&bob.key()), None, "spliced as sent").await;
+    eventually(10, || async {
+        (!inbound_texts(&bob).await.is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(inbound_texts(&bob).await, ["spliced as sent"]);
+
+    tamper.store(true, std::sync::atomic::Ordering::SeqCst);
+    let th = first["th"].as_str().unwrap().to_string();
+    alice.send(None, Some(&th), "exactly these words").await;
+    // Bob's end-to-end TLS refuses the altered record and the circuit closes.
+    eventually(10, || async {
+        (!connected(&alice, &bob).await).then_some(())
+    })
+    .await;
+    assert_eq!(inbound_texts(&bob).await, ["spliced as sent"]);
+    drop(standing);
 }

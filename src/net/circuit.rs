@@ -27,11 +27,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-/// ALPN id of circuit connections to a relay (the relay also offers `awp/0`).
-pub const ALPN: &[u8] = b"awp-circuit/0";
+/// ALPN id of circuit connections to a relay (the relay also offers `awp/0`). Version 1:
+/// after `circuit_ok` the spliced connections leave the outer TLS and carry the end-to-end
+/// TLS directly on TCP (spec/relay-circuits.md §Splicing).
+pub const ALPN: &[u8] = b"awp-circuit/1";
 /// Longest control line (request, reply, offer), in bytes without the `\n`.
 pub const MAX_CONTROL_LINE: usize = 8 * 1024;
 /// A request's `ts` may differ from the receiver's clock by at most this (ms).
@@ -45,8 +48,8 @@ pub const LINE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// A standing connection silent this long (either side) is dead.
 pub const STANDING_SILENCE: Duration = Duration::from_secs(75);
-/// Splice buffer per direction (one TLS record).
-const SPLICE_BUF: usize = 16 * 1024;
+/// Splice buffer per direction while bytes flow; none is held while a direction is idle.
+const SPLICE_BUF: usize = 64 * 1024;
 /// Offers waiting to be written to one standing connection.
 const OFFER_QUEUE: usize = 64;
 /// Longest circuit id and nonce, in characters.
@@ -57,6 +60,143 @@ pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 /// A boxed [`Io`].
 pub type BoxIo = Box<dyn Io>;
+
+/// TLS record header: type (1), version (2), length (2).
+const RECORD_HEADER: usize = 5;
+
+/// The transport under a circuit connection's outer TLS: TCP that, while `exact`, never
+/// reads past the end of the TLS record in progress (a read returns at most the rest of
+/// the 5-byte header, or of the record body it announced). So when the last control line
+/// has been read nothing after it is buffered by TLS, and the connection can leave the
+/// outer TLS ([`to_raw_client`], [`to_raw_server`]): what follows on the socket is the
+/// spliced end-to-end stream. Writes pass through.
+pub struct Records<T> {
+    io: T,
+    exact: bool,
+    /// Reading a header (else a body).
+    in_header: bool,
+    /// Bytes left of the header or body in progress.
+    left: usize,
+    header: [u8; RECORD_HEADER],
+}
+
+impl<T> Records<T> {
+    /// Wrap `io`, reading record by record.
+    pub fn new(io: T) -> Records<T> {
+        Records {
+            io,
+            exact: true,
+            in_header: false,
+            left: 0,
+            header: [0; RECORD_HEADER],
+        }
+    }
+
+    /// Stop reading record by record (a connection that stays TLS to its end).
+    pub fn relax(&mut self) {
+        self.exact = false;
+    }
+
+    /// Whether the reads so far ended exactly at a record boundary.
+    fn at_boundary(&self) -> bool {
+        !self.exact || self.left == 0 || (self.in_header && self.left == RECORD_HEADER)
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Records<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let me = self.get_mut();
+        if !me.exact {
+            return std::pin::Pin::new(&mut me.io).poll_read(cx, buf);
+        }
+        if me.left == 0 {
+            me.in_header = true;
+            me.left = RECORD_HEADER;
+        }
+        let want = me.left.min(buf.remaining());
+        let mut part = tokio::io::ReadBuf::new(&mut buf.initialize_unfilled()[..want]);
+        std::task::ready!(std::pin::Pin::new(&mut me.io).poll_read(cx, &mut part))?;
+        let n = part.filled().len();
+        if me.in_header {
+            let at = RECORD_HEADER - me.left;
+            me.header[at..at + n].copy_from_slice(part.filled());
+        }
+        buf.advance(n);
+        if n == 0 {
+            return std::task::Poll::Ready(Ok(()));
+        }
+        me.left -= n;
+        if me.in_header && me.left == 0 {
+            me.in_header = false;
+            me.left = u16::from_be_bytes([me.header[3], me.header[4]]) as usize;
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Records<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// A circuit connection to a relay, as its client: outer TLS over [`Records`].
+pub type OuterClient = tokio_rustls::client::TlsStream<Records<TcpStream>>;
+/// A circuit connection accepted by a relay: outer TLS over [`Records`].
+pub type OuterServer = tokio_rustls::server::TlsStream<Records<TcpStream>>;
+
+/// Leave the outer TLS after the last control line: the socket, provided TLS holds nothing
+/// unread or unsent (no plaintext after the line, no partial record, nothing queued).
+/// Anything else means the other side broke the protocol: `InvalidData`.
+fn leave_tls(
+    records: Records<TcpStream>,
+    mut conn: rustls::Connection,
+) -> std::io::Result<TcpStream> {
+    let state = conn
+        .process_new_packets()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    if state.plaintext_bytes_to_read() > 0 || !records.at_boundary() || conn.wants_write() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "bytes inside the outer TLS after the last control line",
+        ));
+    }
+    Ok(records.io)
+}
+
+/// [`leave_tls`] for the dialing or joining end.
+pub fn to_raw_client(s: OuterClient) -> std::io::Result<TcpStream> {
+    let (records, conn) = s.into_inner();
+    leave_tls(records, conn.into())
+}
+
+/// [`leave_tls`] for the relay's end.
+pub fn to_raw_server(s: OuterServer) -> std::io::Result<TcpStream> {
+    let (records, conn) = s.into_inner();
+    leave_tls(records, conn.into())
+}
 
 /// What a request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,7 +425,10 @@ fn timed_out(what: &str) -> NetError {
 
 /// Read the relay's reply: `circuit_ok` (returns it) or `circuit_err` (an error with its
 /// code and detail). The relay is not trusted: the line is parsed strictly.
-async fn read_reply(outer: &mut BoxIo, within: Duration) -> Result<Map<String, Value>, NetError> {
+async fn read_reply<S: AsyncRead + Unpin>(
+    outer: &mut S,
+    within: Duration,
+) -> Result<Map<String, Value>, NetError> {
     let line = tokio::time::timeout(within, read_control_line(outer))
         .await
         .map_err(|_| timed_out("waiting for the relay"))??
@@ -312,18 +455,8 @@ fn observed(obj: &Map<String, Value>, k: &str) -> Option<std::net::SocketAddr> {
 }
 
 /// The outer connection: TLS 1.3 to the relay at `host:port`, pinned to `relay`, ALPN
-/// [`ALPN`]. Returns the stream and the relay's `ip:port`.
-async fn dial_outer(
-    host: &str,
-    port: u16,
-    relay: PeerKey,
-    tls: &TlsConfig,
-) -> Result<(BoxIo, String), NetError> {
-    dial_outer_local(host, port, relay, tls)
-        .await
-        .map(|(s, r, _)| (s, r))
-}
-
+/// [`ALPN`], read record by record ([`Records`]). Returns the stream, the relay's
+/// `ip:port` and our local address of the TCP connection.
 /// A TCP socket with SO_REUSEADDR and SO_REUSEPORT, bound to `local` (port 0: any), so
 /// that the direct upgrade can dial and listen from the port the relay observed.
 fn reuse_socket(local: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
@@ -364,13 +497,12 @@ async fn connect_reusable(addrs: &[SocketAddr]) -> Result<tokio::net::TcpStream,
     }
 }
 
-/// [`dial_outer`], also returning the local address of the TCP connection.
-async fn dial_outer_local(
+async fn dial_outer(
     host: &str,
     port: u16,
     relay: PeerKey,
     tls: &TlsConfig,
-) -> Result<(BoxIo, String, SocketAddr), NetError> {
+) -> Result<(OuterClient, String, SocketAddr), NetError> {
     let mut config = (*tls.client_config(Some(relay))?).clone();
     config.alpn_protocols = vec![ALPN.to_vec()];
     let addrs = resolve(host, port).await?;
@@ -380,7 +512,7 @@ async fn dial_outer_local(
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let stream = tokio::time::timeout(
         TLS_HANDSHAKE_TIMEOUT,
-        connector.connect(super::tls::server_name(), tcp),
+        connector.connect(super::tls::server_name(), Records::new(tcp)),
     )
     .await
     .map_err(|_| NetError::Tls(format!("handshake with relay {remote} timed out")))?
@@ -391,7 +523,7 @@ async fn dial_outer_local(
             String::from_utf8_lossy(ALPN)
         )));
     }
-    Ok((Box::new(stream), remote, local))
+    Ok((stream, remote, local))
 }
 
 /// What a circuit told us about the two ends' public addresses, as the relay saw them.
@@ -408,8 +540,8 @@ pub struct Observed {
 
 /// Run the end-to-end TLS 1.3 handshake inside a circuit, as the client, pinned to
 /// `peer` (ALPN `awp/0`, exactly as a direct dial).
-async fn inner_client(
-    outer: BoxIo,
+async fn inner_client<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
+    outer: S,
     tls: &TlsConfig,
     peer: PeerKey,
     remote: String,
@@ -455,7 +587,7 @@ pub async fn dial_observed(addr: &Address, tls: &TlsConfig) -> Result<(Conn, Obs
             "not a relay: address".into(),
         )));
     };
-    let (mut outer, remote, local) = dial_outer_local(host, *port, *relay, tls).await?;
+    let (mut outer, remote, local) = dial_outer(host, *port, *relay, tls).await?;
     let line = request_line(
         tls,
         *relay,
@@ -470,7 +602,9 @@ pub async fn dial_observed(addr: &Address, tls: &TlsConfig) -> Result<(Conn, Obs
         peer: observed(&ok, "peer_observed"),
         local: Some(local),
     };
-    let conn = inner_client(outer, tls, *peer, format!("circuit via {remote}")).await?;
+    // From here the socket carries the circuit: the end-to-end TLS runs on it directly.
+    let raw = to_raw_client(outer)?;
+    let conn = inner_client(raw, tls, *peer, format!("circuit via {remote}")).await?;
     remember_path(tls.key(), *peer, seen.clone());
     Ok((conn, seen))
 }
@@ -537,13 +671,15 @@ pub async fn listen(relay_addr: &Address, tls: &TlsConfig) -> Result<Standing, N
             "a relay is named by a pinned tls: address (tls:HOST:PORT#ed25519:KEY)".into(),
         )));
     };
-    let (mut outer, remote) = dial_outer(host, *port, *relay, tls).await?;
+    let (mut outer, remote, _) = dial_outer(host, *port, *relay, tls).await?;
+    // The standing connection stays TLS to its end.
+    outer.get_mut().0.relax();
     let line = request_line(tls, *relay, &Kind::Listen, wire::time::now_ms())?;
     outer.write_all(&line).await?;
     outer.flush().await?;
     let ready = read_reply(&mut outer, LINE_TIMEOUT).await?;
     Ok(Standing {
-        stream: outer,
+        stream: Box::new(outer),
         me: tls.key(),
         relay: *relay,
         observed: observed(&ready, "observed"),
@@ -603,7 +739,7 @@ pub async fn join(
     else {
         return Err(NetError::Tls("relay address without its key".into()));
     };
-    let (mut outer, remote, local) = dial_outer_local(host, *port, *relay, tls).await?;
+    let (mut outer, remote, local) = dial_outer(host, *port, *relay, tls).await?;
     let line = request_line(
         tls,
         *relay,
@@ -620,8 +756,9 @@ pub async fn join(
         peer: observed(&ok, "peer_observed").or(offer.observed),
         local: Some(local),
     };
+    let raw = to_raw_client(outer)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
-    let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(outer))
+    let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(raw))
         .await
         .map_err(|_| NetError::Tls(format!("end-to-end handshake through {remote} timed out")))?
         .map_err(tls_failure)?;
@@ -740,7 +877,7 @@ pub async fn direct(
 ) -> Result<Conn, NetError> {
     let remote = tcp.peer_addr()?.to_string();
     if client {
-        return inner_client(Box::new(tcp), tls, peer, remote).await;
+        return inner_client(tcp, tls, peer, remote).await;
     }
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
     let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
@@ -770,6 +907,9 @@ pub struct Policy {
     pub circuit_rate: u64,
     /// A circuit that carried no byte for this many seconds is closed. Default 300.
     pub circuit_idle_secs: u64,
+    /// Serve circuits on a node that is not an `awp relay` (its listener then also offers
+    /// [`ALPN`]). Default false; `awp relay` serves circuits either way.
+    pub serve_circuits: bool,
 }
 
 impl Default for Policy {
@@ -780,6 +920,7 @@ impl Default for Policy {
             max_circuits: 1024,
             circuit_rate: 0,
             circuit_idle_secs: 300,
+            serve_circuits: false,
         }
     }
 }
@@ -847,18 +988,33 @@ pub struct LiveCircuit {
     pub down: AtomicU64,
 }
 
+/// Copy one direction of a circuit until EOF (then shut the writer down) or an error.
+/// A buffer of [`SPLICE_BUF`] bytes is held only while bytes flow: it is taken when the
+/// reader becomes readable and given back as soon as the reader is drained, so an idle
+/// circuit holds no copy buffer.
 async fn pump(
-    mut r: tokio::io::ReadHalf<BoxIo>,
-    mut w: tokio::io::WriteHalf<BoxIo>,
+    r: tokio::net::tcp::OwnedReadHalf,
+    mut w: tokio::net::tcp::OwnedWriteHalf,
     count: &AtomicU64,
     rate: u64,
     last: &AtomicU64,
     epoch: Instant,
 ) -> std::io::Result<()> {
-    let mut buf = vec![0u8; SPLICE_BUF];
+    let mut buf: Vec<u8> = Vec::new();
     let mut bucket = Bucket::new(rate, Instant::now());
     loop {
-        let n = r.read(&mut buf).await?;
+        if buf.is_empty() {
+            r.readable().await?;
+            buf = vec![0u8; SPLICE_BUF];
+        }
+        let n = match r.try_read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                buf = Vec::new();
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             let _ = w.shutdown().await;
             return Ok(());
@@ -867,18 +1023,18 @@ async fn pump(
             tokio::time::sleep(wait).await;
         }
         w.write_all(&buf[..n]).await?;
-        w.flush().await?;
         count.fetch_add(n as u64, Ordering::Relaxed);
         last.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 }
 
-/// Copy bytes both ways between `a` (dialer) and `b` (target) until both directions end,
-/// one fails, nothing moved for `idle`, or `stop` fires. Each direction is limited to
-/// `rate` bytes per second (0: unlimited) and counted in `live`.
+/// Copy bytes both ways between the sockets `a` (dialer) and `b` (target), which carry
+/// the end-to-end TLS directly, until both directions end, one fails, nothing moved for
+/// `idle`, or `stop` fires. Each direction is limited to `rate` bytes per second (0:
+/// unlimited) and counted in `live`. The bytes are never parsed.
 pub async fn splice(
-    a: BoxIo,
-    b: BoxIo,
+    a: TcpStream,
+    b: TcpStream,
     live: &LiveCircuit,
     rate: u64,
     idle: Duration,
@@ -886,8 +1042,8 @@ pub async fn splice(
 ) {
     let epoch = Instant::now();
     let last = AtomicU64::new(0);
-    let (ar, aw) = tokio::io::split(a);
-    let (br, bw) = tokio::io::split(b);
+    let (ar, aw) = a.into_split();
+    let (br, bw) = b.into_split();
     let up = pump(ar, bw, &live.up, rate, &last, epoch);
     let down = pump(br, aw, &live.down, rate, &last, epoch);
     tokio::pin!(up, down);
@@ -920,12 +1076,12 @@ pub enum Routed {
     /// An ordinary AWP connection (`awp/0`, or not TLS).
     Awp(Conn),
     /// A circuit connection: the stream, its certificate key, its remote `ip:port`.
-    Circuit(BoxIo, PeerKey, String),
+    Circuit(Box<OuterServer>, PeerKey, String),
 }
 
 struct Pending {
     target: PeerKey,
-    join: oneshot::Sender<(BoxIo, String)>,
+    join: oneshot::Sender<(OuterServer, String)>,
 }
 
 #[derive(Default)]
@@ -1033,10 +1189,11 @@ impl RelayCircuits {
             }
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(self.server.clone());
-        let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(s))
-            .await
-            .map_err(|_| NetError::Tls(format!("handshake with {remote} timed out")))?
-            .map_err(tls_failure)?;
+        let mut stream =
+            tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(Records::new(s)))
+                .await
+                .map_err(|_| NetError::Tls(format!("handshake with {remote} timed out")))?
+                .map_err(tls_failure)?;
         let state = stream.get_ref().1;
         if state.alpn_protocol() == Some(ALPN) {
             let cert = state
@@ -1048,6 +1205,8 @@ impl RelayCircuits {
             return Ok(Routed::Circuit(Box::new(stream), key, remote));
         }
         let key = tls_peer_key(state)?;
+        // An ordinary connection stays TLS to its end: read as much as TLS asks for.
+        stream.get_mut().0.relax();
         Ok(Routed::Awp(into_conn(
             stream,
             Some(key),
@@ -1059,11 +1218,12 @@ impl RelayCircuits {
     /// Serve one circuit connection (from [`RelayCircuits::accept`]) to its end.
     pub async fn serve(
         &self,
-        mut stream: BoxIo,
+        stream: Box<OuterServer>,
         key: PeerKey,
         remote: String,
         stop: CancellationToken,
     ) {
+        let mut stream = *stream;
         let line = match tokio::time::timeout(LINE_TIMEOUT, read_control_line(&mut stream)).await {
             Ok(Ok(Some(l))) => l,
             _ => return,
@@ -1115,7 +1275,7 @@ impl RelayCircuits {
         }
     }
 
-    async fn refuse(&self, stream: &mut BoxIo, code: &str, detail: &str) {
+    async fn refuse<S: AsyncWrite + Unpin>(&self, stream: &mut S, code: &str, detail: &str) {
         self.refused.fetch_add(1, Ordering::Relaxed);
         let _ = write_line(
             stream,
@@ -1127,7 +1287,7 @@ impl RelayCircuits {
 
     async fn standing(
         &self,
-        mut stream: BoxIo,
+        mut stream: OuterServer,
         key: PeerKey,
         remote: String,
         stop: CancellationToken,
@@ -1137,6 +1297,7 @@ impl RelayCircuits {
         // A new standing connection of the same key replaces the old one (its sender is
         // dropped, so the old task ends).
         self.lock().listeners.insert(key, (id, tx, remote.clone()));
+        stream.get_mut().0.relax();
         tracing::info!(peer = %key, %remote, "circuit listener up");
         if write_line(&mut stream, &json!({"t":"circuit_ready","observed":remote}))
             .await
@@ -1188,7 +1349,7 @@ impl RelayCircuits {
 
     async fn connect(
         &self,
-        mut stream: BoxIo,
+        mut stream: OuterServer,
         req: Request,
         to: PeerKey,
         remote: String,
@@ -1272,6 +1433,15 @@ impl RelayCircuits {
         {
             return;
         }
+        // Both ends now leave the outer TLS: the relay copies the end-to-end TLS as it is.
+        let (a, b) = match (to_raw_server(stream), to_raw_server(target)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::info!(%circuit, "circuit refused: {e}");
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
         let live = Arc::new(LiveCircuit {
             id: circuit.clone(),
             from,
@@ -1284,8 +1454,8 @@ impl RelayCircuits {
         self.opened.fetch_add(1, Ordering::Relaxed);
         tracing::info!(%circuit, %from, %to, "circuit spliced");
         splice(
-            stream,
-            target,
+            a,
+            b,
             &live,
             self.policy.circuit_rate,
             Duration::from_secs(self.policy.circuit_idle_secs.max(1)),
@@ -1624,6 +1794,119 @@ mod tests {
         assert!(read_control_line(&mut r).await.is_err());
     }
 
+    /// A script of chunks, each returned whole if the caller's buffer allows.
+    struct Chunks(std::collections::VecDeque<Vec<u8>>);
+
+    impl AsyncRead for Chunks {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            out: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if let Some(mut c) = self.0.pop_front() {
+                let n = c.len().min(out.remaining());
+                out.put_slice(&c[..n]);
+                if n < c.len() {
+                    self.0.push_front(c.split_off(n));
+                }
+            }
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn records_never_read_past_the_record_in_progress() {
+        // Two records (bodies of 3 and 2 bytes) and raw bytes, all in one chunk.
+        let mut bytes = vec![23, 3, 3, 0, 3, b'a', b'b', b'c', 23, 3, 3, 0, 2, b'd', b'e'];
+        bytes.extend_from_slice(b"RAW");
+        let mut r = Records::new(Chunks(vec![bytes].into()));
+        let mut buf = [0u8; 64];
+        let mut reads = Vec::new();
+        for _ in 0..4 {
+            let n = r.read(&mut buf).await.unwrap();
+            reads.push(buf[..n].to_vec());
+        }
+        assert_eq!(
+            reads,
+            [
+                vec![23, 3, 3, 0, 3],
+                b"abc".to_vec(),
+                vec![23, 3, 3, 0, 2],
+                b"de".to_vec()
+            ]
+        );
+        assert!(r.at_boundary());
+        // A header split across reads still counts.
+        let mut r = Records::new(Chunks(vec![vec![23, 3], vec![3, 0, 1, b'x', b'y']].into()));
+        assert_eq!(r.read(&mut buf).await.unwrap(), 2);
+        assert!(!r.at_boundary());
+        assert_eq!(r.read(&mut buf).await.unwrap(), 3);
+        assert_eq!(r.read(&mut buf).await.unwrap(), 1);
+        assert!(r.at_boundary());
+        // Relaxed: reads take what is there.
+        let mut r = Records::new(Chunks(vec![vec![23, 3, 3, 0, 1, b'x', b'y']].into()));
+        r.relax();
+        assert_eq!(r.read(&mut buf).await.unwrap(), 7);
+    }
+
+    /// A TLS pair over loopback TCP as a circuit connection: (client, relay side).
+    async fn outer_pair() -> (OuterClient, OuterServer) {
+        let (client, relay) = (tls(1), tls(2));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let mut sc = (*relay.server_config()).clone();
+        sc.alpn_protocols = vec![ALPN.to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(sc));
+        let accept = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            acceptor.accept(Records::new(tcp)).await.unwrap()
+        });
+        let mut cc = (*client.client_config(Some(relay.key())).unwrap()).clone();
+        cc.alpn_protocols = vec![ALPN.to_vec()];
+        let tcp = TcpStream::connect(at).await.unwrap();
+        let c = tokio_rustls::TlsConnector::from(Arc::new(cc))
+            .connect(super::super::tls::server_name(), Records::new(tcp))
+            .await
+            .unwrap();
+        (c, accept.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn leaving_tls_after_the_last_line_hands_over_the_raw_bytes() {
+        let (mut c, mut s) = outer_pair().await;
+        // The relay's last line, then at once raw bytes on the socket: the client's TLS
+        // must not swallow them with the line's record.
+        write_line(&mut s, &json!({"t":"circuit_ok"}))
+            .await
+            .unwrap();
+        let mut raw = to_raw_server(s).unwrap();
+        raw.write_all(b"RAW").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            read_control_line(&mut c).await.unwrap().unwrap(),
+            br#"{"t":"circuit_ok"}"#
+        );
+        let mut raw_c = to_raw_client(c).unwrap();
+        let mut got = [0u8; 3];
+        raw_c.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"RAW");
+    }
+
+    #[tokio::test]
+    async fn leaving_tls_is_refused_with_plaintext_after_the_last_line() {
+        let (mut c, mut s) = outer_pair().await;
+        // The line and more bytes in one record: what follows the line is still inside TLS.
+        s.write_all(b"{\"t\":\"circuit_ok\"}\nsmuggled")
+            .await
+            .unwrap();
+        s.flush().await.unwrap();
+        read_control_line(&mut c).await.unwrap().unwrap();
+        assert_eq!(
+            to_raw_client(c).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
+    }
+
     #[test]
     fn the_bucket_holds_a_circuit_to_its_rate() {
         let t0 = Instant::now();
@@ -1634,11 +1917,12 @@ mod tests {
         let mut b = Bucket::new(rate, t0);
         let mut waited = Duration::ZERO;
         let mut sent = 0u64;
+        let chunk = 16 * 1024;
         while sent < 4 * rate {
-            if let Some(w) = b.take(SPLICE_BUF, t0 + waited) {
+            if let Some(w) = b.take(chunk, t0 + waited) {
                 waited += w;
             }
-            sent += SPLICE_BUF as u64;
+            sent += chunk as u64;
         }
         // 4 MiB at 1 MiB/s with a 256 KiB head start: 3.75 s of waiting.
         let want = 3.75;
@@ -1653,9 +1937,10 @@ mod tests {
                 p.max_circuits_per_key,
                 p.max_circuits,
                 p.circuit_rate,
-                p.circuit_idle_secs
+                p.circuit_idle_secs,
+                p.serve_circuits
             ),
-            (16, 1024, 0, 300)
+            (16, 1024, 0, 300, false)
         );
         let k = tls(1).key();
         let p: Policy = toml::from_str(&format!("allow = [\"{k}\"]\nmax_circuits = 2")).unwrap();

@@ -11,7 +11,7 @@
 
 use super::BoxReader;
 use crate::wire::MAX_LINE;
-use tokio::io::AsyncReadExt;
+use tokio::io::AsyncRead;
 
 /// Framing failures.
 #[derive(Debug, thiserror::Error)]
@@ -79,14 +79,39 @@ impl LineReader {
                 self.scanned = 0;
                 return Ok(None);
             }
-            self.make_room();
-            let n = self.reader.read(&mut self.buf[self.end..]).await?;
+            let n = self.fill().await?;
             if n == 0 {
                 self.eof = true;
             } else {
                 self.end += n;
             }
         }
+    }
+
+    /// Read more bytes into `buf[end..]` (making room first). While nothing is pending and
+    /// the read has to wait, the buffer is given back, so an idle connection holds none
+    /// and one that carried a large line does not keep its large buffer (issue 10 §4); it
+    /// is taken again, at [`INITIAL_BUFFER`], when bytes arrive. Cancel safe.
+    async fn fill(&mut self) -> std::io::Result<usize> {
+        std::future::poll_fn(|cx| {
+            self.make_room();
+            let mut into = tokio::io::ReadBuf::new(&mut self.buf[self.end..]);
+            match std::pin::Pin::new(&mut self.reader).poll_read(cx, &mut into) {
+                std::task::Poll::Ready(r) => {
+                    std::task::Poll::Ready(r.map(|()| into.filled().len()))
+                }
+                std::task::Poll::Pending => {
+                    if self.start == self.end {
+                        self.buf = Vec::new();
+                        self.start = 0;
+                        self.end = 0;
+                        self.scanned = 0;
+                    }
+                    std::task::Poll::Pending
+                }
+            }
+        })
+        .await
     }
 
     /// A complete line already in the buffer, without reading (for batching). `Ok(None)`
@@ -284,6 +309,32 @@ mod tests {
         assert_eq!(r.read_line().await.unwrap().unwrap(), big);
         assert_eq!(r.read_line().await.unwrap().unwrap(), b"z");
         assert!(r.buf.len() <= MAX_LINE + 1);
+    }
+
+    /// Issue 10 §4: a connection waiting for bytes holds no read buffer, even after a
+    /// large line, and keeps a partial line while waiting for its end.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_reader_holds_no_buffer() {
+        let (mut w, rd) = tokio::io::duplex(256 * 1024);
+        let mut r = LineReader::new(Box::new(rd));
+        let mut big = vec![b'b'; 100 * 1024];
+        big.push(b'\n');
+        w.write_all(&big).await.unwrap();
+        assert_eq!(r.read_line().await.unwrap().unwrap().len(), 100 * 1024);
+        // Nothing more to read: the read waits, and the buffer is gone.
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), r.read_line());
+        assert!(waiting.await.is_err(), "no line yet");
+        assert_eq!(r.buf.capacity(), 0);
+        // A partial line is kept while its end is awaited.
+        w.write_all(b"par").await.unwrap();
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), r.read_line());
+        assert!(waiting.await.is_err(), "no newline yet");
+        assert!(r.buf.capacity() >= 3);
+        w.write_all(b"tial\nnext\n").await.unwrap();
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"partial");
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"next");
+        drop(w);
+        assert!(r.read_line().await.unwrap().is_none());
     }
 
     #[tokio::test]

@@ -4,8 +4,11 @@
 //! - `--via RELAY` (and config `via`): a standing connection to each relay, redialed with
 //!   jittered exponential backoff; each offered circuit is joined on a fresh connection
 //!   and run as an ordinary inbound connection (TLS inside, hello, auth, resume).
-//! - Relay mode (`awp relay`): accepted sockets are routed by ALPN, circuit connections
+//! - Serving circuits (`awp relay`, or any node whose `[relay]` policy has
+//!   `serve_circuits = true`): accepted sockets are routed by ALPN, circuit connections
 //!   served by [`RelayCircuits`] under the `[relay]` policy.
+//! - A peer known only by its presence document is dialed through the circuits the
+//!   document lists ([`add_presence_candidates`]).
 //! - Dialing a `relay:` address needs nothing here: `net::dial` handles it, so the dialer,
 //!   reconnects, resume and the outbox work through a circuit unchanged.
 
@@ -14,14 +17,15 @@ use super::dialer::{jittered, next_backoff};
 use super::Inner;
 use crate::net::circuit::{self, RelayCircuits, Routed};
 use crate::net::{self, Address};
-use crate::store::AddressRecord;
+use crate::store::{AddrSource, AddressRecord};
+use crate::wire::PeerKey;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Circuit state of a node.
 pub(crate) struct Circuits {
-    /// The relay side, when this node runs as a relay.
+    /// The relay side, when this node serves circuits.
     pub relay: Option<Arc<RelayCircuits>>,
     /// Standing connections by relay address: up, and our address as the relay saw it.
     pub vias: Mutex<HashMap<String, Value>>,
@@ -30,15 +34,16 @@ pub(crate) struct Circuits {
 }
 
 impl Circuits {
-    /// Relay side only in relay mode. Errors: a bad `[relay]` allowlist.
+    /// Relay side only when `serve` (relay mode, or `serve_circuits`). Errors: a bad
+    /// `[relay]` allowlist.
     pub fn new(
-        relay: bool,
+        serve: bool,
         upgrade: bool,
         tls: &net::TlsConfig,
         policy: circuit::Policy,
     ) -> Result<Circuits, String> {
         Ok(Circuits {
-            relay: if relay {
+            relay: if serve {
                 Some(RelayCircuits::new(tls, policy)?)
             } else {
                 None
@@ -261,12 +266,71 @@ pub(super) async fn accept(inner: &Inner, inc: net::Incoming) -> Result<Routed, 
 /// Serve a circuit connection accepted by this relay.
 pub(super) async fn serve(
     inner: &Inner,
-    io: circuit::BoxIo,
+    io: Box<circuit::OuterServer>,
     key: crate::wire::PeerKey,
     remote: String,
 ) {
     if let Some(r) = &inner.circuits.relay {
         r.serve(io, key, remote, inner.shutdown.clone()).await;
+    }
+}
+
+/// Circuit addresses of `peer` published in its presence document, if one is held
+/// (spec/relay-circuits.md §Presence): the document's `circuits` entries (signed by
+/// `peer` itself, at most [`crate::presence::doc::MAX_CIRCUITS`] of them looked at) that
+/// parse as `relay:` addresses naming `peer`. Anything else in the list is ignored.
+pub(super) fn presence_addresses(inner: &Inner, peer: &PeerKey) -> Vec<String> {
+    let table = inner
+        .presence
+        .table
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let Some(held) = table.get(peer, crate::wire::time::now_ms()) else {
+        return Vec::new();
+    };
+    let Some(list) = held.doc.get("circuits").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = Vec::new();
+    for entry in list.iter().take(crate::presence::doc::MAX_CIRCUITS) {
+        let Some(text) = entry
+            .as_str()
+            .filter(|t| t.len() <= crate::presence::doc::MAX_CIRCUIT_LEN)
+        else {
+            continue;
+        };
+        if let Ok(addr @ Address::Relay { peer: to, .. }) = text.parse::<Address>() {
+            let addr = addr.to_string();
+            if to == *peer && !found.contains(&addr) {
+                found.push(addr);
+            }
+        }
+    }
+    found
+}
+
+/// Add `peer`'s [`presence_addresses`] that `candidates` lack, as never-tried addresses
+/// the peer announced itself (source `hello`): a node known only by its presence
+/// document is dialed (by the dialer and `connect KEY`) through its circuits.
+pub(super) fn add_presence_candidates(
+    inner: &Inner,
+    peer: &PeerKey,
+    candidates: &mut Vec<AddressRecord>,
+) {
+    for address in presence_addresses(inner, peer) {
+        if candidates.iter().any(|c| c.address == address) {
+            continue;
+        }
+        candidates.push(AddressRecord {
+            peer: *peer,
+            address,
+            source: AddrSource::Hello,
+            last_ok_ms: None,
+            last_err_ms: None,
+            last_err: None,
+            introduced_by: None,
+            last_heard_ms: None,
+        });
     }
 }
 
@@ -293,7 +357,6 @@ pub(super) fn order(candidates: &mut [AddressRecord]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::AddrSource;
 
     fn rec(address: &str, ok: Option<u64>) -> AddressRecord {
         AddressRecord {

@@ -430,6 +430,7 @@ async fn run(inner: Arc<Inner>, peer: PeerKey, wake: Arc<Wake>) {
                     || wake.skip_grace.load(Ordering::Relaxed)
             })
             .collect();
+        super::circuits::add_presence_candidates(&inner, &peer, &mut candidates);
         super::circuits::order(&mut candidates);
         let mut got_up = false;
         let mut dialed_any = false;

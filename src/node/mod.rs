@@ -132,7 +132,8 @@ pub struct NodeConfig {
     /// Relays to keep a standing connection to (`--via`, pinned `tls:` addresses; over
     /// config.toml `via` and `AWP_VIA`). See spec/relay-circuits.md.
     pub via: Vec<Address>,
-    /// Circuit policy in relay mode (over config.toml `[relay]`).
+    /// Circuit policy (over config.toml `[relay]`): used in relay mode, and by any node
+    /// whose policy sets `serve_circuits`.
     pub circuit_policy: Option<net::circuit::Policy>,
     /// Keep sessions on their circuits: no direct upgrade (hole punching) attempts.
     pub no_direct_upgrade: bool,
@@ -310,7 +311,7 @@ impl NodeHandle {
         let presence =
             presence::PresenceState::new(identity.key(), settings.presence, config.presence_timing);
         let circuits = circuits::Circuits::new(
-            config.relay,
+            config.relay || settings.relay.serve_circuits,
             !config.no_direct_upgrade,
             &tls,
             settings.relay.clone(),

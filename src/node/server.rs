@@ -927,6 +927,8 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
             if recs.iter().any(|a| a.fresh_ms().is_some()) {
                 recs.retain(|a| a.fresh_ms().is_some());
             }
+            // Circuits from the peer's presence document (spec/relay-circuits.md §Presence).
+            super::circuits::add_presence_candidates(inner, &key, &mut recs);
             let known: Vec<(String, Address)> = recs
                 .into_iter()
                 .filter_map(|a| {
