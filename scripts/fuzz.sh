@@ -4,6 +4,10 @@
 #
 #   scripts/fuzz.sh [SECONDS]        # default 30 s per target
 #   FUZZ_TARGETS="parse_line grant_verify" scripts/fuzz.sh 10
+#   FUZZ_RUNS=10000000 FUZZ_TARGETS=session_lines nice -n 19 scripts/fuzz.sh 3600
+#
+# SECONDS is the time limit per target. With FUZZ_RUNS=N a target also stops after N
+# executions (libFuzzer -runs=N), whichever comes first.
 #
 # Targets (fuzz/fuzz_targets/): parse_line (wire parsing round trip), grant_verify (grant
 # objects through verify and the honoring rules), presence_accept (presence documents
@@ -33,6 +37,13 @@ SECONDS_PER_TARGET=${1:-30}
 case "$SECONDS_PER_TARGET" in
 '' | *[!0-9]*)
     echo "usage: scripts/fuzz.sh [SECONDS]" >&2
+    exit 2
+    ;;
+esac
+RUNS=${FUZZ_RUNS:-}
+case "$RUNS" in
+*[!0-9]*)
+    echo "FUZZ_RUNS must be a number of executions" >&2
     exit 2
     ;;
 esac
@@ -71,9 +82,13 @@ for t in $TARGETS; do
     mkdir -p "$WORK/corpus/$t" "fuzz/artifacts/$t"
     log="$WORK/$t.log"
     # The first corpus directory receives new inputs; the seed directory is only read.
+    limits=(-max_total_time="$SECONDS_PER_TARGET")
+    if [ -n "$RUNS" ]; then
+        limits+=(-runs="$RUNS")
+    fi
     set +e
     cargo fuzz run -s none "$t" "$WORK/corpus/$t" "fuzz/corpus/$t" -- \
-        -max_total_time="$SECONDS_PER_TARGET" -print_final_stats=1 \
+        "${limits[@]}" -print_final_stats=1 \
         -artifact_prefix="fuzz/artifacts/$t/" >"$log" 2>&1
     rc=$?
     set -e
