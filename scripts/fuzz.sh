@@ -57,9 +57,10 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/awp-fuzz.XXXXXX")
 cleanup() {
     rm -rf "$WORK"
-    # session_lines keeps one sled store per process, control_lines one node home, in a temp
-    # dir it cannot remove itself (libFuzzer exits without running destructors).
-    rm -rf "${TMPDIR:-/tmp}"/awp-fuzz-session-* "${TMPDIR:-/tmp}"/awp-fuzz-control-* 2>/dev/null || true
+    # session_lines and chunk_handling keep a sled store, control_lines a node home, in a
+    # temp dir they cannot remove at the end (libFuzzer exits without running destructors).
+    rm -rf "${TMPDIR:-/tmp}"/awp-fuzz-session-* "${TMPDIR:-/tmp}"/awp-fuzz-chunk-* \
+        "${TMPDIR:-/tmp}"/awp-fuzz-control-* 2>/dev/null || true
 }
 trap cleanup EXIT
 

@@ -90,8 +90,8 @@ async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
         }
         let (req, page) = match decode(&line) {
             Ok(r) => r,
-            Err(resp) => {
-                write_json(&mut w, &resp).await?;
+            Err(msg) => {
+                write_json(&mut w, &Response::err("bad_request", msg)).await?;
                 continue;
             }
         };
@@ -110,14 +110,12 @@ async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
 
 /// Parse one control line (with or without its `\n`) as the control socket does: a
 /// [`Request`], then for a listing the paging fields next to `op` (the first page for any
-/// other request). Errors: the `bad_request` response to write back.
-fn decode(line: &[u8]) -> Result<(Request, Page), Response> {
-    let req: Request = serde_json::from_slice(line)
-        .map_err(|e| Response::err("bad_request", format!("bad request: {e}")))?;
+/// other request). Errors: the message of the `bad_request` response to write back.
+fn decode(line: &[u8]) -> Result<(Request, Page), String> {
+    let req: Request = serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))?;
     // Listings come in pages; the paging fields sit next to `op`.
     let page = if req.is_listing() {
-        serde_json::from_slice::<Page>(line)
-            .map_err(|e| Response::err("bad_request", format!("bad paging fields: {e}")))?
+        serde_json::from_slice::<Page>(line).map_err(|e| format!("bad paging fields: {e}"))?
     } else {
         Page::first()
     };
@@ -130,13 +128,16 @@ fn decode(line: &[u8]) -> Result<(Request, Page), Response> {
 /// A line over [`MAX_CONTROL_LINE`] bytes with its `\n` gets `bad_request`. `subscribe`
 /// and `shutdown` are not answered here (they would stream or stop the node): `None`.
 pub(super) async fn answer_line(inner: &Arc<Inner>, line: &[u8]) -> Option<Response> {
-    if line.len() >= MAX_CONTROL_LINE {
+    // The bytes the socket reads, `\n` included (parse errors give its positions).
+    let mut line = line.to_vec();
+    line.push(b'\n');
+    if line.len() > MAX_CONTROL_LINE {
         return Some(Response::err("bad_request", "request too large"));
     }
-    match decode(line) {
+    match decode(&line) {
         Ok((Request::Subscribe { .. } | Request::Shutdown, _)) => None,
         Ok((req, page)) => Some(handle(inner, req, &page).await),
-        Err(resp) => Some(resp),
+        Err(msg) => Some(Response::err("bad_request", msg)),
     }
 }
 
