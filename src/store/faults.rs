@@ -110,7 +110,7 @@ impl Store {
 
     /// Whether this store's flushes and blob writes fsync: `true` unless faults saying
     /// otherwise are installed ([`StoreFaults::durable`], fuzzing harnesses only).
-    pub fn durable(&self) -> bool {
+    pub(crate) fn durable(&self) -> bool {
         self.guard().durable()
     }
 
