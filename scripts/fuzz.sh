@@ -4,6 +4,10 @@
 #
 #   scripts/fuzz.sh [SECONDS]        # default 30 s per target
 #   FUZZ_TARGETS="parse_line grant_verify" scripts/fuzz.sh 10
+#   FUZZ_RUNS=10000000 FUZZ_TARGETS=session_lines nice -n 19 scripts/fuzz.sh 3600
+#
+# SECONDS is the time limit per target. With FUZZ_RUNS=N a target also stops after N
+# executions (libFuzzer -runs=N), whichever comes first.
 #
 # Targets (fuzz/fuzz_targets/): parse_line (wire parsing round trip), grant_verify (grant
 # objects through verify and the honoring rules), presence_accept (presence documents
@@ -36,6 +40,13 @@ case "$SECONDS_PER_TARGET" in
     exit 2
     ;;
 esac
+RUNS=${FUZZ_RUNS:-}
+case "$RUNS" in
+*[!0-9]*)
+    echo "FUZZ_RUNS must be a number of executions" >&2
+    exit 2
+    ;;
+esac
 TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling artifact_parts control_lines"}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
@@ -46,9 +57,10 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/awp-fuzz.XXXXXX")
 cleanup() {
     rm -rf "$WORK"
-    # session_lines keeps one sled store per process, control_lines one node home, in a temp
-    # dir it cannot remove itself (libFuzzer exits without running destructors).
-    rm -rf "${TMPDIR:-/tmp}"/awp-fuzz-session-* "${TMPDIR:-/tmp}"/awp-fuzz-control-* 2>/dev/null || true
+    # session_lines and chunk_handling keep a sled store, control_lines a node home, in a
+    # temp dir they cannot remove at the end (libFuzzer exits without running destructors).
+    rm -rf "${TMPDIR:-/tmp}"/awp-fuzz-session-* "${TMPDIR:-/tmp}"/awp-fuzz-chunk-* \
+        "${TMPDIR:-/tmp}"/awp-fuzz-control-* 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -71,9 +83,13 @@ for t in $TARGETS; do
     mkdir -p "$WORK/corpus/$t" "fuzz/artifacts/$t"
     log="$WORK/$t.log"
     # The first corpus directory receives new inputs; the seed directory is only read.
+    limits=(-max_total_time="$SECONDS_PER_TARGET")
+    if [ -n "$RUNS" ]; then
+        limits+=(-runs="$RUNS")
+    fi
     set +e
     cargo fuzz run -s none "$t" "$WORK/corpus/$t" "fuzz/corpus/$t" -- \
-        -max_total_time="$SECONDS_PER_TARGET" -print_final_stats=1 \
+        "${limits[@]}" -print_final_stats=1 \
         -artifact_prefix="fuzz/artifacts/$t/" >"$log" 2>&1
     rc=$?
     set -e

@@ -1,8 +1,14 @@
 //! Chunk lines and blob-naming msgs from one peer, in any order, through `BlobReceiver`
-//! against one store and blob directory (kept for the whole run). Each input line is parsed
-//! as a wire line; chunks and msgs are fed in. Nothing may panic; a stored or refused
-//! verdict never leaves a complete blob whose file differs from what the store records.
+//! against one store and blob directory. Each input line is parsed as a wire line; chunks
+//! and msgs are fed in. Nothing may panic; a stored or refused verdict never leaves a
+//! complete blob whose file differs from what the store records.
+//!
+//! The store and the blob writes run without fsyncs (`shared::NoDurability`); store and
+//! blob directory are replaced by fresh ones every `shared::FRESH_EVERY` inputs.
 #![no_main]
+
+#[path = "shared.rs"]
+mod shared;
 
 use awp_node::blob::BlobReceiver;
 use awp_node::store::Store;
@@ -13,25 +19,46 @@ use std::sync::{Arc, Mutex, OnceLock};
 const FROM: &str = "ed25519:Kay64UG8yvCyLhqU000LxzYeUm0L_hLIl5S8kyKWbdc";
 
 struct Env {
-    _dir: tempfile::TempDir,
     rx: BlobReceiver,
     store: Arc<Store>,
+    inputs: u64,
+    // Declared last: the directory goes after the database is closed.
+    _dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = tempfile::Builder::new()
+            .prefix("awp-fuzz-chunk-")
+            .tempdir()
+            .unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
+        store.set_faults(Some(Arc::new(shared::NoDurability)));
+        // A small limit so size refusals are reachable.
+        let rx = BlobReceiver::new(store.clone(), dir.path().join("blobs"), 1 << 20);
+        Env {
+            rx,
+            store,
+            inputs: 0,
+            _dir: dir,
+        }
+    }
 }
 
 fn env() -> &'static Mutex<Env> {
     static ENV: OnceLock<Mutex<Env>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let dir = tempfile::TempDir::new().unwrap();
-        let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
-        // A small limit so size refusals are reachable.
-        let rx = BlobReceiver::new(store.clone(), dir.path().join("blobs"), 1 << 20);
-        Mutex::new(Env { _dir: dir, rx, store })
-    })
+    ENV.get_or_init(|| Mutex::new(Env::new()))
 }
 
 fuzz_target!(|data: &[u8]| {
     let peer = PeerKey::parse(FROM).unwrap();
     let mut env = env().lock().unwrap_or_else(|p| p.into_inner());
+    env.inputs += 1;
+    if env.inputs % shared::FRESH_EVERY == 0 {
+        let inputs = env.inputs;
+        *env = Env::new();
+        env.inputs = inputs;
+    }
     for raw in data.split(|b| *b == b'\n').take(64) {
         let Ok(line) = parse_line(raw) else { continue };
         let verdicts = match &line {

@@ -3,7 +3,13 @@
 //! parsed as the node parses it (a `Request`, then the paging fields of a listing); what
 //! parses must serialize and parse back to the same request. Then the line goes, as is, to
 //! one live node in a temp home, which must answer it with exactly one JSON `Response`
-//! line (`bad_request` for what does not parse) and stay up.
+//! (`bad_request` for what does not parse) and stay up.
+//!
+//! Most inputs are answered in-process (`NodeHandle::control_line`, the socket's own
+//! parsing and handler without the round trip); an input whose length is a multiple of
+//! `SOCKET_EVERY` goes through the control socket, one connection per line, where the
+//! answer must be exactly one `\n`-terminated line. The node's store runs without fsyncs
+//! (`shared::NoDurability`).
 //!
 //! Requests that leave the node or its home, block or stop it are parsed but not sent:
 //! `connect` (dials), `subscribe` (streams until closed), `shutdown`, `artifact` (may read
@@ -11,20 +17,26 @@
 //! `wait_ack_ms` (waits up to that long).
 #![no_main]
 
+#[path = "shared.rs"]
+mod shared;
+
 use awp_node::control::{Page, Request, Response};
 use awp_node::node::{NodeConfig, NodeHandle};
 use libfuzzer_sys::fuzz_target;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// Inputs whose length is a multiple of this go through the socket.
+const SOCKET_EVERY: usize = 64;
 
 struct Fixture {
     socket: PathBuf,
     // Kept alive for the whole run.
-    _node: NodeHandle,
-    _rt: tokio::runtime::Runtime,
+    node: NodeHandle,
+    rt: tokio::runtime::Runtime,
     _home: tempfile::TempDir,
 }
 
@@ -50,10 +62,12 @@ fn fixture() -> &'static Fixture {
                 ..Default::default()
             }))
             .expect("node starts");
+        node.store()
+            .set_faults(Some(Arc::new(shared::NoDurability)));
         Fixture {
             socket: awp_node::daemon::socket_path(home.path()),
-            _node: node,
-            _rt: rt,
+            node,
+            rt,
             _home: home,
         }
     })
@@ -93,6 +107,8 @@ fn ask(socket: &PathBuf, line: &[u8]) -> Vec<u8> {
 }
 
 fuzz_target!(|data: &[u8]| {
+    let f = fixture();
+    let by_socket = data.len() % SOCKET_EVERY == 0;
     for line in data.split(|b| *b == b'\n').take(16) {
         let parsed = serde_json::from_slice::<Request>(line);
         if let Ok(req) = &parsed {
@@ -109,13 +125,27 @@ fuzz_target!(|data: &[u8]| {
                 continue;
             }
         }
-        let resp = ask(&fixture().socket, line);
-        let resp: Response = serde_json::from_slice(&resp).unwrap_or_else(|e| {
-            panic!(
-                "response is not a Response ({e}): {}",
-                String::from_utf8_lossy(&resp)
-            )
-        });
+        let resp = if by_socket {
+            let resp = ask(&f.socket, line);
+            serde_json::from_slice::<Response>(&resp).unwrap_or_else(|e| {
+                panic!(
+                    "response is not a Response ({e}): {}",
+                    String::from_utf8_lossy(&resp)
+                )
+            })
+        } else {
+            // On a runtime task, as the socket's connection tasks run.
+            let (node, line) = (&f.node, line.to_vec());
+            let resp =
+                f.rt.block_on(f.rt.spawn(async move { node.control_line(&line).await }))
+                    .expect("the request's task does not panic")
+                    .expect("every request sent is answered in-process");
+            // What the socket would write must parse back to the same response.
+            let bytes = serde_json::to_vec(&resp).expect("a response serializes");
+            let again: Response = serde_json::from_slice(&bytes).expect("a response parses");
+            assert_eq!(again, resp, "round trip changed the response");
+            resp
+        };
         if parsed.is_err() {
             assert!(!resp.ok, "an unparsable request was answered ok");
             assert_eq!(resp.error.unwrap().code, "bad_request");

@@ -1,40 +1,55 @@
 //! Lines from an authenticated peer, fed one by one into a `session::Session` after a
-//! completed in-memory handshake, with commit/flushed after every few lines as the node
-//! does. The input is split at `\n`. Nothing may panic, and every line the session writes
-//! must be one that parses.
+//! completed in-memory handshake, with commit, store flush and flushed after every few
+//! lines as the node does. The input is split at `\n`. Nothing may panic, and every line
+//! the session writes must be one that parses.
+//!
+//! The store runs without fsyncs (`shared::NoDurability`) and is replaced by a fresh one
+//! every `shared::FRESH_EVERY` inputs.
 #![no_main]
+
+#[path = "shared.rs"]
+mod shared;
 
 use awp_node::identity::{auth_transcript, Identity};
 use awp_node::session::{Phase, Session, SessionConfig};
 use awp_node::store::Store;
 use awp_node::wire::{self, b64, Line};
 use libfuzzer_sys::fuzz_target;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 struct Fixture {
     node: Arc<Identity>,
     peer: Identity,
     store: Arc<Store>,
+    inputs: u64,
+    // Declared after `store`: the directory goes after the database is closed.
     _dir: tempfile::TempDir,
 }
 
-/// One store for the whole run (opening sled per input would dominate); lines from earlier
-/// inputs stay in it, as they would in a long-lived node.
-fn fixture() -> &'static Fixture {
-    static F: OnceLock<Fixture> = OnceLock::new();
+fn open() -> (Arc<Store>, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("awp-fuzz-session-")
+        .tempdir()
+        .unwrap();
+    let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
+    store.set_faults(Some(Arc::new(shared::NoDurability)));
+    (store, dir)
+}
+
+/// One store for many inputs (opening sled per input would dominate); lines from earlier
+/// inputs stay in it, as they would in a long-lived node, until it is replaced.
+fn fixture() -> &'static Mutex<Fixture> {
+    static F: OnceLock<Mutex<Fixture>> = OnceLock::new();
     F.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("awp-fuzz-session-")
-            .tempdir()
-            .unwrap();
-        let store = Arc::new(Store::open(dir.path()).unwrap());
-        Fixture {
+        let (store, dir) = open();
+        Mutex::new(Fixture {
             node: Arc::new(Identity::from_seed(&[1; 32])),
             peer: Identity::from_seed(&[2; 32]),
             store,
+            inputs: 0,
             _dir: dir,
-        }
+        })
     })
 }
 
@@ -55,17 +70,27 @@ fn drain(s: &mut Session) -> Vec<Vec<u8>> {
     out
 }
 
-fn settle(s: &mut Session) {
+fn settle(s: &mut Session, store: &Store) {
     if s.wants_flush() {
         s.commit();
-        // Durability is not under test here: skip the fsync.
-        s.flushed();
+        // As the node's driver does (the flush skips its fsync, see the module doc).
+        match store.flush_blocking() {
+            Ok(()) => s.flushed(),
+            Err(e) => s.flush_failed(&e),
+        }
     }
     drain(s);
 }
 
 fuzz_target!(|data: &[u8]| {
-    let f = fixture();
+    let mut f = fixture().lock().unwrap_or_else(|p| p.into_inner());
+    f.inputs += 1;
+    if f.inputs % shared::FRESH_EVERY == 0 {
+        let (store, dir) = open();
+        f.store = store;
+        f._dir = dir;
+    }
+    let f = &*f;
     let now = Instant::now();
     let cfg = SessionConfig {
         dialed: false,
@@ -107,10 +132,14 @@ fuzz_target!(|data: &[u8]| {
     })
     .encode();
     s.handle_line(&auth, now);
-    assert_eq!(s.phase(), Phase::Admission, "auth verified, admission pending");
+    assert_eq!(
+        s.phase(),
+        Phase::Admission,
+        "auth verified, admission pending"
+    );
     // The node admits the peer (its policy is not under test here).
     s.admit(now);
-    settle(&mut s);
+    settle(&mut s, &f.store);
     assert_eq!(s.phase(), Phase::Open, "the handshake must complete");
 
     let mut t = now;
@@ -118,19 +147,19 @@ fuzz_target!(|data: &[u8]| {
         t += Duration::from_millis(7);
         s.handle_line(line, t);
         if i % 4 == 3 || s.is_closed() {
-            settle(&mut s);
+            settle(&mut s, &f.store);
         }
         if s.is_closed() {
             break;
         }
     }
-    settle(&mut s);
+    settle(&mut s, &f.store);
     // Timers far ahead (resume timeout, pings, dead peer), then EOF.
     for step in 1..=4u64 {
         s.handle_timeout(t + Duration::from_secs(40 * step));
-        settle(&mut s);
+        settle(&mut s, &f.store);
     }
     s.handle_eof();
-    settle(&mut s);
+    settle(&mut s, &f.store);
     assert!(s.is_closed());
 });

@@ -226,7 +226,7 @@ impl BlobReceiver {
         }
         let dir = peer_dir(&self.root, peer);
         let partial = partial_path(&dir, &c.blob_ref);
-        match write_at(&partial, st.offset, &data) {
+        match write_at(&partial, st.offset, &data, self.store.durable()) {
             Err(BlobError::Io { source, .. }) if crate::store::is_disk_full(&source) => {
                 tracing::warn!("blob {}: {source}", partial.display());
                 let v = refuse(NO_ROOM.into());
@@ -433,7 +433,7 @@ impl BlobReceiver {
     pub fn after_flush(&mut self) -> Vec<Completed> {
         let mut out = Vec::new();
         for m in std::mem::take(&mut self.moves) {
-            match place(&m.from, &m.done.path) {
+            match place(&m.from, &m.done.path, self.store.durable()) {
                 Ok(()) => out.push(m.done),
                 Err(e) => tracing::warn!(
                     "could not move blob {} to {}: {e}",
@@ -458,7 +458,7 @@ impl BlobReceiver {
             };
             let partial = partial_path(&peer_dir(&self.root, &b.peer), &b.blob_ref);
             if partial.exists() && !path.exists() {
-                place(&partial, &path)?;
+                place(&partial, &path, self.store.durable())?;
                 n += 1;
             }
         }
@@ -473,8 +473,9 @@ fn echo(r: &str) -> Option<String> {
 
 /// Write `data` at `offset` of `path` crash-safely: create the file (mode 0600; its
 /// directory 0700) when missing, truncate to `offset` (dropping whatever a crash left past
-/// it), write, fsync.
-fn write_at(path: &Path, offset: u64, data: &[u8]) -> Result<(), BlobError> {
+/// it), write, fsync (file, and the directory when the file is new; both skipped when not
+/// `durable`, see [`crate::store::StoreFaults::durable`]).
+fn write_at(path: &Path, offset: u64, data: &[u8], durable: bool) -> Result<(), BlobError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let created = !path.exists();
     if created {
@@ -491,6 +492,9 @@ fn write_at(path: &Path, offset: u64, data: &[u8]) -> Result<(), BlobError> {
     f.set_len(offset).map_err(io_err(path))?;
     f.seek(SeekFrom::Start(offset)).map_err(io_err(path))?;
     f.write_all(data).map_err(io_err(path))?;
+    if !durable {
+        return Ok(());
+    }
     f.sync_data().map_err(io_err(path))?;
     if created {
         sync_dir(dir)?;
@@ -530,12 +534,15 @@ fn sha256_file(path: &Path) -> Result<String, BlobError> {
 }
 
 /// Move `from` to `to` without replacing an existing file (hard link, then unlink), and
-/// fsync the directory.
-fn place(from: &Path, to: &Path) -> Result<(), BlobError> {
+/// fsync the directories (skipped when not `durable`).
+fn place(from: &Path, to: &Path, durable: bool) -> Result<(), BlobError> {
     let dir = to.parent().unwrap_or(Path::new("."));
     make_dirs(dir)?;
     std::fs::hard_link(from, to).map_err(io_err(to))?;
     std::fs::remove_file(from).map_err(io_err(from))?;
+    if !durable {
+        return Ok(());
+    }
     sync_dir(dir)?;
     if let Some(pd) = from.parent() {
         sync_dir(pd)?;

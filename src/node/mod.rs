@@ -498,6 +498,16 @@ impl NodeHandle {
     pub fn store(&self) -> &Arc<Store> {
         &self.inner.store
     }
+
+    /// Answer one control request line (without its `\n`) in-process, as the control
+    /// socket would: `Some` response (`bad_request` when it does not parse or is, with its
+    /// `\n`, over [`crate::control::MAX_CONTROL_LINE`] bytes); `None` for `subscribe` and `shutdown`,
+    /// which only the socket serves. For the fuzzing harness `control_lines`, which would
+    /// otherwise pay a socket round trip per line; not an interface.
+    #[doc(hidden)]
+    pub async fn control_line(&self, line: &[u8]) -> Option<crate::control::Response> {
+        server::answer_line(&self.inner, line).await
+    }
 }
 
 /// Check `--serve` / `--root` / `--sandbox`, open the root.

@@ -88,33 +88,16 @@ async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
             write_json(&mut w, &Response::err("bad_request", "request too large")).await?;
             return Ok(());
         }
-        let req: Request = match serde_json::from_slice(&line) {
+        let (req, page) = match decode(&line) {
             Ok(r) => r,
-            Err(e) => {
-                write_json(
-                    &mut w,
-                    &Response::err("bad_request", format!("bad request: {e}")),
-                )
-                .await?;
+            Err(msg) => {
+                write_json(&mut w, &Response::err("bad_request", msg)).await?;
                 continue;
             }
         };
         if let Request::Subscribe { th, peer, from_seq } = req {
             return subscribe(&inner, &mut w, th, peer, from_seq).await;
         }
-        // Listings come in pages; the paging fields sit next to `op`.
-        let page = if req.is_listing() {
-            match serde_json::from_slice::<Page>(&line) {
-                Ok(p) => p,
-                Err(e) => {
-                    let msg = format!("bad paging fields: {e}");
-                    write_json(&mut w, &Response::err("bad_request", msg)).await?;
-                    continue;
-                }
-            }
-        } else {
-            Page::first()
-        };
         let shutdown = matches!(req, Request::Shutdown);
         let resp = handle(&inner, req, &page).await;
         write_json(&mut w, &resp).await?;
@@ -122,6 +105,39 @@ async fn client(inner: Arc<Inner>, stream: UnixStream) -> std::io::Result<()> {
             inner.shutdown.cancel();
             return Ok(());
         }
+    }
+}
+
+/// Parse one control line (with or without its `\n`) as the control socket does: a
+/// [`Request`], then for a listing the paging fields next to `op` (the first page for any
+/// other request). Errors: the message of the `bad_request` response to write back.
+fn decode(line: &[u8]) -> Result<(Request, Page), String> {
+    let req: Request = serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))?;
+    // Listings come in pages; the paging fields sit next to `op`.
+    let page = if req.is_listing() {
+        serde_json::from_slice::<Page>(line).map_err(|e| format!("bad paging fields: {e}"))?
+    } else {
+        Page::first()
+    };
+    Ok((req, page))
+}
+
+/// Answer one control line (without its `\n`) in-process, as a control socket connection
+/// answers it as its first line; for the fuzzing harness
+/// (`fuzz/fuzz_targets/control_lines.rs`), which then needs no socket round trip per line.
+/// A line over [`MAX_CONTROL_LINE`] bytes with its `\n` gets `bad_request`. `subscribe`
+/// and `shutdown` are not answered here (they would stream or stop the node): `None`.
+pub(super) async fn answer_line(inner: &Arc<Inner>, line: &[u8]) -> Option<Response> {
+    // The bytes the socket reads, `\n` included (parse errors give its positions).
+    let mut line = line.to_vec();
+    line.push(b'\n');
+    if line.len() > MAX_CONTROL_LINE {
+        return Some(Response::err("bad_request", "request too large"));
+    }
+    match decode(&line) {
+        Ok((Request::Subscribe { .. } | Request::Shutdown, _)) => None,
+        Ok((req, page)) => Some(handle(inner, req, &page).await),
+        Err(msg) => Some(Response::err("bad_request", msg)),
     }
 }
 

@@ -14,6 +14,7 @@
 //! report less free space, through [`Store::set_faults`]. It is a Rust trait object set by
 //! code linking this crate: nothing a peer or a control client sends can install or change
 //! one, and the node never installs one itself (no feature flag, no environment variable).
+//! The same goes for the fuzzing harnesses' no-durability mode ([`StoreFaults::durable`]).
 
 use super::{Store, StoreError};
 use std::path::Path;
@@ -41,6 +42,16 @@ pub trait StoreFaults: Send + Sync {
     fn free_bytes(&self, real: u64) -> u64 {
         real
     }
+    /// Whether the store's flushes and blob writes reach the disk. `false` is the fuzzing
+    /// harnesses' no-durability mode (`fuzz/`, where an fsync per input would dominate):
+    /// [`Store::flush`] skips sled's flush and the data file's `sync_data` (still calling
+    /// [`StoreFaults::flush`] and counting the flush), and blob writes skip their
+    /// `sync_data` and directory fsyncs. Everything written stays readable by this process;
+    /// a crash or power loss may lose it. The node never installs faults, so it always
+    /// syncs. Default: `true`.
+    fn durable(&self) -> bool {
+        true
+    }
 }
 
 /// The installed faults and the free-space state of one store.
@@ -61,6 +72,12 @@ impl Guard {
 
     fn set(&self, f: Option<Arc<dyn StoreFaults>>) {
         *self.faults.write().unwrap_or_else(PoisonError::into_inner) = f;
+    }
+
+    /// Whether flushes and blob writes fsync ([`StoreFaults::durable`]; `true` without
+    /// faults).
+    pub(crate) fn durable(&self) -> bool {
+        self.faults().is_none_or(|f| f.durable())
     }
 
     /// The injected flush fault, if any.
@@ -89,6 +106,12 @@ impl Store {
     /// Install (or with `None`, remove) injected faults. Test-only: see [`StoreFaults`].
     pub fn set_faults(&self, faults: Option<Arc<dyn StoreFaults>>) {
         self.guard().set(faults);
+    }
+
+    /// Whether this store's flushes and blob writes fsync: `true` unless faults saying
+    /// otherwise are installed ([`StoreFaults::durable`], fuzzing harnesses only).
+    pub(crate) fn durable(&self) -> bool {
+        self.guard().durable()
     }
 
     /// Free bytes on the file system of the database (after any injected
@@ -301,6 +324,34 @@ mod tests {
             s.receive(&peer(), &line, &raw).unwrap(),
             super::super::Received::Duplicate
         );
+    }
+
+    /// The fuzzing harnesses' no-durability mode.
+    struct NoSync;
+    impl StoreFaults for NoSync {
+        fn durable(&self) -> bool {
+            false
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Err(std::io::Error::other("injected flush failure"))
+        }
+    }
+
+    #[test]
+    fn durable_unless_installed_faults_say_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        assert!(s.durable(), "a store syncs by default");
+        s.set_faults(Some(Arc::new(Plan::default())));
+        assert!(s.durable(), "faults sync unless they say otherwise");
+        s.set_faults(Some(Arc::new(NoSync)));
+        assert!(!s.durable());
+        // Without durability, a flush still runs the injected flush fault and is counted.
+        let before = s.flush_count();
+        assert!(s.flush_blocking().is_err());
+        assert_eq!(s.flush_count(), before + 1);
+        s.set_faults(None);
+        assert!(s.durable());
     }
 
     #[test]

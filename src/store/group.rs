@@ -155,14 +155,18 @@ struct Lead<G: std::ops::Deref<Target = Group>> {
 
 impl<G: std::ops::Deref<Target = Group>> Lead<G> {
     fn run(mut self) {
+        let durable = self.group.guard.durable();
         let res = self
             .group
             .guard
             .before_flush()
-            .and_then(|()| self.group.db.flush().map(|_| ()).map_err(|e| e.to_string()))
-            .and_then(|()| match &self.group.data_file {
-                Some(f) => f.sync_data().map_err(|e| format!("fsync: {e}")),
-                None => Ok(()),
+            .and_then(|()| match durable {
+                true => self.group.db.flush().map(|_| ()).map_err(|e| e.to_string()),
+                false => Ok(()),
+            })
+            .and_then(|()| match (&self.group.data_file, durable) {
+                (Some(f), true) => f.sync_data().map_err(|e| format!("fsync: {e}")),
+                _ => Ok(()),
             });
         self.group.count.fetch_add(1, Ordering::Relaxed);
         self.done = true;

@@ -383,3 +383,26 @@ fn blobs_that_do_not_fit_on_the_disk_are_refused_not_half_written() {
     assert_eq!(done.len(), 1);
     assert_eq!(std::fs::read(&done[0].path).unwrap(), b"xyz");
 }
+
+/// The fuzzing harnesses' no-durability mode ([`crate::store::StoreFaults::durable`]).
+struct NoSync;
+impl crate::store::StoreFaults for NoSync {
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn without_durability_blobs_are_written_and_placed_the_same() {
+    let mut t = setup(1 << 20);
+    t.store.set_faults(Some(Arc::new(NoSync)));
+    let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(t.chunk("r1", 0, false, &data[..400]), Verdict::Stored);
+    assert_eq!(t.chunk("r1", 1, true, &data[400..]), Verdict::Stored);
+    assert_eq!(t.msg("r1", 1000, "data.bin"), vec![Verdict::Stored]);
+    let done = t.done();
+    assert_eq!(done.len(), 1);
+    assert_eq!(std::fs::read(&done[0].path).unwrap(), data);
+    assert!(!t.partial("r1").exists());
+    assert_eq!(t.state("r1").status, InStatus::Complete);
+}
