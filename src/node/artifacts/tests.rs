@@ -109,7 +109,11 @@ async fn queued_event_msgs_stay_under_the_msg_bound() {
             panic!("not a msg")
         };
         for p in &m.parts {
-            if let Part::Data(DataPart { data, mime: Some(mime) }) = p {
+            if let Part::Data(DataPart {
+                data,
+                mime: Some(mime),
+            }) = p
+            {
                 if mime == MIME_EVENT {
                     seqs.push(data["seq"].as_u64().unwrap());
                 }
@@ -118,7 +122,11 @@ async fn queued_event_msgs_stay_under_the_msg_bound() {
     }
     let head = inner.store.art_workspace(th).unwrap().unwrap().head_seq;
     assert_eq!(seqs, (1..=head).collect::<Vec<_>>());
-    assert!(lines.len() >= 4, "{} msgs for ~400 KB of events", lines.len());
+    assert!(
+        lines.len() >= 4,
+        "{} msgs for ~400 KB of events",
+        lines.len()
+    );
     h.shutdown();
     h.stopped().await;
 }
