@@ -3,9 +3,13 @@
 //!
 //! - `artifact_bench edits GUEST_HOME TH ARTIFACT N`: the guest (holding
 //!   `artifact:write`) queues N edit commands (text edits `[i]` → `[i+1]`, base versions
-//!   1+i.. so each applies on top of the previous) as N command msgs in one transaction;
-//!   the host applies each and answers each with a durable result msg. Measures from the
+//!   1+i.. so each applies on top of the previous) as N command msgs, [`CHUNK`] per
+//!   control request (one transaction each), so that the host works on the first ones
+//!   while the guest queues the rest, as a client streaming commands would; the host
+//!   applies each and answers each with a durable result msg. Measures from the first
 //!   request until the guest's replica holds version N+1 (every result and event back).
+//!   Also prints the time the client itself took to build the frames (`build_s`) and the
+//!   time until the last chunk was queued (`queue_s`).
 //! - `artifact_bench host-edits HOST_HOME TH ARTIFACT N`: the host applies N edits of its
 //!   own in one transaction (prefill for the catch-up measurement).
 //! - `artifact_bench catchup GUEST_HOME TH SEQ HOST_ADDRESS`: the guest dials the host and
@@ -17,6 +21,9 @@ use awp_node::control::{self, Request};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// Commands per control request of `edits` (one store transaction and flush each).
+const CHUNK: usize = 1000;
 
 async fn art(home: &Path, action: &str, args: Value) -> Value {
     let sock = awp_node::daemon::socket_path(home);
@@ -82,13 +89,13 @@ async fn main() {
             let start = head(&home, &th).await;
             let r = art(&home, "show", json!({"th": th, "artifact": id})).await;
             let from = r["version"].as_u64().unwrap_or(1) - 1;
+            let tb = Instant::now();
+            let all = edits(&th, &id, from, n);
+            let built = tb.elapsed();
             let t0 = Instant::now();
-            art(
-                &home,
-                "commands",
-                json!({"th": th, "commands": edits(&th, &id, from, n)}),
-            )
-            .await;
+            for chunk in all.chunks(CHUNK) {
+                art(&home, "commands", json!({"th": th, "commands": chunk})).await;
+            }
             let queued = t0.elapsed();
             let want = start + n;
             match wait_head(&home, &th, want, Duration::from_secs(300)).await {
@@ -96,7 +103,7 @@ async fn main() {
                     let s = t0.elapsed().as_secs_f64();
                     println!(
                         "{}",
-                        json!({"bench": mode, "edits": n, "seconds": s, "edits_per_s": n as f64 / s, "queue_s": queued.as_secs_f64()})
+                        json!({"bench": mode, "edits": n, "seconds": s, "edits_per_s": n as f64 / s, "queue_s": queued.as_secs_f64(), "build_s": built.as_secs_f64()})
                     );
                 }
                 None => {

@@ -43,13 +43,17 @@ const SNAPSHOT_EVERY: u64 = 4096;
 /// parts in yet another new thread from that peer are dropped, with a log line. Without a
 /// bound, any peer could make this node keep state for as many threads as it names.
 pub const MAX_REPLICAS_PER_PEER: usize = 256;
-/// Bytes of event parts per msg (a line is at most 1 MiB).
-const EVENT_BYTES_PER_MSG: usize = 640 * 1024;
+/// Bytes of event parts per msg. A line may be up to 1 MiB, but sled (0.34) writes a
+/// record over about 128 KiB (its segment size / 4) to a new file of its own instead of
+/// its log, and a msg is stored twice on each side (outbox or received, and the log):
+/// msgs of at most 96 KiB of events stay in the log. A single event larger than this
+/// still travels alone in its own msg.
+const EVENT_BYTES_PER_MSG: usize = 96 * 1024;
 /// Events resent per resend request (more follow on the next request).
 const RESEND_MAX: usize = 20_000;
 /// Bytes of events (as JSON) resent per resend request: the replica asks again after
 /// applying them, so one request never loads or queues more than this.
-const RESEND_BYTES: usize = 8 * EVENT_BYTES_PER_MSG;
+const RESEND_BYTES: usize = 5 * 1024 * 1024;
 /// Largest event, in bytes, that still fits in one msg line with its envelope (spec
 /// §Size: a bigger one is refused before it is appended).
 const MAX_EVENT_BYTES: usize = wire::MAX_LINE - 8 * 1024;
@@ -142,21 +146,29 @@ impl Artifacts {
 
 /// JSON size of `v` in bytes (the cache's estimate of what it adds to a state).
 fn json_len(v: &Value) -> usize {
-    serde_json::to_vec(v).map_or(0, |b| b.len())
+    /// Counts the bytes written (the text itself is not kept).
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    serde_json::to_writer(&mut c, v).map_or(0, |()| c.0)
 }
 
 /// The workspace of `rec` as of its `head_seq`, from the store: snapshot + log; with its
 /// estimated bytes (the snapshot's JSON size plus the events' since).
 fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<(Workspace, usize), StoreError> {
     let mut bytes = 0;
-    let mut state = match tx.snapshot(&rec.th)? {
-        Some(mut v) => {
-            bytes += json_len(&v);
-            let st = v.get_mut("state").map(Value::take).unwrap_or(Value::Null);
-            serde_json::from_value::<WorkspaceState>(st).map_err(|e| StoreError::Corrupt {
-                tree: "art_snap",
-                detail: e.to_string(),
-            })?
+    let mut state = match tx.snapshot_state::<WorkspaceState>(&rec.th)? {
+        Some((_, st, n)) => {
+            bytes += n;
+            st
         }
         None => WorkspaceState::new(&rec.th),
     };
@@ -188,6 +200,8 @@ fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<(Workspace, usize), Sto
 }
 
 /// Append `envs` (already applied to `ws`) to the log of `rec`, with a snapshot when due.
+/// `rec.head_seq` follows; the caller writes `rec` once it is done with the msg (not once
+/// per event).
 fn append<'v>(
     tx: &mut ArtTx<'_, '_>,
     rec: &mut WsRecord,
@@ -201,10 +215,9 @@ fn append<'v>(
     let before = rec.head_seq;
     rec.head_seq = ws.state.head_seq;
     if before / SNAPSHOT_EVERY != rec.head_seq / SNAPSHOT_EVERY {
-        let state = serde_json::to_value(&ws.state).map_err(|e| StoreError::Db(e.to_string()))?;
-        tx.put_snapshot(&rec.th, &json!({"seq": rec.head_seq, "state": state}))?;
+        tx.put_snapshot_state(&rec.th, rec.head_seq, &ws.state)?;
     }
-    tx.put_ws(rec)
+    Ok(())
 }
 
 fn to_values<T: serde::Serialize>(xs: &[T]) -> Vec<Value> {
@@ -489,6 +502,7 @@ impl Artifacts {
                 _ => {}
             }
         }
+        tx.put_ws(rec)?;
         self.keep(ws, ws_bytes);
         if !lead.is_empty() {
             queue_parts(tx, peer, &rec.th, Some(&m.id), None, lead, all_events)?;
@@ -530,6 +544,7 @@ impl Artifacts {
             }
         };
         append(tx, rec, &ws, &envs)?;
+        tx.put_ws(rec)?;
         let notes = node_events(rec, &envs);
         let sized: Vec<(Value, usize)> = envs
             .into_iter()

@@ -63,3 +63,70 @@ async fn many_workspaces_keep_the_cache_bounded_and_cold_ones_reload() {
     h.shutdown();
     h.stopped().await;
 }
+
+/// Events the host queues for the guest travel in msgs of at most `EVENT_BYTES_PER_MSG`
+/// of event parts (under sled's inline-record size, so each msg stays in its log), in seq
+/// order, every event once; one event never waits for room.
+#[tokio::test]
+async fn queued_event_msgs_stay_under_the_msg_bound() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let h = node(dir.path()).await;
+    let inner = h.inner.clone();
+    let peer = Identity::from_seed(&[9; 32]).key();
+    let th = "thr_msg_bound";
+    let text = "x".repeat(2000);
+    let create = cmd(
+        "c1",
+        json!({"type": "create_artifact", "artifact_id": "art_1", "kind": "markdown",
+            "data": {"text": format!("[0]{text}")}}),
+    );
+    run_local(&inner, th, vec![create], Some(peer), None)
+        .await
+        .unwrap();
+    // 200 edits whose events carry ~2 KB each: ~400 KB of events in one transaction.
+    let edits: Vec<Value> = (0..200u64)
+        .map(|i| {
+            cmd(
+                &format!("e{i}"),
+                json!({"type": "edit_artifact", "artifact_id": "art_1", "base_version": i + 1,
+                    "patch": {"kind": "text_edits", "edits": [
+                        {"old": format!("[{i}]{text}"), "new": format!("[{}]{text}", i + 1)}]}}),
+            )
+        })
+        .collect();
+    let (results, _) = run_local(&inner, th, edits, None, None).await.unwrap();
+    assert!(results.iter().all(|r| r["ok"] == json!(true)));
+    let lines = inner.store.outbox_after(&peer, None, 10_000).unwrap();
+    let mut seqs = Vec::new();
+    for e in &lines {
+        // sled 0.34 keeps a record of up to about 128 KiB in its log.
+        assert!(
+            e.line.len() <= 120 * 1024,
+            "a msg of {} bytes",
+            e.line.len()
+        );
+        let Ok(Line::Msg(m)) = wire::parse_line(&e.line) else {
+            panic!("not a msg")
+        };
+        for p in &m.parts {
+            if let Part::Data(DataPart {
+                data,
+                mime: Some(mime),
+            }) = p
+            {
+                if mime == MIME_EVENT {
+                    seqs.push(data["seq"].as_u64().unwrap());
+                }
+            }
+        }
+    }
+    let head = inner.store.art_workspace(th).unwrap().unwrap().head_seq;
+    assert_eq!(seqs, (1..=head).collect::<Vec<_>>());
+    assert!(
+        lines.len() >= 4,
+        "{} msgs for ~400 KB of events",
+        lines.len()
+    );
+    h.shutdown();
+    h.stopped().await;
+}
