@@ -4,8 +4,8 @@
 //! lines; this loop feeds the session, runs group-committed flushes before acks go out,
 //! fires timers, and turns session events into node events. A flush runs while the loop
 //! keeps reading and parsing the next lines (they are committed once it is done), so the
-//! fsync of one batch overlaps the work on the next; the acks of a batch go out together. One connection per peer is
-//! enforced at registration (protocol-notes §Threads, acks, resume: replacement and
+//! fsync of one batch overlaps the work on the next; the acks of a batch go out together.
+//! One connection per peer is enforced at registration (protocol-notes §Threads, acks, resume: replacement and
 //! simultaneous-open tie break).
 
 use super::{ConnEntry, Inner, SIMULTANEOUS_OPEN};
@@ -462,6 +462,9 @@ pub async fn run_with(
             }
             _ = werr_rx.changed() => {
                 write_failed = true;
+                if flight.is_none() {
+                    break;
+                }
                 ending = true;
             }
             res = in_flight(&mut flight) => {
@@ -471,7 +474,13 @@ pub async fn run_with(
             permit = wtx.reserve(), if !pending.is_empty() => {
                 match permit {
                     Ok(p) => p.send(std::mem::take(&mut pending)),
-                    Err(_) => { write_failed = true; ending = true; }
+                    Err(_) => {
+                        write_failed = true;
+                        if flight.is_none() {
+                            break;
+                        }
+                        ending = true;
+                    }
                 }
             }
             // While a flush runs, the next lines are read and parsed up to the commit size.
