@@ -443,10 +443,12 @@ pub async fn run_with(
         };
         tokio::select! {
             biased;
-            _ = stop.cancelled() => {
+            // A running flush completes first (its acks go out before any bye), as when
+            // the flush was awaited in line.
+            _ = stop.cancelled(), if flight.is_none() => {
                 session.close_local("replaced by a newer connection", false, Instant::now());
             }
-            _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing => {
+            _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing && flight.is_none() => {
                 // A short linger: the transport must be closed (TLS close_notify) before
                 // the node stops waiting for its connections.
                 session.close_local_within(
@@ -456,7 +458,7 @@ pub async fn run_with(
                     Instant::now(),
                 );
             }
-            _ = bye.cancelled(), if session.phase() != Phase::Closing => {
+            _ = bye.cancelled(), if session.phase() != Phase::Closing && flight.is_none() => {
                 let reason = bye_reason.lock().unwrap_or_else(|p| p.into_inner()).take();
                 session.close_local(reason.as_deref().unwrap_or("disconnect"), true, Instant::now());
             }
