@@ -51,7 +51,7 @@ fn main() {
         let res = store.receive_batch(&peer, &refs).expect("receive");
         store.flush_blocking().expect("flush");
         acks.clear();
-        for (l, _) in res.iter().zip(&lines) {
+        for (_, l) in res.iter().zip(&lines) {
             let ack = Line::Ack(wire::Ack {
                 id: store.next_control_id(),
                 ts: ts.clone(),
