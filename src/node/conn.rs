@@ -486,8 +486,8 @@ pub async fn run_with(
                 }
             }
             // While a flush runs, the next lines are read and parsed up to the commit size.
-            batch = rrx.recv(), if !session.backlogged()
-                && !(flight.is_some() && session.pending_bytes() >= COMMIT_BYTES) => {
+            batch = rrx.recv(), if !(session.backlogged()
+                || (flight.is_some() && session.pending_bytes() >= COMMIT_BYTES)) => {
                 let now = Instant::now();
                 let mut next = Some(batch.unwrap_or_else(|| vec![ReadItem::Eof]));
                 let mut n = 0;
