@@ -901,7 +901,13 @@ impl Session {
                     ts: now_ts(),
                     re: p.id,
                 });
-                self.control.push_back(pong.encode());
+                // A ping read while the driver flushes a committed batch is answered after
+                // that batch's acks, as when the flush held up reading.
+                if self.held_acks.is_empty() {
+                    self.control.push_back(pong.encode());
+                } else {
+                    self.held_acks.push(pong.encode());
+                }
             }
             Line::Pong(_) => {}
             Line::Bye(b) => {
