@@ -2,8 +2,10 @@
 //!
 //! A reader task frames lines into a bounded channel; a writer task writes batches of
 //! lines; this loop feeds the session, runs group-committed flushes before acks go out,
-//! fires timers, and turns session events into node events. One connection per peer is
-//! enforced at registration (protocol-notes §Threads, acks, resume: replacement and
+//! fires timers, and turns session events into node events. A flush runs while the loop
+//! keeps reading and parsing the next lines (they are committed once it is done), so the
+//! fsync of one batch overlaps the work on the next; the acks of a batch go out together.
+//! One connection per peer is enforced at registration (protocol-notes §Threads, acks, resume: replacement and
 //! simultaneous-open tie break).
 
 use super::{ConnEntry, Inner, SIMULTANEOUS_OPEN};
@@ -252,6 +254,12 @@ pub async fn run_with(
     let mut write_failed = false;
     // Errs of this peer that named none of our lines (see refusals::MAX_ERR_MISSES).
     let mut err_misses = 0u32;
+    // The flush of the last committed batch, while it runs (at most one at a time: a
+    // batch is committed only after the previous flush completed, so each flush holds
+    // every line whose ack it releases).
+    let mut flight: Option<Flush> = None;
+    // The loop ends once the running flush (if any) has completed.
+    let mut ending = false;
 
     loop {
         // Handle events first: they may refuse the peer before anything queued goes out.
@@ -389,11 +397,20 @@ pub async fn run_with(
                 }
             }
         }
-        if session.wants_flush() {
-            // Lines held during admission, processed by `admit`: stored and flushed before
-            // their acks go out; their events are handled at the top of the loop.
-            commit_and_flush(&inner, &mut session).await;
-            continue;
+        if session.wants_flush() && flight.is_none() && !ending {
+            // Lines received so far (also those held during admission, processed by
+            // `admit`): stored now, acked when their flush completes.
+            flight = Some(commit_and_flush(&inner, &mut session));
+        }
+        if session.is_closed() || ending {
+            // What a running flush makes durable is still acted on (events) before the end.
+            match flight.take() {
+                Some(f) => {
+                    flushed(&mut session, f.await);
+                    continue;
+                }
+                None => break,
+            }
         }
         // Fill the pending write batch.
         while pending.len() < WRITE_BATCH {
@@ -411,9 +428,6 @@ pub async fn run_with(
                 *shared = Some(c.to_string());
             }
         }
-        if session.is_closed() {
-            break;
-        }
         if !up
             && session.phase() != Phase::Open
             && tokio::time::Instant::now() >= handshake_deadline
@@ -429,10 +443,12 @@ pub async fn run_with(
         };
         tokio::select! {
             biased;
-            _ = stop.cancelled() => {
+            // A running flush completes first (its acks go out before any bye), as when
+            // the flush was awaited in line.
+            _ = stop.cancelled(), if flight.is_none() => {
                 session.close_local("replaced by a newer connection", false, Instant::now());
             }
-            _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing => {
+            _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing && flight.is_none() => {
                 // A short linger: the transport must be closed (TLS close_notify) before
                 // the node stops waiting for its connections.
                 session.close_local_within(
@@ -442,21 +458,36 @@ pub async fn run_with(
                     Instant::now(),
                 );
             }
-            _ = bye.cancelled(), if session.phase() != Phase::Closing => {
+            _ = bye.cancelled(), if session.phase() != Phase::Closing && flight.is_none() => {
                 let reason = bye_reason.lock().unwrap_or_else(|p| p.into_inner()).take();
                 session.close_local(reason.as_deref().unwrap_or("disconnect"), true, Instant::now());
             }
             _ = werr_rx.changed() => {
                 write_failed = true;
-                break;
+                if flight.is_none() {
+                    break;
+                }
+                ending = true;
+            }
+            res = in_flight(&mut flight) => {
+                flight = None;
+                flushed(&mut session, res);
             }
             permit = wtx.reserve(), if !pending.is_empty() => {
                 match permit {
                     Ok(p) => p.send(std::mem::take(&mut pending)),
-                    Err(_) => { write_failed = true; break; }
+                    Err(_) => {
+                        write_failed = true;
+                        if flight.is_none() {
+                            break;
+                        }
+                        ending = true;
+                    }
                 }
             }
-            batch = rrx.recv(), if !session.backlogged() => {
+            // While a flush runs, the next lines are read and parsed up to the commit size.
+            batch = rrx.recv(), if !(session.backlogged()
+                || (flight.is_some() && session.pending_bytes() >= COMMIT_BYTES)) => {
                 let now = Instant::now();
                 let mut next = Some(batch.unwrap_or_else(|| vec![ReadItem::Eof]));
                 let mut n = 0;
@@ -479,8 +510,8 @@ pub async fn run_with(
                     }
                     next = rrx.try_recv().ok();
                 }
-                if session.wants_flush() {
-                    commit_and_flush(&inner, &mut session).await;
+                if session.wants_flush() && flight.is_none() {
+                    flight = Some(commit_and_flush(&inner, &mut session));
                 }
             }
             _ = outbox.notified(), if registered.is_some() => session.outbox_changed(),
@@ -534,10 +565,32 @@ pub async fn run_with(
     }
 }
 
-/// One transaction and one fsync for the lines fed since the last commit, then their acks.
-async fn commit_and_flush(inner: &Inner, session: &mut Session) {
+/// A running group-committed flush ([`crate::store::Store::flush`]).
+type Flush = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(), crate::store::StoreError>> + Send>,
+>;
+
+/// One transaction for the lines fed since the last commit, and the flush (one fsync,
+/// shared with other connections) that makes them durable. Their acks go out when the
+/// returned flush completes ([`flushed`]). The flush picks its generation when first
+/// polled, after this commit, so it holds every line committed here.
+fn commit_and_flush(inner: &Inner, session: &mut Session) -> Flush {
     session.commit();
-    match inner.store.flush().await {
+    let store = inner.store.clone();
+    Box::pin(async move { store.flush().await })
+}
+
+/// The running flush's result; never ready when none runs.
+async fn in_flight(flight: &mut Option<Flush>) -> Result<(), crate::store::StoreError> {
+    match flight {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Release the acks and events of the flushed batch, or fail the session.
+fn flushed(session: &mut Session, res: Result<(), crate::store::StoreError>) {
+    match res {
         Ok(()) => session.flushed(),
         Err(e) => session.flush_failed(&e),
     }

@@ -391,6 +391,8 @@ impl Session {
             }
         };
         let closed = self.phase == Phase::Closed;
+        // One timestamp for the acks of a batch (they go out together).
+        let ts = now_ts();
         for ((line, raw), received) in batch.into_iter().zip(results) {
             let (Some(id), Some(th)) = (line.id(), line.th()) else {
                 continue;
@@ -421,7 +423,7 @@ impl Session {
             if !closed {
                 let ack = Line::Ack(wire::Ack {
                     id: self.store.next_control_id(),
-                    ts: now_ts(),
+                    ts: ts.clone(),
                     th: th.to_string(),
                     re: id.to_string(),
                 });
@@ -516,9 +518,10 @@ impl Session {
         self.lines_in
     }
 
-    /// The driver ran [`Store::flush`] successfully: release held acks and events.
+    /// The driver ran [`Store::flush`] successfully: release held acks and events. Lines
+    /// fed since the last [`Session::commit`] (while the flush ran) still want theirs.
     pub fn flushed(&mut self) {
-        self.needs_flush = false;
+        self.needs_flush = !self.pending_rx.is_empty();
         if self.phase == Phase::Closed {
             // Nothing goes out after a closing err or bye; what was stored is still news.
             self.held_acks.clear();
@@ -898,7 +901,13 @@ impl Session {
                     ts: now_ts(),
                     re: p.id,
                 });
-                self.control.push_back(pong.encode());
+                // A ping read while the driver flushes a committed batch is answered after
+                // that batch's acks, as when the flush held up reading.
+                if self.held_acks.is_empty() {
+                    self.control.push_back(pong.encode());
+                } else {
+                    self.held_acks.push(pong.encode());
+                }
             }
             Line::Pong(_) => {}
             Line::Bye(b) => {

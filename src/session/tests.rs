@@ -816,3 +816,48 @@ fn a_session_closed_during_admission_never_reads_what_it_held() {
     assert!(b.s.is_closed());
     stored_nothing(&b).unwrap();
 }
+
+#[test]
+fn lines_fed_while_a_flush_runs_are_acked_only_after_their_own_flush() {
+    // The connection keeps reading while the flush of the last commit runs: a line fed
+    // then is not in that flush, so its ack waits for the next commit and flush, and the
+    // session still asks for that flush once the first one completed.
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let first = queue_msg(&a, b.id.key(), "thr_o", "one");
+    let second = queue_msg(&a, b.id.key(), "thr_o", "two");
+    a.s.outbox_changed();
+    let lines = drain(&mut a);
+    assert_eq!(kinds(&lines), ["msg", "msg"]);
+    b.s.handle_line(&lines[0], now);
+    b.s.commit();
+    // The flush of `first` is running; `second` arrives meanwhile.
+    b.s.handle_line(&lines[1], now);
+    b.store.flush_blocking().unwrap();
+    b.s.flushed();
+    let out = drain_transmit(&mut b);
+    assert_eq!(kinds(&out), ["ack"]);
+    assert!(String::from_utf8_lossy(&out[0]).contains(&first));
+    assert!(
+        b.s.wants_flush(),
+        "the line fed during the flush still needs its own commit and flush"
+    );
+    b.s.commit();
+    assert!(drain_transmit(&mut b).is_empty(), "not durable yet: no ack");
+    b.store.flush_blocking().unwrap();
+    b.s.flushed();
+    let out = drain_transmit(&mut b);
+    assert_eq!(kinds(&out), ["ack"]);
+    assert!(String::from_utf8_lossy(&out[0]).contains(&second));
+    assert!(!b.s.wants_flush());
+}
+
+/// What the session would write now, without committing or flushing anything.
+fn drain_transmit(e: &mut End) -> Vec<Vec<u8>> {
+    let mut out = vec![];
+    while let Some(l) = e.s.poll_transmit() {
+        out.push(l);
+    }
+    out
+}

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::wire::ids::IdGen;
 use crate::wire::{self, Line, PeerKey};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -98,6 +98,8 @@ fn open_db(dir: &Path, quarantine: &Path) -> Result<sled::Db, StoreError> {
 pub(super) struct Writer {
     ids: IdGen,
     log_seq: u64,
+    /// The in-memory side of the dedup index (`received.rs`).
+    dedup: super::received::DedupIndex,
 }
 
 impl Writer {
@@ -210,6 +212,7 @@ impl Store {
             writer: Mutex::new(Writer {
                 ids: IdGen::new(last),
                 log_seq,
+                dedup: Default::default(),
             }),
             group,
             dir: dir.to_path_buf(),
@@ -687,25 +690,45 @@ impl Store {
         let mut batch_ids: HashSet<&str> = HashSet::new();
         let mut new_lines: Vec<&Line> = Vec::new();
         let mut out = Vec::with_capacity(lines.len());
+        // Derived records touched by the batch, decoded once and written once at the end:
+        // thread records by th, and the largest id per th for `seen`.
+        let mut threads: HashMap<&str, ThreadRec> = HashMap::new();
+        let mut seen: HashMap<&str, &str> = HashMap::new();
+        let received = self.trees.t(T::Received);
         for (line, raw) in lines {
             let (Some(th), Some(id)) = (content_th(line), line.id()) else {
                 out.push(Received::New(0));
                 continue;
             };
-            let rkey = pkey(peer, id.as_bytes());
-            if batch_ids.contains(id) || tx.get(T::Received, &rkey)?.is_some() {
+            // Dedup: an id above the peer's bound is new without a disk read (see
+            // `DedupIndex`); one at or below it is looked up in `received`.
+            let above = match w.dedup.bound(received, peer)? {
+                Some(max) => id.as_bytes() > max,
+                None => true,
+            };
+            if batch_ids.contains(id)
+                || (!above && tx.get(T::Received, &pkey(peer, id.as_bytes()))?.is_some())
+            {
                 out.push(Received::Duplicate);
                 continue;
             }
-            if tx.get(T::Threads, &tkey(th, peer))?.is_none() {
-                // A new thread: within the peer's bound, or the line is not stored.
-                if thread_count(&tx, peer)? >= self.max_threads_per_peer() {
-                    out.push(Received::TooManyThreads);
-                    continue;
-                }
-                add_threads(&mut tx, peer, 1)?;
+            if !threads.contains_key(th) {
+                let rec = match tx.get(T::Threads, &tkey(th, peer))? {
+                    Some(v) => dec("threads", &v)?,
+                    None => {
+                        // A new thread: within the peer's bound, or the line is not stored.
+                        if thread_count(&tx, peer)? >= self.max_threads_per_peer() {
+                            out.push(Received::TooManyThreads);
+                            continue;
+                        }
+                        add_threads(&mut tx, peer, 1)?;
+                        self.thread_for_update(&tx, th, peer, now, false)?
+                    }
+                };
+                threads.insert(th, rec);
             }
             batch_ids.insert(id);
+            w.dedup.raise(peer, id.as_bytes());
             seq += 1;
             let kind = line.kind().to_owned();
             let unread = kind != "chunk";
@@ -720,27 +743,39 @@ impl Store {
                 acked: true,
             };
             tx.put(T::Log, u64_be(seq), pack(&lrec, raw)?);
-            tx.put(T::Received, rkey, u64_be(seq).to_vec());
-            raise_seen(&mut tx, peer, th, id, None)?;
-            // Threads are per peer: another peer's thread of the same id is not touched.
-            let mut t = self.thread_for_update(&tx, th, peer, now, false)?;
-            t.updated = t.updated.max(now);
-            if unread {
-                t.unread += 1;
-            }
-            match line {
-                Line::Msg(m) if t.subject.is_none() => t.subject = m.subject.clone(),
-                Line::State(s) => {
-                    t.theirs = Some(s.state.clone());
-                    t.their_note = s.note.clone();
+            tx.put(T::Received, pkey(peer, id.as_bytes()), u64_be(seq).to_vec());
+            match seen.get_mut(th) {
+                Some(m) if id.as_bytes() <= m.as_bytes() => {}
+                Some(m) => *m = id,
+                None => {
+                    seen.insert(th, id);
                 }
-                _ => {}
             }
-            tx.put(T::Threads, tkey(th, peer), enc(&t)?);
+            // Threads are per peer: another peer's thread of the same id is not touched.
+            if let Some(t) = threads.get_mut(th) {
+                t.updated = t.updated.max(now);
+                if unread {
+                    t.unread += 1;
+                }
+                match line {
+                    Line::Msg(m) if t.subject.is_none() => t.subject = m.subject.clone(),
+                    Line::State(s) => {
+                        t.theirs = Some(s.state.clone());
+                        t.their_note = s.note.clone();
+                    }
+                    _ => {}
+                }
+            }
             if matches!(line, Line::Msg(_) | Line::State(_)) {
                 new_lines.push(line);
             }
             out.push(Received::New(seq));
+        }
+        for (th, id) in seen {
+            raise_seen(&mut tx, peer, th, id, None)?;
+        }
+        for (th, t) in threads {
+            tx.put(T::Threads, tkey(th, peer), enc(&t)?);
         }
         let mut ids = w.ids.clone();
         if let (Some(hook), false) = (self.hook.get(), new_lines.is_empty()) {
@@ -1273,12 +1308,17 @@ fn restrict(dir: &Path) {
     }
 }
 
+/// An outbox record as an entry. The key's peer part is not decoded: callers scan one
+/// peer's prefix, and decoding a key (an Ed25519 point decompression) per line was most of
+/// the cost of a resume replay.
 fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
-    let (_, id) = split_pkey("outbox", k)?;
+    let id = k
+        .get(32..)
+        .ok_or_else(|| corrupt("outbox", "key shorter than a peer key"))?;
     let (rec, line): (OutRec, Payload) = unpack("outbox", v)?;
     let line = line.get("outbox")?;
     Ok(OutboxEntry {
-        id: utf8("outbox", &id)?,
+        id: utf8("outbox", id)?,
         th: rec.th,
         kind: rec.kind,
         line: line.to_vec(),

@@ -9,7 +9,8 @@
 //! Layout (keys → values; records are `u32 header length ‖ header JSON ‖ line bytes`):
 //! - `outbox`: peer (32 raw bytes) ‖ id → thread, kind, out-log seq, encoded line.
 //! - `log`: seq (u64 big-endian) → direction, peer, id, thread, kind, at, read, acked, line.
-//! - `received`: peer ‖ id → log seq (permanent dedup index, never pruned).
+//! - `received`: peer ‖ id → log seq (permanent dedup index, never pruned). A new line's
+//!   id above the largest received from its peer is known new from memory (`received.rs`).
 //! - `seen`: peer ‖ th → largest content id received (byte-string order).
 //! - `threads`: th ‖ peer → summary (see `threads.rs`; older stores keyed by th are re-keyed
 //!   on open). `peers`: peer → record. `addresses`: peer ‖ address → record.

@@ -1263,3 +1263,42 @@ fn forget_peer_removes_its_records_and_no_other_peers() {
     // Forgetting again removes nothing.
     assert!(!s.forget_peer(&a).unwrap().any());
 }
+
+#[test]
+fn dedup_from_memory_keeps_lower_new_ids_and_replays_after_reopen() {
+    // The in-memory dedup bound (largest id received per peer) only skips the disk read
+    // for ids above it: a new line with a lower id is still new, a replay of any earlier
+    // line is still a duplicate, also after a reopen (the bound is reloaded from disk).
+    let dir = tempfile::tempdir().unwrap();
+    let p = key(1);
+    let (l3, r3) = in_msg("T", ID3, None);
+    let (l1, r1) = in_msg("T", ID1, None);
+    let (l2, r2) = in_msg("U", ID2, None);
+    let (l4, r4) = in_msg("T", ID4, None);
+    {
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(s.receive(&p, &l3, &r3).unwrap(), Received::New(1));
+        let got = s
+            .receive_batch(&p, &[(&l1, &r1), (&l3, &r3), (&l1, &r1), (&l2, &r2)])
+            .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Received::New(2),
+                Received::Duplicate,
+                Received::Duplicate,
+                Received::New(3)
+            ]
+        );
+        s.flush_blocking().unwrap();
+    }
+    let s = Store::open(dir.path()).unwrap();
+    for (l, r) in [(&l1, &r1), (&l2, &r2), (&l3, &r3)] {
+        assert_eq!(s.receive(&p, l, r).unwrap(), Received::Duplicate);
+    }
+    assert_eq!(s.receive(&p, &l4, &r4).unwrap(), Received::New(4));
+    assert_eq!(s.receive(&p, &l4, &r4).unwrap(), Received::Duplicate);
+    assert_eq!(s.thread("T").unwrap().unwrap().unread, 3);
+    assert_eq!(s.seen(&p).unwrap()["T"], ID4);
+    assert_eq!(s.seen(&p).unwrap()["U"], ID2);
+}
