@@ -613,4 +613,132 @@ mod tests {
         assert_eq!(verify("")[0].line, 1);
         let _ = b;
     }
+
+    /// A thread with one blob `r1` (two chunks) named by a signed msg, as exported with
+    /// `--with-blobs`: (header, records, blob bytes).
+    fn with_blob() -> (Value, Vec<Record>, Vec<u8>) {
+        let a = Identity::from_seed(&[1; 32]);
+        let b = Identity::from_seed(&[2; 32]);
+        let data = b"hello blob".to_vec();
+        let chunk = |id: &str, n: u64, last: bool, d: &[u8]| Record {
+            from: a.key(),
+            line: json!({"t":"chunk","id":id,"ts":"2026-11-30T18:00:00.000Z","th":"thr_1",
+                         "ref":"r1","n":n,"last":last,"data":crate::wire::b64::encode_std(d)})
+            .to_string(),
+        };
+        let m = json!({"t":"msg","id":"01C","ts":"2026-11-30T18:00:00.000Z","th":"thr_1",
+                       "parts":[{"k":"blob","ref":"r1","size":data.len()}]});
+        let m = String::from_utf8(sign_encoded(&a, m.to_string().as_bytes()).unwrap()).unwrap();
+        let recs = vec![
+            chunk("01A", 0, false, &data[..4]),
+            chunk("01B", 1, true, &data[4..]),
+            Record {
+                from: a.key(),
+                line: m,
+            },
+        ];
+        let entry = BlobEntry {
+            from: a.key(),
+            blob_ref: "r1".into(),
+            size: data.len() as u64,
+            sha256: crate::blob::hex(&Sha256::digest(&data)),
+        };
+        let h = with_blobs(header("thr_1", &[a.key(), b.key()]), &[entry]);
+        (h, recs, data)
+    }
+
+    fn problems_with(h: &Value, recs: &[Record], dir: Option<&Path>) -> Vec<String> {
+        verify_with(&to_ndjson(h, recs), dir)
+            .iter()
+            .map(|p| p.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn blob_files_checked_and_each_rejection_reported() {
+        let (h, recs, data) = with_blob();
+        let sha = h["blobs"][0]["sha256"].as_str().unwrap().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        // Missing file.
+        let p = problems_with(&h, &recs, Some(dir.path()));
+        assert!(
+            p.len() == 1 && p[0].starts_with("line 4: blob \"r1\": "),
+            "{p:?}"
+        );
+        // Good file; without a dir the files are not read.
+        std::fs::write(dir.path().join(&sha), &data).unwrap();
+        assert_eq!(
+            problems_with(&h, &recs, Some(dir.path())),
+            Vec::<String>::new()
+        );
+        assert_eq!(problems_with(&h, &recs, None), Vec::<String>::new());
+        // Altered file.
+        std::fs::write(dir.path().join(&sha), b"hello blub").unwrap();
+        let p = problems_with(&h, &recs, Some(dir.path()));
+        assert!(
+            p.len() == 1 && p[0].contains("does not hold its bytes"),
+            "{p:?}"
+        );
+        std::fs::write(dir.path().join(&sha), &data).unwrap();
+        // Listed size differs from the signed one.
+        let mut bad = h.clone();
+        bad["blobs"][0]["size"] = json!(3);
+        let p = problems_with(&bad, &recs, None);
+        assert!(p.iter().any(|p| p.contains("not the declared 10")), "{p:?}");
+        // A sha256 that is not a file name of 64 hex digits (never a path).
+        let mut bad = h.clone();
+        bad["blobs"][0]["sha256"] = json!("../etc/passwd");
+        let p = problems_with(&bad, &recs, Some(dir.path()));
+        assert!(p.iter().any(|p| p.contains("64 lowercase hex")), "{p:?}");
+        // Chunk lines that do not hash to the listed sha256.
+        let mut bad = h.clone();
+        bad["blobs"][0]["sha256"] = json!("0".repeat(64));
+        let p = problems_with(&bad, &recs, None);
+        assert!(
+            p.iter().any(|p| p.contains("chunk lines do not hash")),
+            "{p:?}"
+        );
+        // A blob named by a msg but not listed (checked with a dir).
+        let mut bad = h.clone();
+        bad["blobs"] = json!([]);
+        let p = problems_with(&bad, &recs, Some(dir.path()));
+        assert!(
+            p.iter().any(|p| p.contains("not in the header's blobs")),
+            "{p:?}"
+        );
+        // Listed but named by no msg; and an entry with fields missing; blobs not a list.
+        let mut bad = h.clone();
+        bad["blobs"][0]["ref"] = json!("r2");
+        let p = problems_with(&bad, &recs, None);
+        assert!(p.iter().any(|p| p.contains("named by no msg")), "{p:?}");
+        let mut bad = h.clone();
+        bad["blobs"] = json!([{"ref": "r1"}]);
+        assert!(problems_with(&bad, &recs, None)[0].contains("bad blob entry"));
+        let mut bad = h.clone();
+        bad["blobs"] = json!({});
+        assert!(problems_with(&bad, &recs, None)[0].contains("not a list"));
+        // A missing chunk.
+        let p = problems_with(&h, &[recs[1].clone(), recs[2].clone()], None);
+        assert!(p.iter().any(|p| p.contains("chunk 0 missing")), "{p:?}");
+    }
+
+    #[test]
+    fn records_keep_the_stored_text_verbatim() {
+        let a = Identity::from_seed(&[1; 32]);
+        let raw = r#"{ "t":"msg" , "id":"01A","ts":"2026-11-30T18:00:00.000Z","th":"thr_1","parts":[{"k":"text","text":"caf\u00e9"}] }"#;
+        let signed = String::from_utf8(sign_encoded(&a, raw.as_bytes()).unwrap()).unwrap();
+        let recs = vec![Record {
+            from: a.key(),
+            line: signed.clone(),
+        }];
+        let h = header("thr_1", &[a.key()]);
+        let nd = to_ndjson(&h, &recs);
+        assert_eq!(
+            nd.lines().nth(1).unwrap(),
+            format!("{{\"from\":\"{}\",\"line\":{signed}}}", a.key())
+        );
+        assert!(to_json(&h, &recs).contains(&signed));
+        assert_eq!(verify(&nd), vec![]);
+        assert_eq!(verify(&to_json(&h, &recs)), vec![]);
+    }
 }
