@@ -95,6 +95,19 @@ pub enum Request {
     /// [`MAX_MARK_SEQS`]; unknown, outbound and already read entries are skipped. Answers
     /// `{"marked": N}` once the marks are on disk. `awp wait` marks the line it reports.
     MarkRead { seqs: Vec<u64> },
+    /// A thread's stored lines verbatim, in log order (`awp export`, spec/signed-lines.md):
+    /// `{"peer":KEY, "th":TH, "lines":[{"seq":N, "dir":"in"|"out", "line":TEXT}…],
+    /// "next"?:SEQ}`. TEXT is the line exactly as stored (for inbound lines the bytes
+    /// received, without `\n`), as a JSON string, so signatures check over it. Entries with
+    /// seq > `after` (0: from the start); at most [`PAGE_ITEMS`] lines and [`PAGE_BYTES`] of
+    /// them (at least one) per response; `next`, when more remain, is the `after` of the
+    /// following request. `th` is `TH` or `PEER/TH` as for `read`; `no_such_thread` when
+    /// no thread matches.
+    ThreadLines {
+        th: String,
+        #[serde(default)]
+        after: u64,
+    },
     /// Stream events. `from_seq`: first replay log entries with seq > from_seq (tail's
     /// history), then live events. Filters: thread (`TH` or `PEER/TH`; with `peer`, that
     /// peer's thread), peer.

@@ -259,12 +259,20 @@ pub enum Command {
         /// `ndjson` (default) or `json`.
         #[arg(long, value_name = "FORMAT", default_value = "ndjson", value_parser = ["ndjson", "json"])]
         format: String,
+        /// Also write the thread's blobs into DIR, each as a file named by its SHA-256
+        /// (lowercase hex), and list them in the header.
+        #[arg(long, value_name = "DIR")]
+        with_blobs: Option<PathBuf>,
     },
     /// Check a transcript offline (no node needed): every signature, the thread, ids
     /// increasing per author, re links. One line per problem; exit 1 when any.
     Verify {
         /// The transcript file.
         file: PathBuf,
+        /// Check the blob files listed in the header too: DIR as given to
+        /// `awp export --with-blobs`.
+        #[arg(long, value_name = "DIR")]
+        blobs: Option<PathBuf>,
     },
     /// List agents known from presence documents, or show one document in full.
     Presence {

@@ -357,6 +357,12 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
             store.flush().await.map_err(internal)?;
             Ok(json!({ "marked": marked }))
         }
+        Request::ThreadLines { th, after } => match super::thread_ref::resolve(inner, None, &th)? {
+            Some(n) => {
+                crate::transcript::stored_page(store, &n.peer, &n.th, after).map_err(internal)
+            }
+            None => Err(Fail::new("no_such_thread", format!("no thread {th}"))),
+        },
         Request::Subscribe { .. } => {
             Err(Fail::new("bad_request", "subscribe is handled separately"))
         }
