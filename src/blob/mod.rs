@@ -19,16 +19,19 @@
 pub mod expire;
 pub mod receive;
 pub mod send;
+pub mod stream;
 
 pub use receive::{BlobError, BlobReceiver, Completed, Verdict};
-pub use send::{FileSlice, Outgoing, SendError};
+pub use send::{FileSlice, Outgoing, SendError, Streamed};
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-/// Data bytes per chunk (before base64): 256 KiB, so a chunk line stays near 350 KiB, well
-/// under the 1 MiB line cap.
-pub const CHUNK_SIZE: usize = 256 * 1024;
+/// Data bytes per chunk (before base64): 765 KiB, so a chunk line (1,044,480 bytes of
+/// base64 plus its envelope) stays under the 1 MiB line cap ([`crate::wire::MAX_LINE`])
+/// with 4 KiB left for the envelope (ids, ts, a `th` of up to 256 bytes, the ref). Fewer,
+/// larger lines: one parse, write and bookkeeping per 765 KiB (issue 10 §3).
+pub const CHUNK_SIZE: usize = 765 * 1024;
 
 /// Default largest blob, in bytes (50 MiB), for sending and receiving.
 pub const DEFAULT_LIMIT: u64 = 50 * 1024 * 1024;

@@ -361,6 +361,7 @@ fn output_blob(name: &str, mime: &str, data: Vec<u8>) -> Outgoing {
         data,
         file: None,
         source: PathBuf::new(),
+        stream: None,
     }
 }
 
