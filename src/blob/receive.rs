@@ -11,10 +11,12 @@
 //! - A msg's blob part declares size, name and mime (the first declaration counts). A size
 //!   over the limit, or one that disagrees with data already received, is refused (re = the
 //!   msg id). Chunks may come before or after the naming msg.
-//! - Each chunk is written at the recorded offset: the partial file is truncated to it,
-//!   the data written and fsynced, and only then the new offset recorded, together with
-//!   seen[th] = the chunk id, in one store transaction. A replay after a crash therefore
-//!   starts at the recorded offset and never duplicates bytes.
+//! - Each chunk is written at the recorded offset: the partial file is cut to it (once
+//!   per batch) and the data written ([`BlobReceiver::take_chunk`]); at the end of the
+//!   batch each file written is fsynced once, and only then the new offset recorded,
+//!   together with seen[th] = the last chunk id, in one store transaction per blob
+//!   ([`BlobReceiver::sync`]). A replay after a crash therefore starts at the recorded
+//!   offset and never duplicates bytes.
 //! - Complete = the `last` chunk arrived, the naming msg arrived and the sizes agree. The
 //!   SHA-256 is computed, a free final name chosen, and the record marked complete with
 //!   that path in one transaction; the file is moved there once that transaction is

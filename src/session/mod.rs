@@ -712,7 +712,12 @@ impl Session {
         self.last_rx = now;
         self.pings_out = 0;
         self.ping_deadline = now + self.ping_idle;
-        let line = match wire::parse_line(raw) {
+        // Chunk lines as senders emit them skip the JSON value (crate::blob::fast).
+        let parsed = match crate::blob::fast::parse_chunk(raw) {
+            Some(line) => Ok(line),
+            None => wire::parse_line(raw),
+        };
+        let line = match parsed {
             Ok(line) => line,
             Err(e) => {
                 let (re, detail) = match &e {
@@ -923,7 +928,8 @@ impl Session {
             Line::Unknown { .. } => {}
             Line::Chunk(_) if self.blobs.is_some() => {
                 self.pending_bytes += raw.len();
-                self.pending_rx.push((line, raw.to_vec()));
+                // Chunks go to the blob receiver, never to the log: no copy of the raw line.
+                self.pending_rx.push((line, Vec::new()));
                 self.needs_flush = true;
             }
             other @ (Line::Chunk(_) | Line::Introduce(_) | Line::Presence(_)) => {
