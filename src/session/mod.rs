@@ -1140,6 +1140,7 @@ impl Session {
         }
         let entry = self.batch.pop_front()?;
         self.cursor = Some(entry.id.clone());
+        let chunk = entry.kind == "chunk";
         // Chunks of a streamed blob get their data from the source file now.
         let line = match crate::blob::stream::fill(&self.store, &self.peer?, entry) {
             crate::blob::stream::Fill::Line(l) => l,
@@ -1152,8 +1153,9 @@ impl Session {
                 return self.control.pop_front();
             }
         };
-        // Lines queued before signing was on get their `sig` now (spec/signed-lines.md).
-        if self.signs {
+        // Lines queued before signing was on get their `sig` now (spec/signed-lines.md);
+        // chunks are never signed (and a 1 MiB chunk is not parsed to find that out).
+        if self.signs && !chunk {
             return Some(self.store.sign_unsigned(line));
         }
         Some(line)
