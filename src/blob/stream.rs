@@ -351,6 +351,15 @@ mod tests {
             e[..3].iter().all(|x| x.line.len() < STUB_MAX),
             "stubs queued"
         );
+        // The out log keeps each chunk without data: offset, length and the blob's SHA-256.
+        let logged = store.log(0, None, false, 10).unwrap();
+        let c1: serde_json::Value = serde_json::from_slice(&logged[1].line).unwrap();
+        assert_eq!(c1["data"], "");
+        assert_eq!(c1["x_off"], CHUNK_SIZE as u64);
+        assert_eq!(c1["x_len"], CHUNK_SIZE as u64);
+        assert_eq!(c1["x_sha256"], o.sha256.as_str());
+        let c2: serde_json::Value = serde_json::from_slice(&logged[2].line).unwrap();
+        assert_eq!(c2["x_len"], 5);
         assert_eq!(
             data_of(fill(&store, &peer, e[0].clone())),
             &data[..CHUNK_SIZE]

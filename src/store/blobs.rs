@@ -396,6 +396,29 @@ impl Store {
             at += n;
             st.msg_id = msg.id.clone();
             st.th = msg.th.clone().unwrap_or_default();
+            if let Some(size) = st.chunk_size {
+                // Out log: each stub says which bytes of which blob it stands for.
+                for (i, e) in out[at - n..at].iter().enumerate() {
+                    let off = (i as u64).saturating_mul(size).min(st.size);
+                    let len = size.min(st.size - off);
+                    let Some(stub) = e.line.strip_suffix(b"}") else {
+                        continue;
+                    };
+                    let mut line = stub.to_vec();
+                    line.extend_from_slice(
+                        format!(
+                            ",\"x_off\":{off},\"x_len\":{len},\"x_sha256\":\"{}\"}}",
+                            st.sha256
+                        )
+                        .as_bytes(),
+                    );
+                    let key = u64_be(e.seq);
+                    if let Some(v) = tx.get(T::Log, &key)? {
+                        let (rec, _): (super::codec::LogRec, Payload) = unpack("log", &v)?;
+                        tx.put(T::Log, key.to_vec(), super::codec::pack(&rec, &line)?);
+                    }
+                }
+            }
             tx.put(T::BlobsOut, rkey(peer, &blob_ref), enc(&st)?);
         }
         tx.commit()?;
@@ -718,6 +741,36 @@ mod tests {
         assert_eq!(s.outbox_len(&p).unwrap(), 1);
         assert!(s.outbox_has(&p, &e[3].id).unwrap());
         assert!(s.drop_blob_chunks(&p, "nothing").unwrap().is_empty());
+    }
+
+    /// Issue 8 §4: a chunk line with data is kept once — in the outbox until sent — and
+    /// the out log holds it without data, with its byte count.
+    #[test]
+    fn the_out_log_keeps_chunk_lines_without_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let p = key(1);
+        let c = |id: &str, ts: &str| chunk("a", 0, id, ts);
+        let e = s.enqueue(&p, &[&c]).unwrap();
+        assert!(e[0].line.ends_with(br#""data":"AA=="}"#));
+        let queued = s.outbox_after(&p, None, 10).unwrap();
+        assert_eq!(queued[0].line, e[0].line, "the outbox keeps the data");
+        let logged = s.log(0, None, false, 10).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&logged[0].line).unwrap();
+        assert_eq!(v["data"], "");
+        assert_eq!(v["x_len"], 1);
+        assert_eq!(v["ref"], "a");
+        // Lengths from base64 with and without padding.
+        for (data, len) in [("AAAA", 3), ("AAA=", 2), ("AA==", 1), ("", 0)] {
+            let line = format!(r#"{{"t":"chunk","id":"i","ts":"t","data":"{data}"}}"#);
+            let f = log_form("chunk", line.as_bytes());
+            let v: serde_json::Value = serde_json::from_slice(&f).unwrap();
+            assert_eq!(v["data"], "");
+            if len > 0 {
+                assert_eq!(v["x_len"], len, "{data}");
+            }
+        }
+        assert_eq!(&*log_form("msg", b"{\"x\"}"), b"{\"x\"}");
     }
 
     #[test]
