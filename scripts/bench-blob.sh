@@ -3,7 +3,9 @@
 # a random file (default 50 MiB, the default blob limit) to the other with `awp send -f`.
 # Prints the time from the send request to the receiver listing the blob as complete
 # (every chunk fsynced, the SHA-256 checked against the sender's) and the throughput in
-# MB/s (10^6 bytes per second). Both nodes are killed when the run ends.
+# MB/s (10^6 bytes per second), then the disk's own copy rate of the same file in the same
+# run (`dd ... conv=fsync`, the yardstick of issue 10) and the goal: >= 400 MB/s or >= 25%
+# of that copy rate (MET/MISSED). Both nodes are killed when the run ends.
 #
 # Usage: scripts/bench-blob.sh [MiB]   (AWP_BIN: the binary; default the release build,
 # built when out of date; AWP_BENCH_DIR: where the temporary homes go)
@@ -75,7 +77,14 @@ if [ "$got" != "$WANT" ]; then
     echo "blob: FAILED: SHA-256 differs ($got, want $WANT)" >&2
     exit 1
 fi
-awk -v t0="$t0" -v tq="$t_queued" -v t1="$t1" -v mib="$MIB" 'BEGIN {
-    s = t1 - t0; bytes = mib * 1048576;
-    printf "blob     %d MiB file node to node over TLS: %.2f s, %.1f MB/s (send request to complete and fsynced at the receiver, SHA-256 equal; queueing took %.2f s)\n", mib, s, bytes / s / 1e6, tq - t0
+# The yardstick: the disk copying the same file with an fsync, in the same run.
+d0=$(date +%s.%N)
+dd if="$FILE" of="$WORK/copy.bin" bs=1M conv=fsync status=none
+d1=$(date +%s.%N)
+rm -f "$WORK/copy.bin"
+awk -v t0="$t0" -v tq="$t_queued" -v t1="$t1" -v d0="$d0" -v d1="$d1" -v mib="$MIB" 'BEGIN {
+    s = t1 - t0; bytes = mib * 1048576; rate = bytes / s / 1e6; dd = bytes / (d1 - d0) / 1e6;
+    printf "blob     %d MiB file node to node over TLS: %.2f s, %.1f MB/s (send request to complete and fsynced at the receiver, SHA-256 equal; queueing took %.2f s)\n", mib, s, rate, tq - t0
+    goal = (rate >= 400 || rate >= 0.25 * dd) ? "MET" : "MISSED";
+    printf "blob     dd conv=fsync of the same file: %.1f MB/s; goal >= 400 MB/s or >= 25%% of dd (%.1f MB/s): %s (%.0f%% of dd)\n", dd, 0.25 * dd, goal, 100 * rate / dd
 }'

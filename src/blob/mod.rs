@@ -2,12 +2,15 @@
 //! §9.3).
 //!
 //! - [`send`]: reading a file for sending (size limit, SHA-256, media type) and building
-//!   its chunk lines (256 KiB of data per chunk, standard padded base64, `n` from 0, `last`
+//!   its chunk lines ([`CHUNK_SIZE`] of data per chunk, standard padded base64, `n` from 0, `last`
 //!   on the final one; an empty file is one chunk `n=0 last=true data ""`). The node queues
 //!   the chunks and then the msg naming the blob in ONE store transaction.
 //! - [`receive`]: [`BlobReceiver`], which assembles inbound blobs from chunks and naming
-//!   msgs in any order, writes each chunk at its recorded offset (truncate, write, fsync,
-//!   then record the new offset) and moves a complete blob to its final file.
+//!   msgs in any order, writes each chunk at its recorded offset (cut to it, write; one
+//!   fsync per file and batch, then the new offsets recorded) and moves a complete blob to
+//!   its final file.
+//! - [`stream`]: files sent as chunk stubs whose data is read from the file when written.
+//! - [`fast`]: received chunk lines parsed without a JSON value of their data.
 //! - [`expire`]: unfinished inbound blobs go after a day without data
 //!   ([`expire::UNFINISHED_MAX_AGE_MS`]), freeing the sender's pending budget.
 //!
@@ -17,18 +20,22 @@
 //! declared name through [`sanitize_name`], with ` (1)`, ` (2)`, … added on a collision.
 
 pub mod expire;
+pub mod fast;
 pub mod receive;
 pub mod send;
+pub mod stream;
 
 pub use receive::{BlobError, BlobReceiver, Completed, Verdict};
-pub use send::{FileSlice, Outgoing, SendError};
+pub use send::{FileSlice, Outgoing, SendError, Streamed};
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-/// Data bytes per chunk (before base64): 256 KiB, so a chunk line stays near 350 KiB, well
-/// under the 1 MiB line cap.
-pub const CHUNK_SIZE: usize = 256 * 1024;
+/// Data bytes per chunk (before base64): 765 KiB, so a chunk line (1,044,480 bytes of
+/// base64 plus its envelope) stays under the 1 MiB line cap ([`crate::wire::MAX_LINE`])
+/// with 4 KiB left for the envelope (ids, ts, a `th` of up to 256 bytes, the ref). Fewer,
+/// larger lines: one parse, write and bookkeeping per 765 KiB (issue 10 §3).
+pub const CHUNK_SIZE: usize = 765 * 1024;
 
 /// Default largest blob, in bytes (50 MiB), for sending and receiving.
 pub const DEFAULT_LIMIT: u64 = 50 * 1024 * 1024;

@@ -11,10 +11,12 @@
 //! - A msg's blob part declares size, name and mime (the first declaration counts). A size
 //!   over the limit, or one that disagrees with data already received, is refused (re = the
 //!   msg id). Chunks may come before or after the naming msg.
-//! - Each chunk is written at the recorded offset: the partial file is truncated to it,
-//!   the data written and fsynced, and only then the new offset recorded, together with
-//!   seen[th] = the chunk id, in one store transaction. A replay after a crash therefore
-//!   starts at the recorded offset and never duplicates bytes.
+//! - Each chunk is written at the recorded offset: the partial file is cut to it (once
+//!   per batch) and the data written ([`BlobReceiver::take_chunk`]); at the end of the
+//!   batch each file written is fsynced once, and only then the new offset recorded,
+//!   together with seen[th] = the last chunk id, in one store transaction per blob
+//!   ([`BlobReceiver::sync`]). A replay after a crash therefore starts at the recorded
+//!   offset and never duplicates bytes.
 //! - Complete = the `last` chunk arrived, the naming msg arrived and the sizes agree. The
 //!   SHA-256 is computed, a free final name chosen, and the record marked complete with
 //!   that path in one transaction; the file is moved there once that transaction is
@@ -36,7 +38,8 @@ use crate::store::{InBlobState, InStatus, Store, StoreError};
 use crate::wire::{self, Chunk, Msg, Part, PeerKey};
 use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -121,6 +124,29 @@ pub struct BlobReceiver {
     root: PathBuf,
     limit: u64,
     moves: Vec<Move>,
+    /// Blobs written to by [`BlobReceiver::take_chunk`] since the last
+    /// [`BlobReceiver::sync`]: data written, not yet fsynced nor recorded.
+    dirty: Vec<Dirty>,
+    /// Decoded chunk data (reused).
+    buf: Vec<u8>,
+}
+
+/// A blob with data written but not yet fsynced, and its state to record after the fsync.
+struct Dirty {
+    peer: PeerKey,
+    blob_ref: String,
+    /// The state once the data written is durable.
+    st: InBlobState,
+    /// A record of this blob exists in the store (else it is new in this batch).
+    recorded: bool,
+    /// The offset the store's pending index holds for it.
+    recorded_offset: u64,
+    /// seen entries to raise with the record: (th, chunk id).
+    seen: Vec<(String, String)>,
+    file: File,
+    path: PathBuf,
+    /// The file was created in this batch (its directory is fsynced too).
+    created: bool,
 }
 
 impl BlobReceiver {
@@ -131,6 +157,8 @@ impl BlobReceiver {
             root,
             limit,
             moves: Vec::new(),
+            dirty: Vec::new(),
+            buf: Vec::new(),
         }
     }
 
@@ -139,9 +167,21 @@ impl BlobReceiver {
         self.limit
     }
 
-    /// Take in one chunk from `peer`. Storage failures are errors; everything the peer got
+    /// Take in one chunk from `peer` and make it durable ([`BlobReceiver::take_chunk`]
+    /// then [`BlobReceiver::sync`]). Storage failures are errors; everything the peer got
     /// wrong is a [`Verdict`].
     pub fn on_chunk(&mut self, peer: &PeerKey, c: &Chunk) -> Result<Verdict, BlobError> {
+        let v = self.take_chunk(peer, c)?;
+        self.sync()?;
+        Ok(v)
+    }
+
+    /// Take in one chunk from `peer`: checked, its data decoded straight into a reused
+    /// buffer and written at the blob's offset of its partial file, but neither fsynced nor
+    /// recorded: [`BlobReceiver::sync`] does both for every chunk of a batch, once per
+    /// blob, before the batch's acks (the record never gets ahead of the data on disk).
+    /// Storage failures are errors; everything the peer got wrong is a [`Verdict`].
+    pub fn take_chunk(&mut self, peer: &PeerKey, c: &Chunk) -> Result<Verdict, BlobError> {
         let refuse = |detail: String| Verdict::Refuse {
             blob_ref: echo(&c.blob_ref),
             re: c.id.clone(),
@@ -152,11 +192,11 @@ impl BlobReceiver {
         }
         let now = wire::time::now_ms();
         let seen = c.th.as_deref().map(|th| (th, c.id.as_str()));
-        let mut st = match self.store.blob_in(peer, &c.blob_ref)? {
+        let mut st = match self.state(peer, &c.blob_ref)? {
             Some(st) => st,
             None => {
                 let st = InBlobState::new(c.th.clone(), now);
-                if self.store.pending_blobs_in(peer)?.0 >= MAX_PENDING_PER_PEER {
+                if self.pending(peer)?.0 >= MAX_PENDING_PER_PEER {
                     return self.refuse(
                         peer,
                         &c.blob_ref,
@@ -187,52 +227,72 @@ impl BlobReceiver {
             let v = refuse(format!("chunk n {} where {} was next", c.n, st.next_n));
             return self.refuse(peer, &c.blob_ref, st, seen, v);
         }
-        let data = match wire::b64::decode_any(&c.data) {
-            Ok(d) => d,
-            Err(e) => {
-                let v = refuse(format!("chunk data is not base64: {e}"));
-                return self.refuse(peer, &c.blob_ref, st, seen, v);
-            }
+        let mut data = std::mem::take(&mut self.buf);
+        let v = self.take_data(peer, c, &mut st, &mut data, now);
+        self.buf = data;
+        match v? {
+            Some(v) => self.refuse(peer, &c.blob_ref, st, seen, v),
+            None => Ok(Verdict::Stored),
+        }
+    }
+
+    /// The data part of [`BlobReceiver::take_chunk`]: decode into `data`, check, write.
+    /// A refusal is returned for the caller to record.
+    fn take_data(
+        &mut self,
+        peer: &PeerKey,
+        c: &Chunk,
+        st: &mut InBlobState,
+        data: &mut Vec<u8>,
+        now: u64,
+    ) -> Result<Option<Verdict>, BlobError> {
+        let refuse = |detail: String| Verdict::Refuse {
+            blob_ref: echo(&c.blob_ref),
+            re: c.id.clone(),
+            detail,
         };
+        if let Err(e) = decode_into(&c.data, data) {
+            return Ok(Some(refuse(format!("chunk data is not base64: {e}"))));
+        }
         let end = st.offset.saturating_add(data.len() as u64);
         if end > self.limit {
-            let v = refuse(format!("blob over the {}-byte limit", self.limit));
-            return self.refuse(peer, &c.blob_ref, st, seen, v);
+            return Ok(Some(refuse(format!(
+                "blob over the {}-byte limit",
+                self.limit
+            ))));
         }
         if let Some(size) = st.size {
             if end > size {
-                let v = refuse(format!("data over the declared size of {size} bytes"));
-                return self.refuse(peer, &c.blob_ref, st, seen, v);
+                return Ok(Some(refuse(format!(
+                    "data over the declared size of {size} bytes"
+                ))));
             }
             if c.last && end != size {
-                let v = refuse(format!(
+                return Ok(Some(refuse(format!(
                     "last chunk ends at {end} bytes; the declared size is {size}"
-                ));
-                return self.refuse(peer, &c.blob_ref, st, seen, v);
+                ))));
             }
         }
         // All partial data of this peer (this blob's included) stays within a budget.
         let budget = self.limit.saturating_mul(PENDING_LIMITS_PER_PEER);
-        let held = self.store.pending_blobs_in(peer)?.1;
+        let held = self.pending(peer)?.1;
         if !data.is_empty() && held.saturating_add(data.len() as u64) > budget {
-            let v = refuse(format!(
+            return Ok(Some(refuse(format!(
                 "more than {budget} bytes of unfinished blobs from this peer"
-            ));
-            return self.refuse(peer, &c.blob_ref, st, seen, v);
+            ))));
         }
         // No room: refused (the partial dropped) rather than half-written and lost.
         if let Some(v) = self.no_room(data.len() as u64, refuse)? {
-            return self.refuse(peer, &c.blob_ref, st, seen, v);
+            return Ok(Some(v));
         }
-        let dir = peer_dir(&self.root, peer);
-        let partial = partial_path(&dir, &c.blob_ref);
-        match write_at(&partial, st.offset, &data, self.store.durable()) {
-            Err(BlobError::Io { source, .. }) if crate::store::is_disk_full(&source) => {
-                tracing::warn!("blob {}: {source}", partial.display());
-                let v = refuse(NO_ROOM.into());
-                return self.refuse(peer, &c.blob_ref, st, seen, v);
+        let i = self.dirty_entry(peer, &c.blob_ref, st)?;
+        let d = &mut self.dirty[i];
+        match d.file.write_all_at(data, st.offset) {
+            Err(e) if crate::store::is_disk_full(&e) => {
+                tracing::warn!("blob {}: {e}", d.path.display());
+                return Ok(Some(refuse(NO_ROOM.into())));
             }
-            r => r?,
+            r => r.map_err(io_err(&d.path))?,
         }
         st.offset = end;
         st.next_n += 1;
@@ -241,9 +301,118 @@ impl BlobReceiver {
             st.th = c.th.clone();
         }
         st.updated_ms = now;
-        self.maybe_complete(peer, &c.blob_ref, &mut st)?;
-        self.store.put_blob_in(peer, &c.blob_ref, &st, seen)?;
-        Ok(Verdict::Stored)
+        d.st = st.clone();
+        if let Some(th) = &c.th {
+            match d.seen.iter_mut().find(|(t, _)| t == th) {
+                Some(s) => s.1 = c.id.clone(),
+                None => d.seen.push((th.clone(), c.id.clone())),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The state of `blob_ref` from `peer`: as written this batch, else as recorded.
+    fn state(&self, peer: &PeerKey, blob_ref: &str) -> Result<Option<InBlobState>, BlobError> {
+        if let Some(d) = self.dirty_of(peer, blob_ref) {
+            return Ok(Some(d.st.clone()));
+        }
+        Ok(self.store.blob_in(peer, blob_ref)?)
+    }
+
+    fn dirty_of(&self, peer: &PeerKey, blob_ref: &str) -> Option<&Dirty> {
+        self.dirty
+            .iter()
+            .find(|d| d.peer == *peer && d.blob_ref == blob_ref)
+    }
+
+    /// Pending blobs of `peer` and the bytes their partial files hold, counting what this
+    /// batch wrote.
+    fn pending(&self, peer: &PeerKey) -> Result<(usize, u64), BlobError> {
+        let (mut n, mut bytes) = self.store.pending_blobs_in(peer)?;
+        for d in self.dirty.iter().filter(|d| d.peer == *peer) {
+            if !d.recorded {
+                n += 1;
+            }
+            bytes = bytes.saturating_add(d.st.offset.saturating_sub(d.recorded_offset));
+        }
+        Ok((n, bytes))
+    }
+
+    /// Index of the dirty entry of `blob_ref` (state `st`), opening its partial file for
+    /// this batch when needed: created (0600, directory 0700) when missing, cut to the
+    /// recorded offset (dropping whatever a crash left past it).
+    fn dirty_entry(
+        &mut self,
+        peer: &PeerKey,
+        blob_ref: &str,
+        st: &InBlobState,
+    ) -> Result<usize, BlobError> {
+        if let Some(i) = self
+            .dirty
+            .iter()
+            .position(|d| d.peer == *peer && d.blob_ref == blob_ref)
+        {
+            return Ok(i);
+        }
+        let path = partial_path(&peer_dir(&self.root, peer), blob_ref);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let created = !path.exists();
+        if created {
+            make_dirs(dir)?;
+        }
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = OpenOptions::new()
+            .mode(0o600)
+            .create(true)
+            .write(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        file.set_len(st.offset).map_err(io_err(&path))?;
+        let recorded = self.store.blob_in(peer, blob_ref)?;
+        self.dirty.push(Dirty {
+            peer: *peer,
+            blob_ref: blob_ref.to_string(),
+            st: st.clone(),
+            recorded: recorded.is_some(),
+            recorded_offset: recorded
+                .filter(|r| r.status == InStatus::Pending)
+                .map_or(0, |r| r.offset),
+            seen: Vec::new(),
+            file,
+            path,
+            created,
+        });
+        Ok(self.dirty.len() - 1)
+    }
+
+    /// Make the chunks taken since the last call durable: fsync each partial file written
+    /// (and the directory of a new one), then record each blob's new offset with its seen
+    /// entries (and, when it is now complete, its final path: the move follows the store
+    /// flush, [`BlobReceiver::after_flush`]). Call before the store flush whose acks cover
+    /// these chunks. On an error nothing more is recorded (the session fails without acks).
+    pub fn sync(&mut self) -> Result<(), BlobError> {
+        let dirty = std::mem::take(&mut self.dirty);
+        // Skipped only in the fuzzing harnesses' no-durability mode
+        // ([`crate::store::StoreFaults::durable`]); the node always syncs.
+        let durable = self.store.durable();
+        for d in dirty.iter().filter(|_| durable) {
+            d.file.sync_data().map_err(io_err(&d.path))?;
+            if d.created {
+                sync_dir(d.path.parent().unwrap_or(Path::new(".")))?;
+            }
+        }
+        for mut d in dirty {
+            self.maybe_complete(&d.peer, &d.blob_ref, &mut d.st)?;
+            let mut seen = d.seen.iter().map(|(t, i)| (t.as_str(), i.as_str()));
+            self.store
+                .put_blob_in(&d.peer, &d.blob_ref, &d.st, seen.next())?;
+            for s in seen {
+                self.store
+                    .put_blob_in(&d.peer, &d.blob_ref, &d.st, Some(s))?;
+            }
+        }
+        Ok(())
     }
 
     /// Take in the blob parts of a msg from `peer` (idempotent: a replayed msg changes
@@ -262,11 +431,11 @@ impl BlobReceiver {
                 continue;
             }
             let now = wire::time::now_ms();
-            let mut st = match self.store.blob_in(peer, &b.blob_ref)? {
+            let mut st = match self.state(peer, &b.blob_ref)? {
                 Some(st) => st,
                 None => {
                     let st = InBlobState::new(Some(m.th.clone()), now);
-                    if self.store.pending_blobs_in(peer)?.0 >= MAX_PENDING_PER_PEER {
+                    if self.pending(peer)?.0 >= MAX_PENDING_PER_PEER {
                         let v = refuse(format!(
                             "more than {MAX_PENDING_PER_PEER} blobs pending from this peer"
                         ));
@@ -306,8 +475,17 @@ impl BlobReceiver {
             st.mime = b.mime.clone();
             st.msg_id = Some(m.id.clone());
             st.updated_ms = now;
-            self.maybe_complete(peer, &b.blob_ref, &mut st)?;
-            self.store.put_blob_in(peer, &b.blob_ref, &st, None)?;
+            if let Some(d) = self
+                .dirty
+                .iter_mut()
+                .find(|d| d.peer == *peer && d.blob_ref == b.blob_ref)
+            {
+                // Data of this batch not yet durable: completed and recorded by `sync`.
+                d.st = st;
+            } else {
+                self.maybe_complete(peer, &b.blob_ref, &mut st)?;
+                self.store.put_blob_in(peer, &b.blob_ref, &st, None)?;
+            }
             out.push(Verdict::Stored);
         }
         Ok(out)
@@ -360,6 +538,8 @@ impl BlobReceiver {
         st.status = InStatus::Refused;
         st.offset = 0;
         st.updated_ms = wire::time::now_ms();
+        self.dirty
+            .retain(|d| !(d.peer == *peer && d.blob_ref == blob_ref));
         let partial = partial_path(&peer_dir(&self.root, peer), blob_ref);
         match std::fs::remove_file(&partial) {
             Ok(()) => {}
@@ -471,35 +651,25 @@ fn echo(r: &str) -> Option<String> {
     (r.len() <= 4 * MAX_REF_LEN).then(|| r.to_string())
 }
 
-/// Write `data` at `offset` of `path` crash-safely: create the file (mode 0600; its
-/// directory 0700) when missing, truncate to `offset` (dropping whatever a crash left past
-/// it), write, fsync (file, and the directory when the file is new; both skipped when not
-/// `durable`, see [`crate::store::StoreFaults::durable`]).
-fn write_at(path: &Path, offset: u64, data: &[u8], durable: bool) -> Result<(), BlobError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let created = !path.exists();
-    if created {
-        make_dirs(dir)?;
-    }
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = OpenOptions::new()
-        .mode(0o600)
-        .create(true)
-        .write(true)
-        .truncate(false)
-        .open(path)
-        .map_err(io_err(path))?;
-    f.set_len(offset).map_err(io_err(path))?;
-    f.seek(SeekFrom::Start(offset)).map_err(io_err(path))?;
-    f.write_all(data).map_err(io_err(path))?;
-    if !durable {
+/// Decode chunk data (any of the four base64 forms, as [`wire::b64::decode_any`]) into
+/// `out` (cleared first; its allocation reused).
+fn decode_into(s: &str, out: &mut Vec<u8>) -> Result<(), base64::DecodeError> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    use base64::Engine;
+    let padded = s.ends_with('=');
+    let url = s.contains(['-', '_']);
+    let engines: [&base64::engine::GeneralPurpose; 2] = match (url, padded) {
+        (true, false) => [&URL_SAFE_NO_PAD, &STANDARD_NO_PAD],
+        (true, true) => [&URL_SAFE, &STANDARD],
+        (false, false) => [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD],
+        (false, true) => [&STANDARD, &URL_SAFE],
+    };
+    out.clear();
+    if engines[0].decode_vec(s, out).is_ok() {
         return Ok(());
     }
-    f.sync_data().map_err(io_err(path))?;
-    if created {
-        sync_dir(dir)?;
-    }
-    Ok(())
+    out.clear();
+    engines[1].decode_vec(s, out)
 }
 
 /// Create `dir` and its parents with mode 0700 (blobs are private like the rest of the

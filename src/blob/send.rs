@@ -38,6 +38,26 @@ pub struct Outgoing {
     pub sha256: String,
     /// Where it was read from.
     pub source: PathBuf,
+    /// Set by [`Outgoing::open`]: the data stays in `source` and is read from it when each
+    /// chunk is written to the peer ([`super::stream`]); the chunk lines queued are stubs
+    /// without data ([`Outgoing::chunk`]).
+    pub stream: Option<Streamed>,
+}
+
+/// What a streamed blob's source file looked like when it was hashed: sending stops when
+/// the file no longer matches ([`super::stream`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Streamed {
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+}
+
+/// Modification time of `m` in nanoseconds since the Unix epoch (saturating).
+pub fn mtime_ns(m: &std::fs::Metadata) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    m.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(m.mtime_nsec())
 }
 
 /// Why a file cannot be sent.
@@ -93,6 +113,56 @@ impl Outgoing {
             data,
             file: None,
             source: path.to_path_buf(),
+            stream: None,
+        })
+    }
+
+    /// Hash `path` by streaming it (at most `limit` bytes; a larger file is
+    /// [`SendError::TooLarge`] before anything is read) and allocate a ref, without keeping
+    /// its bytes: the chunks are read from the file when they are sent ([`super::stream`]),
+    /// so a queued blob costs no space in the store. A file that changes while it is hashed
+    /// (size or modification time) is [`SendError::Unreadable`].
+    pub fn open(path: &Path, limit: u64) -> Result<Outgoing, SendError> {
+        let unreadable = |detail: String| SendError::Unreadable {
+            path: path.display().to_string(),
+            detail,
+        };
+        let f = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
+        let meta = f.metadata().map_err(|e| unreadable(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(unreadable("not a regular file".into()));
+        }
+        if meta.len() > limit {
+            return Err(SendError::TooLarge {
+                path: path.display().to_string(),
+                size: meta.len(),
+                limit,
+            });
+        }
+        let (sha, head) = hash_file(&f, meta.len()).map_err(|e| unreadable(e.to_string()))?;
+        let after = f.metadata().map_err(|e| unreadable(e.to_string()))?;
+        if after.len() != meta.len() || mtime_ns(&after) != mtime_ns(&meta) {
+            return Err(unreadable("the file changed while it was read".into()));
+        }
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "blob".into());
+        Ok(Outgoing {
+            blob_ref: ulid::Ulid::generate().to_string(),
+            mime: guess_mime(&name, &head),
+            name,
+            sha256: sha,
+            data: Vec::new(),
+            file: Some(FileSlice {
+                file: Arc::new(f),
+                offset: 0,
+                len: meta.len(),
+            }),
+            source: path.to_path_buf(),
+            stream: Some(Streamed {
+                mtime_ns: mtime_ns(&meta),
+            }),
         })
     }
 
@@ -110,12 +180,15 @@ impl Outgoing {
     }
 
     /// Chunk `n` (from 0) of this blob in thread `th`, with the given id and ts: data in
-    /// standard padded base64, `last` on the final one.
+    /// standard padded base64, `last` on the final one. For a streamed blob
+    /// ([`Outgoing::open`]) the data is empty: the line is a stub that
+    /// [`super::stream::stub`] completes before it is queued.
     pub fn chunk(&self, n: usize, th: &str, id: &str, ts: &str) -> Line {
         let size = self.size() as usize;
         let start = (n * CHUNK_SIZE).min(size);
         let end = ((n + 1) * CHUNK_SIZE).min(size);
         let bytes = match &self.file {
+            _ if self.stream.is_some() => std::borrow::Cow::Borrowed(&[][..]),
             Some(f) => std::borrow::Cow::Owned(read_range(f, start as u64, end - start)),
             None => std::borrow::Cow::Borrowed(&self.data[start..end]),
         };
@@ -139,6 +212,31 @@ impl Outgoing {
             mime: Some(self.mime.clone()),
         })
     }
+}
+
+/// SHA-256 (hex) of the first `len` bytes of `f` and the first 512 of them (for the media
+/// type). A file shorter than `len` is an error.
+pub(crate) fn hash_file(f: &std::fs::File, len: u64) -> std::io::Result<(String, Vec<u8>)> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; (len as usize).clamp(1, 1 << 20)];
+    let mut head = Vec::new();
+    let mut at = 0u64;
+    while at < len {
+        let want = buf.len().min((len - at) as usize);
+        let n = f.read_at(&mut buf[..want], at)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file is shorter than its size",
+            ));
+        }
+        if head.len() < 512 {
+            head.extend_from_slice(&buf[..n.min(512 - head.len())]);
+        }
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok((hex(&h.finalize()), head))
 }
 
 /// Up to `len` bytes of `f` from `f.offset + at` (fewer at end of file or on an error).

@@ -12,8 +12,9 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Read the files of a send request (on the blocking pool). A relative path, a missing
-/// file or one over the blob limit fails the request with `bad_request`.
+/// Hash the files of a send request (on the blocking pool); their data stays in the files
+/// and is read when the chunks are sent ([`crate::blob::stream`]). A relative path, a
+/// missing file or one over the blob limit fails the request with `bad_request`.
 pub(super) async fn read_files(
     inner: &Arc<Inner>,
     files: &[String],
@@ -33,7 +34,7 @@ pub(super) async fn read_files(
     let read = tokio::task::spawn_blocking(move || {
         paths
             .iter()
-            .map(|p| Outgoing::read(p, limit))
+            .map(|p| Outgoing::open(p, limit))
             .collect::<Result<Vec<_>, _>>()
     })
     .await
@@ -54,6 +55,65 @@ pub(super) fn chunk_builders<'a>(blobs: &'a [Outgoing], th: &str) -> Vec<BoxedBu
         }
     }
     out
+}
+
+/// The record of `b` for `blobs_out` (`th`, `msg_id` and `chunk_ids` left empty for the
+/// caller to fill in).
+fn out_state(b: &Outgoing, now: u64) -> OutBlobState {
+    OutBlobState {
+        th: String::new(),
+        msg_id: String::new(),
+        chunk_ids: Vec::new(),
+        name: b.name.clone(),
+        mime: b.mime.clone(),
+        size: b.size(),
+        sha256: b.sha256.clone(),
+        source: b.source.display().to_string(),
+        refused: false,
+        at_ms: now,
+        chunk_size: b.stream.map(|_| crate::blob::CHUNK_SIZE as u64),
+        mtime_ns: b.stream.map(|s| s.mtime_ns),
+        reason: None,
+    }
+}
+
+/// Queue `builders` for `peer` (every blob's chunks in order, then the msg naming them,
+/// last) together with the records of `blobs`, in one transaction
+/// ([`crate::store::Store::enqueue_with_blobs`]); without blobs, a plain enqueue.
+pub(super) fn enqueue(
+    inner: &Inner,
+    peer: &PeerKey,
+    builders: &[crate::store::LineBuilder<'_>],
+    blobs: &[Outgoing],
+) -> Result<Vec<OutboxEntry>, crate::store::StoreError> {
+    if blobs.is_empty() {
+        return inner.store.enqueue(peer, builders);
+    }
+    let now = wire::time::now_ms();
+    let records = blobs
+        .iter()
+        .map(|b| (b.blob_ref.clone(), b.chunk_count(), out_state(b, now)))
+        .collect();
+    inner.store.enqueue_with_blobs(peer, builders, records)
+}
+
+/// How the response of a send describes its blobs.
+pub(super) fn describe(blobs: &[Outgoing]) -> Value {
+    Value::Array(
+        blobs
+            .iter()
+            .map(|b| {
+                json!({
+                    "ref": b.blob_ref,
+                    "name": b.name,
+                    "size": b.size(),
+                    "mime": b.mime,
+                    "sha256": b.sha256,
+                    "chunks": b.chunk_count(),
+                })
+            })
+            .collect(),
+    )
 }
 
 /// After a send with blobs was queued (`entries`: every blob's chunks in order, then the
@@ -85,13 +145,7 @@ pub(super) fn record(
             th: th.clone(),
             msg_id: msg.id.clone(),
             chunk_ids: ids,
-            name: b.name.clone(),
-            mime: b.mime.clone(),
-            size: b.size(),
-            sha256: b.sha256.clone(),
-            source: b.source.display().to_string(),
-            refused: false,
-            at_ms: now,
+            ..out_state(b, now)
         };
         inner
             .store
@@ -223,6 +277,7 @@ fn out_row(inner: &Inner, b: &OutBlob) -> Result<Value, crate::store::StoreError
         "size": s.size,
         "sha256": s.sha256,
         "status": status,
+        "reason": s.reason.as_deref().map(shown),
         "path": s.source,
         "chunks": total,
         "chunks_sent": sent,

@@ -361,6 +361,7 @@ fn output_blob(name: &str, mime: &str, data: Vec<u8>) -> Outgoing {
         data,
         file: None,
         source: PathBuf::new(),
+        stream: None,
     }
 }
 
@@ -753,7 +754,7 @@ mod tests {
     fn result_cost_covers_the_chunks() {
         let b = output_blob("x", "text/plain", vec![1u8; 3 * 256 * 1024 + 1]);
         let (lines, bytes) = result_cost(&json!({"a": 1}), std::slice::from_ref(&b));
-        assert_eq!(lines, 5);
+        assert_eq!(lines, 1 + b.chunk_count() as u64);
         let exact: u64 = (0..b.chunk_count())
             .map(|n| {
                 b.chunk(

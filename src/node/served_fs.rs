@@ -189,6 +189,7 @@ fn read(root: &Root, req: &Value, path: &str) -> Result<(Value, Vec<Outgoing>), 
         }),
         sha256,
         source: root.path.join(&rel),
+        stream: None,
     };
     out["content_blob"] = json!(blob.blob_ref);
     Ok((out, vec![blob]))

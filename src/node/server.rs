@@ -653,7 +653,7 @@ async fn queue(
 ) -> Reply {
     // Subscribe before queueing so the ack cannot slip past.
     let mut events = inner.events.subscribe();
-    let entries = inner.store.enqueue(&key, builders).map_err(|e| match e {
+    let entries = super::blobs::enqueue(inner, &key, builders, blobs).map_err(|e| match e {
         crate::store::StoreError::TooLarge { .. } => Fail::new("bad_request", e.to_string()),
         crate::store::StoreError::DiskFull { .. } => Fail::new("disk_full", e.to_string()).hint(
             "free space on the file system of the node's home; sends are accepted again by \
@@ -661,11 +661,7 @@ async fn queue(
         ),
         e => internal(e),
     })?;
-    let blob_info = if blobs.is_empty() {
-        None
-    } else {
-        Some(super::blobs::record(inner, &key, blobs, &entries)?)
-    };
+    let blob_info = (!blobs.is_empty()).then(|| super::blobs::describe(blobs));
     inner.store.flush().await.map_err(internal)?;
     let Some(entry) = entries.into_iter().last() else {
         return Err(internal("nothing queued"));

@@ -473,7 +473,7 @@ impl Session {
         use crate::blob::Verdict;
         for (line, _) in batch {
             let verdicts = match line {
-                Line::Chunk(c) => vec![blobs.on_chunk(peer, c)?],
+                Line::Chunk(c) => vec![blobs.take_chunk(peer, c)?],
                 Line::Msg(m) if m.parts.iter().any(|p| matches!(p, wire::Part::Blob(_))) => {
                     blobs.on_msg(peer, m)?
                 }
@@ -504,7 +504,8 @@ impl Session {
                 self.held_acks.push(err.encode());
             }
         }
-        Ok(())
+        // One fsync per partial file written, then the records: before the acks.
+        blobs.sync()
     }
 
     /// Whether the driver should stop reading for now: the control queue is over
@@ -714,7 +715,12 @@ impl Session {
         self.last_rx = now;
         self.pings_out = 0;
         self.ping_deadline = now + self.ping_idle;
-        let line = match wire::parse_line(raw) {
+        // Chunk lines as senders emit them skip the JSON value (crate::blob::fast).
+        let parsed = match crate::blob::fast::parse_chunk(raw) {
+            Some(line) => Ok(line),
+            None => wire::parse_line(raw),
+        };
+        let line = match parsed {
             Ok(line) => line,
             Err(e) => {
                 let (re, detail) = match &e {
@@ -931,7 +937,8 @@ impl Session {
             Line::Unknown { .. } => {}
             Line::Chunk(_) if self.blobs.is_some() => {
                 self.pending_bytes += raw.len();
-                self.pending_rx.push((line, raw.to_vec()));
+                // Chunks go to the blob receiver, never to the log: no copy of the raw line.
+                self.pending_rx.push((line, Vec::new()));
                 self.needs_flush = true;
             }
             other @ (Line::Chunk(_) | Line::Introduce(_) | Line::Presence(_)) => {
@@ -1141,12 +1148,39 @@ impl Session {
             }
         }
         let entry = self.batch.pop_front()?;
-        self.cursor = Some(entry.id);
-        // Lines queued before signing was on get their `sig` now (spec/signed-lines.md).
-        if self.signs {
-            return Some(self.store.sign_unsigned(entry.line));
+        self.cursor = Some(entry.id.clone());
+        let chunk = entry.kind == "chunk";
+        // Chunks of a streamed blob get their data from the source file now.
+        let line = match crate::blob::stream::fill(&self.store, &self.peer?, entry) {
+            crate::blob::stream::Fill::Line(l) => l,
+            crate::blob::stream::Fill::Stopped { dropped, entry } => {
+                self.blob_stopped(dropped, entry);
+                return self.poll_transmit();
+            }
+            crate::blob::stream::Fill::Failed(e) => {
+                self.fail_storage(None, &e);
+                return self.control.pop_front();
+            }
+        };
+        // Lines queued before signing was on get their `sig` now (spec/signed-lines.md);
+        // chunks are never signed (and a 1 MiB chunk is not parsed to find that out).
+        if self.signs && !chunk {
+            return Some(self.store.sign_unsigned(line));
         }
-        Some(entry.line)
+        Some(line)
+    }
+
+    /// A streamed blob was stopped (its source changed): the lines it dropped from the
+    /// outbox leave the fetched batch too, and the refusal stored in the thread is news.
+    fn blob_stopped(&mut self, dropped: Vec<String>, entry: Option<crate::store::LogEntry>) {
+        let gone: std::collections::HashSet<&str> = dropped.iter().map(String::as_str).collect();
+        self.batch.retain(|e| !gone.contains(e.id.as_str()));
+        if let Some(e) = entry {
+            if let Ok(line) = wire::parse_line(&e.line) {
+                self.events
+                    .push_back(SessionEvent::Received { seq: e.seq, line });
+            }
+        }
     }
 }
 

@@ -105,10 +105,57 @@ pub struct OutBlobState {
     pub sha256: String,
     /// The file it was read from.
     pub source: String,
-    /// The peer answered `err blob_refused`: its queued chunks were dropped.
+    /// The peer answered `err blob_refused`, or the source file changed before every chunk
+    /// was sent ([`Store::stop_changed_blob`]): its queued chunks were dropped.
     pub refused: bool,
     /// Queued at, Unix ms.
     pub at_ms: u64,
+    /// Streamed blobs only (queued as chunk stubs without data, see
+    /// [`crate::blob::stream`]): data bytes per chunk, so chunk `n` is the bytes
+    /// `n × chunk_size ..` of `source`. None: the chunk lines carry their data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_size: Option<u64>,
+    /// Streamed blobs only: the modification time of `source` when it was hashed,
+    /// nanoseconds since the Unix epoch; a file whose time, size or SHA-256 differs is not
+    /// sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtime_ns: Option<i64>,
+    /// Why this node stopped sending it (the source file changed), when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What [`Store::stop_changed_blob`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stopped {
+    /// Ids of the lines removed from the outbox (chunks of the msg's blobs, and the msg).
+    pub dropped: Vec<String>,
+    /// The refusal stored in the msg's thread (an unread `err blob_refused` entry whose
+    /// `re` is the msg), when the msg was still queued.
+    pub entry: Option<super::LogEntry>,
+}
+
+/// The form in which a chunk line is kept in the out log: without its data (the data is
+/// in the outbox until sent, or in the source file of a streamed blob), with
+/// `"x_len"`: the number of data bytes it carried. Other lines are kept as they are.
+/// `bytes` is the encoded line as [`Line::encode`] makes it (`data` last).
+pub(super) fn log_form<'b>(kind: &str, bytes: &'b [u8]) -> std::borrow::Cow<'b, [u8]> {
+    const FIELD: &[u8] = b",\"data\":\"";
+    if kind != "chunk" || !bytes.ends_with(b"\"}") {
+        return bytes.into();
+    }
+    let Some(at) = bytes.windows(FIELD.len()).rposition(|w| w == FIELD) else {
+        return bytes.into();
+    };
+    let data = &bytes[at + FIELD.len()..bytes.len() - 2];
+    if data.is_empty() || data.contains(&b'"') {
+        return bytes.into();
+    }
+    let pad = data.iter().rev().take_while(|&&b| b == b'=').count();
+    let len = (data.len() / 4 * 3 + (data.len() % 4).saturating_sub(1)).saturating_sub(pad);
+    let mut out = bytes[..at].to_vec();
+    out.extend_from_slice(format!(",\"data\":\"\",\"x_len\":{len}}}").as_bytes());
+    out.into()
 }
 
 /// An outbound blob with its key.
@@ -316,6 +363,197 @@ impl Store {
         tx.commit()
     }
 
+    /// [`Store::enqueue`] of chunk lines and the msg naming their blobs, and the records of
+    /// those blobs, in ONE transaction: a crash never leaves chunk stubs without the record
+    /// that says where their data is. `blobs`: (ref, number of chunk lines, record); the
+    /// builders queue every blob's chunks in that order, then the msg, last. Each record's
+    /// `chunk_ids`, `msg_id` and `th` are filled in from the queued lines. Errors as
+    /// [`Store::enqueue`]; not durable until [`Store::flush`].
+    pub fn enqueue_with_blobs(
+        &self,
+        peer: &PeerKey,
+        builders: &[super::LineBuilder<'_>],
+        blobs: Vec<(String, usize, OutBlobState)>,
+    ) -> Result<Vec<super::OutboxEntry>, StoreError> {
+        self.check_space(0)?;
+        let mut w = self.writer();
+        let mut ids = w.ids_clone();
+        let mut seq = w.log_seq_value();
+        let now = crate::wire::time::now_ms();
+        let mut tx = Tx::new(&self.trees);
+        let out = self.enqueue_in(&mut tx, &mut ids, &mut seq, now, peer, builders)?;
+        let Some(msg) = out.last() else {
+            return Ok(out);
+        };
+        let mut at = 0;
+        for (blob_ref, n, mut st) in blobs {
+            st.chunk_ids = out
+                .get(at..at + n)
+                .unwrap_or_default()
+                .iter()
+                .map(|e| e.id.clone())
+                .collect();
+            at += n;
+            st.msg_id = msg.id.clone();
+            st.th = msg.th.clone().unwrap_or_default();
+            if let Some(size) = st.chunk_size {
+                // Out log: each stub says which bytes of which blob it stands for.
+                for (i, e) in out[at - n..at].iter().enumerate() {
+                    let off = (i as u64).saturating_mul(size).min(st.size);
+                    let len = size.min(st.size - off);
+                    let Some(stub) = e.line.strip_suffix(b"}") else {
+                        continue;
+                    };
+                    let mut line = stub.to_vec();
+                    line.extend_from_slice(
+                        format!(
+                            ",\"x_off\":{off},\"x_len\":{len},\"x_sha256\":\"{}\"}}",
+                            st.sha256
+                        )
+                        .as_bytes(),
+                    );
+                    let key = u64_be(e.seq);
+                    if let Some(v) = tx.get(T::Log, &key)? {
+                        let (rec, _): (super::codec::LogRec, Payload) = unpack("log", &v)?;
+                        tx.put(T::Log, key.to_vec(), super::codec::pack(&rec, &line)?);
+                    }
+                }
+            }
+            tx.put(T::BlobsOut, rkey(peer, &blob_ref), enc(&st)?);
+        }
+        tx.commit()?;
+        w.set_after_commit(ids, seq);
+        Ok(out)
+    }
+
+    /// The source file of streamed blob `blob_ref` to `peer` changed before all of it was
+    /// sent (see [`crate::blob::stream`]): stop sending it, in ONE transaction. Every blob
+    /// named by the same msg is marked refused with `detail` as its reason, their chunk
+    /// lines still queued and the msg itself leave the outbox (their out log entries stay,
+    /// not acked), and when the msg was still queued an `err blob_refused` whose `re` is
+    /// the msg is stored unread in its thread (from this node: its id is one of ours), so
+    /// `read`, `tail` and `wait` show why the file never arrives. Without a record, only
+    /// `chunk_id` leaves the outbox. Not durable until [`Store::flush`].
+    pub fn stop_changed_blob(
+        &self,
+        peer: &PeerKey,
+        blob_ref: &str,
+        chunk_id: &str,
+        detail: &str,
+    ) -> Result<Stopped, StoreError> {
+        let mut w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let record: Option<OutBlobState> = match tx.get(T::BlobsOut, &rkey(peer, blob_ref))? {
+            Some(v) => Some(dec("blobs_out", &v)?),
+            None => None,
+        };
+        let mut ids_to_drop: Vec<String> = Vec::new();
+        let mut refs: Vec<(String, OutBlobState)> = Vec::new();
+        match &record {
+            None => ids_to_drop.push(chunk_id.to_string()),
+            Some(r) => {
+                // Every blob of the same msg: without the msg none of them can complete.
+                for kv in self.trees.t(T::BlobsOut).scan_prefix(peer.as_bytes()) {
+                    let (k, v) = kv.map_err(db_err)?;
+                    let (_, other) = split_pkey("blobs_out", &k)?;
+                    let st: OutBlobState = dec("blobs_out", &v)?;
+                    if st.msg_id == r.msg_id {
+                        refs.push((utf8("blobs_out", &other)?, st));
+                    }
+                }
+                for (_, st) in &refs {
+                    ids_to_drop.extend(st.chunk_ids.iter().cloned());
+                }
+                ids_to_drop.push(r.msg_id.clone());
+            }
+        }
+        let mut dropped = Vec::new();
+        let mut bytes = 0usize;
+        let mut msg_queued = false;
+        let msg_id = refs.first().map(|(_, st)| st.msg_id.clone());
+        for id in ids_to_drop {
+            let k = pkey(peer, id.as_bytes());
+            if let Some(v) = tx.get(T::Outbox, &k)? {
+                bytes += v.len();
+                tx.del(T::Outbox, k);
+                msg_queued |= msg_id.as_deref() == Some(id.as_str());
+                dropped.push(id);
+            }
+        }
+        if !dropped.is_empty() {
+            self.adjust_count(&mut tx, peer, -(dropped.len() as i64))?;
+            self.adjust_bytes(&mut tx, peer, -(bytes as i64))?;
+        }
+        for (r, mut st) in refs {
+            if !st.refused {
+                st.refused = true;
+                st.reason = Some(detail.to_string());
+                tx.put(T::BlobsOut, rkey(peer, &r), enc(&st)?);
+            }
+        }
+        let mut ids = w.ids_clone();
+        let mut seq = w.log_seq_value();
+        let mut entry = None;
+        if let (true, Some(msg_id)) = (msg_queued, msg_id) {
+            let now = crate::wire::time::now_ms();
+            let th = record.map(|st| st.th).unwrap_or_default();
+            let id = ids.next_at(now).to_string();
+            let line = Line::Err(crate::wire::ErrLine {
+                id: id.clone(),
+                ts: crate::wire::time::format_ms(now),
+                th: Some(th.clone()),
+                re: Some(msg_id),
+                code: crate::wire::code::BLOB_REFUSED.into(),
+                detail: Some(crate::blob::cut(detail, super::MAX_ERR_DETAIL).to_string()),
+                blob_ref: Some(blob_ref.to_string()),
+            })
+            .encode();
+            seq += 1;
+            let rec = super::codec::LogRec {
+                dir: super::Dir::In,
+                peer: super::codec::hex(peer.as_bytes()),
+                id: id.clone(),
+                th: Some(th.clone()),
+                kind: "err".into(),
+                at: now,
+                read: false,
+                acked: true,
+            };
+            tx.put(
+                T::Log,
+                u64_be(seq).to_vec(),
+                super::codec::pack(&rec, &line)?,
+            );
+            let tk = super::threads::tkey(&th, peer);
+            if let Some(v) = tx.get(T::Threads, &tk)? {
+                let mut t: super::codec::ThreadRec = dec("threads", &v)?;
+                t.unread += 1;
+                t.updated = t.updated.max(now);
+                tx.put(T::Threads, tk, enc(&t)?);
+            }
+            tx.put(
+                T::Meta,
+                super::imp::META_LOG_SEQ.to_vec(),
+                u64_be(seq).to_vec(),
+            );
+            entry = Some(super::LogEntry {
+                seq,
+                dir: super::Dir::In,
+                peer: *peer,
+                id,
+                th: Some(th),
+                kind: "err".into(),
+                line,
+                at_ms: now,
+                read: false,
+                acked: true,
+            });
+        }
+        tx.commit()?;
+        w.set_after_commit(ids, seq);
+        Ok(Stopped { dropped, entry })
+    }
+
     /// The record of outbound blob `blob_ref` for `peer`, if any.
     pub fn blob_out(
         &self,
@@ -488,6 +726,9 @@ mod tests {
             source: "/a".into(),
             refused: false,
             at_ms: 0,
+            chunk_size: None,
+            mtime_ns: None,
+            reason: None,
         };
         s.put_blob_out(&p, "a", &st).unwrap();
         assert_eq!(s.chunks_retired(&p, &st.chunk_ids).unwrap(), 0);
@@ -500,6 +741,36 @@ mod tests {
         assert_eq!(s.outbox_len(&p).unwrap(), 1);
         assert!(s.outbox_has(&p, &e[3].id).unwrap());
         assert!(s.drop_blob_chunks(&p, "nothing").unwrap().is_empty());
+    }
+
+    /// Issue 8 §4: a chunk line with data is kept once — in the outbox until sent — and
+    /// the out log holds it without data, with its byte count.
+    #[test]
+    fn the_out_log_keeps_chunk_lines_without_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let p = key(1);
+        let c = |id: &str, ts: &str| chunk("a", 0, id, ts);
+        let e = s.enqueue(&p, &[&c]).unwrap();
+        assert!(e[0].line.ends_with(br#""data":"AA=="}"#));
+        let queued = s.outbox_after(&p, None, 10).unwrap();
+        assert_eq!(queued[0].line, e[0].line, "the outbox keeps the data");
+        let logged = s.log(0, None, false, 10).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&logged[0].line).unwrap();
+        assert_eq!(v["data"], "");
+        assert_eq!(v["x_len"], 1);
+        assert_eq!(v["ref"], "a");
+        // Lengths from base64 with and without padding.
+        for (data, len) in [("AAAA", 3), ("AAA=", 2), ("AA==", 1), ("", 0)] {
+            let line = format!(r#"{{"t":"chunk","id":"i","ts":"t","data":"{data}"}}"#);
+            let f = log_form("chunk", line.as_bytes());
+            let v: serde_json::Value = serde_json::from_slice(&f).unwrap();
+            assert_eq!(v["data"], "");
+            if len > 0 {
+                assert_eq!(v["x_len"], len, "{data}");
+            }
+        }
+        assert_eq!(&*log_form("msg", b"{\"x\"}"), b"{\"x\"}");
     }
 
     #[test]

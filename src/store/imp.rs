@@ -354,7 +354,9 @@ impl Store {
                 read: true,
                 acked: false,
             };
-            tx.put(T::Log, u64_be(*seq), pack(&lrec, &bytes)?);
+            // Chunk data is kept once: in the outbox (or the source file), not here.
+            let logged = super::blobs::log_form(&kind, &bytes);
+            tx.put(T::Log, u64_be(*seq), pack(&lrec, &logged)?);
             if let Some(th) = &th {
                 if tx.get(T::Threads, &tkey(th, peer))?.is_none() {
                     add_threads(tx, peer, 1)?;

@@ -46,7 +46,7 @@ mod tx;
 
 mod signing;
 pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};
-pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState};
+pub use blobs::{InBlob, InBlobState, InStatus, OutBlob, OutBlobState, Stopped};
 pub use errs::{ErrRecorded, ERR_SCAN_MAX, MAX_ERR_DETAIL};
 pub use faults::{free_bytes, is_disk_full, StoreFaults, DISK_RESERVE};
 pub use forget::Forgotten;

@@ -3,6 +3,7 @@
 use super::*;
 use crate::blob::CHUNK_SIZE;
 use crate::wire::{BlobPart, TextPart};
+use std::io::Write;
 use tempfile::TempDir;
 
 struct T {
@@ -405,4 +406,34 @@ fn without_durability_blobs_are_written_and_placed_the_same() {
     assert_eq!(std::fs::read(&done[0].path).unwrap(), data);
     assert!(!t.partial("r1").exists());
     assert_eq!(t.state("r1").status, InStatus::Complete);
+}
+
+/// Chunks of one batch are written, then fsynced and recorded together by `sync`: before
+/// it nothing is recorded (a crash replays from the recorded offset), and the per-peer
+/// budget already counts what the batch wrote.
+#[test]
+fn a_batch_of_chunks_is_recorded_only_after_sync() {
+    let mut t = setup(8);
+    let c0 = t.chunk_line("r1", 0, false, &wire::b64::encode_std(b"abc"));
+    let c1 = t.chunk_line("r1", 1, false, &wire::b64::encode_std(b"de"));
+    assert_eq!(t.rx.take_chunk(&t.peer, &c0).unwrap(), Verdict::Stored);
+    assert_eq!(t.rx.take_chunk(&t.peer, &c1).unwrap(), Verdict::Stored);
+    assert!(t.store.blob_in(&t.peer, "r1").unwrap().is_none());
+    assert_eq!(std::fs::read(t.partial("r1")).unwrap(), b"abcde");
+    // A replay inside the batch is seen as one.
+    assert_eq!(t.rx.take_chunk(&t.peer, &c1).unwrap(), Verdict::Replay);
+    t.rx.sync().unwrap();
+    let st = t.state("r1");
+    assert_eq!((st.offset, st.next_n), (5, 2));
+    // The limit (8 bytes, budget 16) counts the unsynced bytes of a batch too.
+    let c2 = t.chunk_line("r1", 2, false, &wire::b64::encode_std(b"fgh"));
+    assert_eq!(t.rx.take_chunk(&t.peer, &c2).unwrap(), Verdict::Stored);
+    let c3 = t.chunk_line("r1", 3, false, &wire::b64::encode_std(b"i"));
+    assert!(matches!(
+        t.rx.take_chunk(&t.peer, &c3).unwrap(),
+        Verdict::Refuse { .. }
+    ));
+    t.rx.sync().unwrap();
+    assert_eq!(t.state("r1").status, InStatus::Refused);
+    assert!(!t.partial("r1").exists());
 }

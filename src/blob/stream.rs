@@ -1,0 +1,431 @@
+//! Streamed blobs, sender side (issue 10 §3): the chunk lines of a file sent with
+//! `awp send -f` are queued as stubs (`"data":""`); the blob record (`blobs_out`: source
+//! path, size, SHA-256, modification time, chunk size) says where their data is, and
+//! [`fill`] reads it from the source file when the line is written to the peer. The data
+//! is thus on disk once (the user's file), not in the outbox and the out log.
+//!
+//! The file must still be the one that was hashed at `send`: before and after every chunk
+//! its size and modification time are compared with the record, and its SHA-256 is
+//! checked again — over the chunks as they are read when sending starts at chunk 0 (so
+//! before the last chunk, and thus the msg naming the blob, goes out), or over the whole
+//! file when a later chunk is the first this process sends. When anything differs
+//! the blob is stopped ([`crate::store::Store::stop_changed_blob`]): the chunks still
+//! queued and the msg naming the blob leave the outbox and an `err blob_refused` about the
+//! msg is stored in its thread, so the receiver never sees the msg of a blob whose data is
+//! not the declared one, and the sender reads why.
+
+use super::send::mtime_ns;
+use crate::store::{LogEntry, OutBlobState, OutboxEntry, Store};
+use crate::wire::{self, PeerKey};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Longest outbox chunk line that can be a stub (stubs carry no data; a full line is
+/// written as it is).
+const STUB_MAX: usize = 4096;
+
+/// Source files kept open (and known to hash right) at most, process-wide.
+const OPEN_MAX: usize = 64;
+
+/// What to write for one outbox entry.
+#[derive(Debug)]
+pub enum Fill {
+    /// Write this line.
+    Line(Vec<u8>),
+    /// The entry's blob was stopped: nothing to write; these ids left the outbox (drop them
+    /// from any batch fetched earlier), and `entry` is the refusal stored in the thread.
+    Stopped {
+        dropped: Vec<String>,
+        entry: Option<LogEntry>,
+    },
+    /// The store could not be read or written: the session fails as on any storage error
+    /// (nothing written for this entry, which stays queued).
+    Failed(crate::store::StoreError),
+}
+
+/// The line to write for outbox entry `e` of `peer`: the entry's own line, or for a chunk
+/// stub of a streamed blob the chunk with its data read from the source file (see the
+/// module doc).
+pub fn fill(store: &Store, peer: &PeerKey, e: OutboxEntry) -> Fill {
+    if e.kind != "chunk" || e.line.len() > STUB_MAX {
+        return Fill::Line(e.line);
+    }
+    let Some(stub) = parse_stub(&e.line) else {
+        return Fill::Line(e.line);
+    };
+    let record = match store.blob_out(peer, &stub.blob_ref) {
+        Ok(Some(r)) => r,
+        // Not a streamed blob we know (an empty file's one chunk, a line queued before
+        // streaming existed): as stored.
+        Ok(None) => return Fill::Line(e.line),
+        Err(err) => return Fill::Failed(err),
+    };
+    let Some(chunk_size) = record.chunk_size else {
+        return Fill::Line(e.line);
+    };
+    match read_chunk(peer, &stub.blob_ref, &record, chunk_size, stub.n) {
+        Ok(data) => Fill::Line(splice(&e.line, &data)),
+        Err(why) => {
+            forget(peer, &stub.blob_ref);
+            let detail = format!(
+                "not sent by this node: {} changed after it was queued ({why}); nothing more \
+                 of it goes out, send the file again",
+                record.source
+            );
+            tracing::warn!(%peer, blob_ref = %stub.blob_ref, "{detail}");
+            match store.stop_changed_blob(peer, &stub.blob_ref, &e.id, &detail) {
+                Ok(s) => Fill::Stopped {
+                    dropped: s.dropped,
+                    entry: s.entry,
+                },
+                Err(err) => Fill::Failed(err),
+            }
+        }
+    }
+}
+
+/// The fields of a chunk stub that [`fill`] needs.
+struct Stub {
+    blob_ref: String,
+    n: u64,
+}
+
+/// A chunk line with empty data, as [`wire::Line::encode`] makes it (`data` last).
+fn parse_stub(line: &[u8]) -> Option<Stub> {
+    if !line.ends_with(br#","data":""}"#) {
+        return None;
+    }
+    match wire::parse_line(line) {
+        Ok(wire::Line::Chunk(c)) if c.data.is_empty() => Some(Stub {
+            blob_ref: c.blob_ref,
+            n: c.n,
+        }),
+        _ => None,
+    }
+}
+
+/// `stub` (ending `"data":""}`) with `data` as standard padded base64 in its data field.
+fn splice(stub: &[u8], data: &[u8]) -> Vec<u8> {
+    use base64::Engine;
+    let head = &stub[..stub.len() - 2];
+    let mut out = Vec::with_capacity(head.len() + data.len().div_ceil(3) * 4 + 2);
+    out.extend_from_slice(head);
+    let at = out.len();
+    out.resize(at + data.len().div_ceil(3) * 4, 0);
+    let n = base64::engine::general_purpose::STANDARD
+        .encode_slice(data, &mut out[at..])
+        .unwrap_or(0);
+    out.truncate(at + n);
+    out.extend_from_slice(b"\"}");
+    out
+}
+
+/// An open source file being sent.
+struct Open {
+    file: Arc<File>,
+    /// SHA-256 of chunks `0..next` as they were read, when the blob was opened at chunk 0
+    /// (None: the whole file was hashed when it was opened).
+    running: Option<(Sha256, u64)>,
+}
+
+type Key = (PeerKey, String);
+
+fn open_files() -> std::sync::MutexGuard<'static, HashMap<Key, Open>> {
+    static OPEN: OnceLock<Mutex<HashMap<Key, Open>>> = OnceLock::new();
+    OPEN.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn forget(peer: &PeerKey, blob_ref: &str) {
+    open_files().remove(&(*peer, blob_ref.to_string()));
+}
+
+/// Hash the whole source file and compare with the record.
+fn check_hash(f: &File, r: &OutBlobState) -> Result<(), String> {
+    let (sha, _) = super::send::hash_file(f, r.size).map_err(|e| format!("reading it: {e}"))?;
+    if sha != r.sha256 {
+        return Err(format!("SHA-256 {sha}, queued as {}", r.sha256));
+    }
+    Ok(())
+}
+
+/// Whether `f` still has the size and modification time of the record.
+fn same(f: &File, r: &OutBlobState) -> Result<(), String> {
+    let m = f.metadata().map_err(|e| format!("cannot stat it: {e}"))?;
+    if m.len() != r.size {
+        return Err(format!("{} bytes, queued as {}", m.len(), r.size));
+    }
+    if Some(mtime_ns(&m)) != r.mtime_ns {
+        return Err("its modification time differs".into());
+    }
+    Ok(())
+}
+
+/// The data of chunk `n`, read from the source file, which must still match the record:
+/// its size and modification time before and after every read, and its SHA-256 — over
+/// the chunks as they are read when sending starts at chunk 0 (checked when the last
+/// chunk is read, so before the msg naming the blob can go out), else over the whole
+/// file when it is opened to resume later chunks.
+fn read_chunk(
+    peer: &PeerKey,
+    blob_ref: &str,
+    r: &OutBlobState,
+    chunk_size: u64,
+    n: u64,
+) -> Result<Vec<u8>, String> {
+    let start = n.saturating_mul(chunk_size).min(r.size);
+    let end = start.saturating_add(chunk_size).min(r.size);
+    let key = (*peer, blob_ref.to_string());
+    let cached = open_files()
+        .get(&key)
+        .map(|o| (o.file.clone(), o.running.as_ref().map(|(_, next)| *next)));
+    let (f, running_next) = match cached {
+        Some(c) => c,
+        None => {
+            let f = File::open(&r.source).map_err(|e| format!("cannot open it: {e}"))?;
+            same(&f, r)?;
+            let running = if n == 0 {
+                Some((Sha256::new(), 0))
+            } else {
+                check_hash(&f, r)?;
+                None
+            };
+            let f = Arc::new(f);
+            let next = running.as_ref().map(|(_, next)| *next);
+            let mut open = open_files();
+            if open.len() >= OPEN_MAX {
+                if let Some(k) = open.keys().next().cloned() {
+                    open.remove(&k);
+                }
+            }
+            open.insert(
+                key.clone(),
+                Open {
+                    file: f.clone(),
+                    running,
+                },
+            );
+            (f, next)
+        }
+    };
+    same(&f, r)?;
+    let mut buf = vec![0u8; (end - start) as usize];
+    f.read_exact_at(&mut buf, start)
+        .map_err(|e| format!("reading it: {e}"))?;
+    same(&f, r)?;
+    let last = end == r.size;
+    match running_next {
+        Some(next) if next == n => {
+            let mut open = open_files();
+            if let Some((h, next)) = open.get_mut(&key).and_then(|o| o.running.as_mut()) {
+                h.update(&buf);
+                *next += 1;
+                if last {
+                    let sha = super::hex(&std::mem::take(h).finalize());
+                    if sha != r.sha256 {
+                        return Err(format!("SHA-256 {sha}, queued as {}", r.sha256));
+                    }
+                }
+            }
+        }
+        Some(_) => {
+            // Out of order (a resend after a reconnect): hash the whole file once instead.
+            check_hash(&f, r)?;
+            if let Some(o) = open_files().get_mut(&key) {
+                o.running = None;
+            }
+        }
+        None => {}
+    }
+    if last {
+        // The last chunk: the file is not needed any more.
+        forget(peer, blob_ref);
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splice_puts_base64_data_into_a_stub() {
+        let stub = wire::Line::Chunk(wire::Chunk {
+            id: "01K0000000000000000000000A".into(),
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            th: Some("t".into()),
+            blob_ref: "r".into(),
+            n: 3,
+            last: false,
+            data: String::new(),
+        })
+        .encode();
+        let s = parse_stub(&stub).expect("a stub");
+        assert_eq!((s.blob_ref.as_str(), s.n), ("r", 3));
+        for data in [&b""[..], b"a", b"ab", b"abc", &[0xfb, 0xff, 0x00, 7]] {
+            let full = splice(&stub, data);
+            let wire::Line::Chunk(c) = wire::parse_line(&full).unwrap() else {
+                panic!("not a chunk")
+            };
+            assert_eq!(wire::b64::decode_any(&c.data).unwrap(), data);
+            assert_eq!(c.data, wire::b64::encode_std(data));
+        }
+        // A line with data is not a stub.
+        assert!(parse_stub(&splice(&stub, b"x")).is_none());
+    }
+
+    fn queue(store: &Store, peer: &PeerKey, o: &super::super::Outgoing) -> Vec<OutboxEntry> {
+        let th = "thr_s";
+        let chunks: Vec<_> = (0..o.chunk_count())
+            .map(|n| move |id: &str, ts: &str| o.chunk(n, th, id, ts))
+            .collect();
+        let msg = |id: &str, ts: &str| {
+            wire::Line::Msg(wire::Msg {
+                id: id.into(),
+                ts: ts.into(),
+                th: th.into(),
+                re: None,
+                subject: None,
+                parts: vec![o.part()],
+            })
+        };
+        let mut builders: Vec<crate::store::LineBuilder<'_>> = chunks
+            .iter()
+            .map(|b| b as crate::store::LineBuilder<'_>)
+            .collect();
+        builders.push(&msg);
+        let st = OutBlobState {
+            th: String::new(),
+            msg_id: String::new(),
+            chunk_ids: vec![],
+            name: o.name.clone(),
+            mime: o.mime.clone(),
+            size: o.size(),
+            sha256: o.sha256.clone(),
+            source: o.source.display().to_string(),
+            refused: false,
+            at_ms: 0,
+            chunk_size: Some(crate::blob::CHUNK_SIZE as u64),
+            mtime_ns: o.stream.map(|s| s.mtime_ns),
+            reason: None,
+        };
+        store
+            .enqueue_with_blobs(
+                peer,
+                &builders,
+                vec![(o.blob_ref.clone(), o.chunk_count(), st)],
+            )
+            .unwrap()
+    }
+
+    fn data_of(f: Fill) -> Vec<u8> {
+        let Fill::Line(l) = f else {
+            panic!("not a line: {f:?}")
+        };
+        let wire::Line::Chunk(c) = wire::parse_line(&l).unwrap() else {
+            panic!("not a chunk")
+        };
+        wire::b64::decode_any(&c.data).unwrap()
+    }
+
+    /// The outbox holds stubs; each is filled from the file when written. A file that
+    /// changes between two chunks stops the blob: its queued chunks and its msg leave the
+    /// outbox, the record says why, and the thread gets the refusal about the msg.
+    #[test]
+    fn stubs_are_filled_from_the_file_until_it_changes() {
+        use crate::blob::CHUNK_SIZE;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let peer = crate::identity::Identity::from_seed(&[3; 32]).key();
+        let path = dir.path().join("f.bin");
+        let data: Vec<u8> = (0..2 * CHUNK_SIZE + 5).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let o = super::super::Outgoing::open(&path, 1 << 30).unwrap();
+        let e = queue(&store, &peer, &o);
+        assert_eq!(e.len(), 4);
+        assert!(
+            e[..3].iter().all(|x| x.line.len() < STUB_MAX),
+            "stubs queued"
+        );
+        // The out log keeps each chunk without data: offset, length and the blob's SHA-256.
+        let logged = store.log(0, None, false, 10).unwrap();
+        let c1: serde_json::Value = serde_json::from_slice(&logged[1].line).unwrap();
+        assert_eq!(c1["data"], "");
+        assert_eq!(c1["x_off"], CHUNK_SIZE as u64);
+        assert_eq!(c1["x_len"], CHUNK_SIZE as u64);
+        assert_eq!(c1["x_sha256"], o.sha256.as_str());
+        let c2: serde_json::Value = serde_json::from_slice(&logged[2].line).unwrap();
+        assert_eq!(c2["x_len"], 5);
+        assert_eq!(
+            data_of(fill(&store, &peer, e[0].clone())),
+            &data[..CHUNK_SIZE]
+        );
+        // The msg is written as it is.
+        let Fill::Line(m) = fill(&store, &peer, e[3].clone()) else {
+            panic!()
+        };
+        assert_eq!(m, e[3].line);
+        // Same size, new content and modification time.
+        let mut other = data.clone();
+        other[CHUNK_SIZE + 1] ^= 1;
+        std::fs::write(&path, &other).unwrap();
+        let t = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+        let Fill::Stopped { dropped, entry } = fill(&store, &peer, e[1].clone()) else {
+            panic!("a changed file was sent")
+        };
+        let ids: Vec<String> = e.iter().map(|x| x.id.clone()).collect();
+        assert_eq!(dropped, ids);
+        assert_eq!(store.outbox_len(&peer).unwrap(), 0);
+        let rec = store.blob_out(&peer, &o.blob_ref).unwrap().unwrap();
+        assert!(rec.refused);
+        assert!(rec.reason.unwrap().contains("modification time"));
+        let entry = entry.expect("refusal stored in the thread");
+        let wire::Line::Err(err) = wire::parse_line(&entry.line).unwrap() else {
+            panic!()
+        };
+        assert_eq!(err.code, "blob_refused");
+        assert_eq!(err.re.as_deref(), Some(e[3].id.as_str()));
+        assert_eq!(entry.th.as_deref(), Some("thr_s"));
+        // Content changed with the size and modification time put back: the SHA-256 of
+        // the chunks read is checked at the last one, before the msg can go out.
+        std::fs::write(&path, &data).unwrap();
+        let o = super::super::Outgoing::open(&path, 1 << 30).unwrap();
+        let e = queue(&store, &peer, &o);
+        assert_eq!(
+            data_of(fill(&store, &peer, e[0].clone())),
+            &data[..CHUNK_SIZE]
+        );
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::fs::write(&path, &other).unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        assert_eq!(
+            data_of(fill(&store, &peer, e[1].clone())),
+            &other[CHUNK_SIZE..2 * CHUNK_SIZE]
+        );
+        let Fill::Stopped { dropped, .. } = fill(&store, &peer, e[2].clone()) else {
+            panic!("the last chunk of a changed file was sent")
+        };
+        assert!(dropped.contains(&e[3].id), "the msg stays unsent");
+        // A shorter file is caught by its size as well (a fresh blob, first chunk).
+        std::fs::write(&path, &data).unwrap();
+        let o = super::super::Outgoing::open(&path, 1 << 30).unwrap();
+        let e = queue(&store, &peer, &o);
+        std::fs::write(&path, &data[..10]).unwrap();
+        assert!(matches!(
+            fill(&store, &peer, e[0].clone()),
+            Fill::Stopped { .. }
+        ));
+    }
+}
