@@ -13,7 +13,9 @@
 #   --quick: the regression guard for CI (well under 60 s once built): small counts, only
 #   fsync, round trip, pipelined, replay and CLI start, then the table. Fails (exit 1) only
 #   on a gross regression: pipelined below 10,000 msgs/s, or round trip p50 above 5 × the
-#   same run's fsync p50 (or a phase that could not run). Figures are of the release build
+#   same run's fsync p50 but never below 1 ms (a disk whose fsync is far under the loopback
+#   and TLS floor, about 0.4 ms on a 2-core VM, would otherwise fail a healthy build), or a
+#   phase that could not run. Figures are of the release build
 #   either way (the goals are release figures; a debug build is several times slower and
 #   would flake the guard on a loaded machine).
 #
@@ -179,14 +181,15 @@ if rc != "0":
     bad.append(f"a bench phase failed (exit {rc})")
 if not pipe or float(pipe) < 10_000:
     bad.append(f"pipelined {pipe or 'not measured'} msgs/s < 10,000")
-if not rtt or not fs or float(rtt) > 5 * float(fs):
-    bad.append(f"round trip p50 {rtt or '?'} ms > 5 x fsync p50 {fs or '?'} ms")
+# 5 x fsync, floored at 1 ms: see the usage note at the top.
+if not rtt or not fs or float(rtt) > max(5 * float(fs), 1.0):
+    bad.append(f"round trip p50 {rtt or '?'} ms > max(5 x fsync p50 {fs or '?'} ms, 1 ms)")
 for b in bad:
     print(f"REGRESSION: {b}")
 sys.exit(1 if bad else 0)
 PY
         exit 1
     fi
-    echo "quick guard: passed (pipelined >= 10,000 msgs/s, round trip <= 5 x fsync p50)"
+    echo "quick guard: passed (pipelined >= 10,000 msgs/s, round trip <= max(5 x fsync p50, 1 ms))"
 fi
 exit "$node_rc"
