@@ -251,7 +251,7 @@ impl BlobReceiver {
             re: c.id.clone(),
             detail,
         };
-        if let Err(e) = decode_into(&c.data, data) {
+        if let Err(e) = wire::b64::decode_any_into(&c.data, data) {
             return Ok(Some(refuse(format!("chunk data is not base64: {e}"))));
         }
         let end = st.offset.saturating_add(data.len() as u64);
@@ -649,27 +649,6 @@ impl BlobReceiver {
 /// The ref as it may be echoed in an err line (omitted when absurdly long).
 fn echo(r: &str) -> Option<String> {
     (r.len() <= 4 * MAX_REF_LEN).then(|| r.to_string())
-}
-
-/// Decode chunk data (any of the four base64 forms, as [`wire::b64::decode_any`]) into
-/// `out` (cleared first; its allocation reused).
-fn decode_into(s: &str, out: &mut Vec<u8>) -> Result<(), base64::DecodeError> {
-    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
-    use base64::Engine;
-    let padded = s.ends_with('=');
-    let url = s.contains(['-', '_']);
-    let engines: [&base64::engine::GeneralPurpose; 2] = match (url, padded) {
-        (true, false) => [&URL_SAFE_NO_PAD, &STANDARD_NO_PAD],
-        (true, true) => [&URL_SAFE, &STANDARD],
-        (false, false) => [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD],
-        (false, true) => [&STANDARD, &URL_SAFE],
-    };
-    out.clear();
-    if engines[0].decode_vec(s, out).is_ok() {
-        return Ok(());
-    }
-    out.clear();
-    engines[1].decode_vec(s, out)
 }
 
 /// Create `dir` and its parents with mode 0700 (blobs are private like the rest of the

@@ -18,6 +18,14 @@ pub fn encode_std(bytes: &[u8]) -> String {
 /// receivers must accept (protocol-notes §Envelope). The alphabets may not be mixed within
 /// one string. Errors with the last decoder's error when no form fits.
 pub fn decode_any(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
+    let mut out = Vec::new();
+    decode_any_into(s, &mut out)?;
+    Ok(out)
+}
+
+/// [`decode_any`] into `out` (cleared first, its allocation reused; its content is
+/// unspecified after an error): for chunk data, decoded into one buffer per receiver.
+pub fn decode_any_into(s: &str, out: &mut Vec<u8>) -> Result<(), base64::DecodeError> {
     let padded = s.ends_with('=');
     let url = s.contains(['-', '_']);
     let engines: [&base64::engine::GeneralPurpose; 2] = match (url, padded) {
@@ -26,7 +34,12 @@ pub fn decode_any(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
         (false, false) => [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD],
         (false, true) => [&STANDARD, &URL_SAFE],
     };
-    engines[0].decode(s).or_else(|_| engines[1].decode(s))
+    out.clear();
+    if engines[0].decode_vec(s, out).is_ok() {
+        return Ok(());
+    }
+    out.clear();
+    engines[1].decode_vec(s, out)
 }
 
 /// Decode `s` only when it is exactly the canonical form [`encode_url`] emits: base64url
