@@ -75,35 +75,20 @@ impl Outgoing {
     /// Read `path` (at most `limit` bytes; a larger file is [`SendError::TooLarge`] before
     /// anything is read), hash it and allocate a ref.
     pub fn read(path: &Path, limit: u64) -> Result<Outgoing, SendError> {
-        let unreadable = |detail: String| SendError::Unreadable {
-            path: path.display().to_string(),
-            detail,
-        };
-        let f = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
-        let meta = f.metadata().map_err(|e| unreadable(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(unreadable("not a regular file".into()));
-        }
-        let too_large = |size| SendError::TooLarge {
-            path: path.display().to_string(),
-            size,
-            limit,
-        };
-        if meta.len() > limit {
-            return Err(too_large(meta.len()));
-        }
+        let (f, meta) = open_within(path, limit)?;
         // Read at most limit + 1 bytes: the file may grow while we read it.
         let mut data = Vec::with_capacity(meta.len() as usize);
         f.take(limit.saturating_add(1))
             .read_to_end(&mut data)
-            .map_err(|e| unreadable(e.to_string()))?;
+            .map_err(|e| unreadable(path, e))?;
         if data.len() as u64 > limit {
-            return Err(too_large(data.len() as u64));
+            return Err(SendError::TooLarge {
+                path: path.display().to_string(),
+                size: data.len() as u64,
+                limit,
+            });
         }
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "blob".into());
+        let name = file_name(path);
         let mime = guess_mime(&name, &data[..data.len().min(512)]);
         Ok(Outgoing {
             blob_ref: ulid::Ulid::generate().to_string(),
@@ -123,31 +108,13 @@ impl Outgoing {
     /// so a queued blob costs no space in the store. A file that changes while it is hashed
     /// (size or modification time) is [`SendError::Unreadable`].
     pub fn open(path: &Path, limit: u64) -> Result<Outgoing, SendError> {
-        let unreadable = |detail: String| SendError::Unreadable {
-            path: path.display().to_string(),
-            detail,
-        };
-        let f = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
-        let meta = f.metadata().map_err(|e| unreadable(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(unreadable("not a regular file".into()));
-        }
-        if meta.len() > limit {
-            return Err(SendError::TooLarge {
-                path: path.display().to_string(),
-                size: meta.len(),
-                limit,
-            });
-        }
-        let (sha, head) = hash_file(&f, meta.len()).map_err(|e| unreadable(e.to_string()))?;
-        let after = f.metadata().map_err(|e| unreadable(e.to_string()))?;
+        let (f, meta) = open_within(path, limit)?;
+        let (sha, head) = hash_file(&f, meta.len()).map_err(|e| unreadable(path, e))?;
+        let after = f.metadata().map_err(|e| unreadable(path, e))?;
         if after.len() != meta.len() || mtime_ns(&after) != mtime_ns(&meta) {
-            return Err(unreadable("the file changed while it was read".into()));
+            return Err(unreadable(path, "the file changed while it was read"));
         }
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "blob".into());
+        let name = file_name(path);
         Ok(Outgoing {
             blob_ref: ulid::Ulid::generate().to_string(),
             mime: guess_mime(&name, &head),
@@ -212,6 +179,39 @@ impl Outgoing {
             mime: Some(self.mime.clone()),
         })
     }
+}
+
+/// [`SendError::Unreadable`] for `path`.
+fn unreadable(path: &Path, detail: impl std::fmt::Display) -> SendError {
+    SendError::Unreadable {
+        path: path.display().to_string(),
+        detail: detail.to_string(),
+    }
+}
+
+/// `path` opened for reading with its metadata, when it is a regular file of at most
+/// `limit` bytes ([`SendError::TooLarge`] otherwise, before anything is read).
+fn open_within(path: &Path, limit: u64) -> Result<(std::fs::File, std::fs::Metadata), SendError> {
+    let f = std::fs::File::open(path).map_err(|e| unreadable(path, e))?;
+    let meta = f.metadata().map_err(|e| unreadable(path, e))?;
+    if !meta.is_file() {
+        return Err(unreadable(path, "not a regular file"));
+    }
+    if meta.len() > limit {
+        return Err(SendError::TooLarge {
+            path: path.display().to_string(),
+            size: meta.len(),
+            limit,
+        });
+    }
+    Ok((f, meta))
+}
+
+/// The name a blob of `path` declares: its file name (lossy UTF-8), else `blob`.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "blob".into())
 }
 
 /// SHA-256 (hex) of the first `len` bytes of `f` and the first 512 of them (for the media
