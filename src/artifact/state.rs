@@ -168,8 +168,9 @@ impl TryFrom<ArtifactRepr> for Artifact {
     }
 }
 
-/// Bytes of `v` as compact JSON, counted without building the text.
-fn json_len(v: &impl Serialize) -> usize {
+/// Bytes of `v` as compact JSON, counted without building the text (should serialising
+/// fail, the bytes written before the error).
+pub(crate) fn json_len(v: &impl Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {

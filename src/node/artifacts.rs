@@ -19,6 +19,7 @@
 //!   `artifact_result`) for `awp tail`, `awp listen` and `awp artifact log --follow`.
 
 use super::Inner;
+use crate::artifact::state::json_len;
 use crate::artifact::{
     self, engine, runs, Actor, CapSet, EventEnvelope, IdSource, Workspace, WorkspaceState,
     MIME_COMMAND, MIME_ERROR, MIME_EVENT, MIME_RESEND, MIME_RESULT,
@@ -142,23 +143,6 @@ impl Artifacts {
             .remove(&(*peer, msg_id.to_string()))
             .unwrap_or_default()
     }
-}
-
-/// JSON size of `v` in bytes (the cache's estimate of what it adds to a state).
-fn json_len(v: &Value) -> usize {
-    /// Counts the bytes written (the text itself is not kept).
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0 += b.len();
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    serde_json::to_writer(&mut c, v).map_or(0, |()| c.0)
 }
 
 /// The workspace of `rec` as of its `head_seq`, from the store: snapshot + log; with its
