@@ -387,18 +387,14 @@ impl Store {
         };
         let mut at = 0;
         for (blob_ref, n, mut st) in blobs {
-            st.chunk_ids = out
-                .get(at..at + n)
-                .unwrap_or_default()
-                .iter()
-                .map(|e| e.id.clone())
-                .collect();
+            let chunks = out.get(at..at + n).unwrap_or_default();
             at += n;
+            st.chunk_ids = chunks.iter().map(|e| e.id.clone()).collect();
             st.msg_id = msg.id.clone();
             st.th = msg.th.clone().unwrap_or_default();
             if let Some(size) = st.chunk_size {
                 // Out log: each stub says which bytes of which blob it stands for.
-                for (i, e) in out[at - n..at].iter().enumerate() {
+                for (i, e) in chunks.iter().enumerate() {
                     let off = (i as u64).saturating_mul(size).min(st.size);
                     let len = size.min(st.size - off);
                     let Some(stub) = e.line.strip_suffix(b"}") else {
