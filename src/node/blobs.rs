@@ -57,8 +57,8 @@ pub(super) fn chunk_builders<'a>(blobs: &'a [Outgoing], th: &str) -> Vec<BoxedBu
     out
 }
 
-/// The record of `b` for `blobs_out` (`th`, `msg_id` and `chunk_ids` left empty for the
-/// caller to fill in).
+/// The record of `b` for `blobs_out` (`th`, `msg_id` and `chunk_ids` left empty:
+/// [`crate::store::Store::enqueue_with_blobs`] fills them in).
 fn out_state(b: &Outgoing, now: u64) -> OutBlobState {
     OutBlobState {
         th: String::new(),
@@ -114,53 +114,6 @@ pub(super) fn describe(blobs: &[Outgoing]) -> Value {
             })
             .collect(),
     )
-}
-
-/// After a send with blobs was queued (`entries`: every blob's chunks in order, then the
-/// msg): record each blob for `awp blobs` and describe them for the response.
-pub(super) fn record(
-    inner: &Inner,
-    peer: &PeerKey,
-    blobs: &[Outgoing],
-    entries: &[OutboxEntry],
-) -> Result<Value, Fail> {
-    let internal = |e: crate::store::StoreError| Fail::new("internal", e.to_string());
-    let Some(msg) = entries.last() else {
-        return Ok(json!([]));
-    };
-    let th = msg.th.clone().unwrap_or_default();
-    let now = wire::time::now_ms();
-    let mut at = 0;
-    let mut out = Vec::new();
-    for b in blobs {
-        let n = b.chunk_count();
-        let ids: Vec<String> = entries
-            .get(at..at + n)
-            .unwrap_or_default()
-            .iter()
-            .map(|e| e.id.clone())
-            .collect();
-        at += n;
-        let st = OutBlobState {
-            th: th.clone(),
-            msg_id: msg.id.clone(),
-            chunk_ids: ids,
-            ..out_state(b, now)
-        };
-        inner
-            .store
-            .put_blob_out(peer, &b.blob_ref, &st)
-            .map_err(internal)?;
-        out.push(json!({
-            "ref": b.blob_ref,
-            "name": b.name,
-            "size": b.size(),
-            "mime": b.mime,
-            "sha256": b.sha256,
-            "chunks": n,
-        }));
-    }
-    Ok(Value::Array(out))
 }
 
 /// Chunks of `ids` written to the live connection to `peer` (ids up to its cursor).

@@ -463,10 +463,8 @@ async fn reply(
                 .map(|b| b.as_ref() as crate::store::LineBuilder<'_>)
                 .collect();
             builders.push(&build);
-            let entries = inner2.store.enqueue(&to, &builders)?;
-            if !blobs.is_empty() {
-                let _ = super::blobs::record(&inner2, &to, &blobs, &entries);
-            }
+            // The blobs' records commit with their lines.
+            super::blobs::enqueue(&inner2, &to, &builders, &blobs)?;
             Ok::<_, crate::store::StoreError>(())
         })
         .await;
