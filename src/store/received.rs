@@ -69,12 +69,7 @@ impl DedupIndex {
             let Some(k) = last else {
                 return Ok(None);
             };
-            if self.max.len() >= DEDUP_PEERS {
-                if let Some(evict) = self.max.keys().next().copied() {
-                    self.max.remove(&evict);
-                }
-            }
-            self.max.insert(*peer, k[32..].to_vec());
+            self.insert(*peer, k[32..].to_vec());
         }
         Ok(self.max.get(peer).map(Vec::as_slice))
     }
@@ -87,15 +82,19 @@ impl DedupIndex {
                 m.clear();
                 m.extend_from_slice(id);
             }
-            None => {
-                if self.max.len() >= DEDUP_PEERS {
-                    if let Some(evict) = self.max.keys().next().copied() {
-                        self.max.remove(&evict);
-                    }
-                }
-                self.max.insert(*peer, id.to_vec());
+            None => self.insert(*peer, id.to_vec()),
+        }
+    }
+
+    /// Add an entry for `peer` (not in the index), dropping one first when
+    /// [`DEDUP_PEERS`] are kept.
+    fn insert(&mut self, peer: PeerKey, max: Vec<u8>) {
+        if self.max.len() >= DEDUP_PEERS {
+            if let Some(evict) = self.max.keys().next().copied() {
+                self.max.remove(&evict);
             }
         }
+        self.max.insert(peer, max);
     }
 }
 
