@@ -508,10 +508,13 @@ impl Session {
         blobs.sync()
     }
 
-    /// Whether the driver should stop reading for now: the control queue is over
-    /// [`CONTROL_HIGH_WATER`], or admission is pending ([`Phase::Admission`]).
+    /// Whether the driver should stop reading for now: the control queue and the lines
+    /// held for the running flush are over [`CONTROL_HIGH_WATER`], or admission is
+    /// pending ([`Phase::Admission`]).
     pub fn backlogged(&self) -> bool {
-        self.phase == Phase::Admission || self.control.len() > CONTROL_HIGH_WATER
+        // Held lines count too: pongs to pings read while a flush runs wait there.
+        self.phase == Phase::Admission
+            || self.control.len() + self.held_acks.len() > CONTROL_HIGH_WATER
     }
 
     /// Lines received so far.

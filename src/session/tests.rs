@@ -853,6 +853,42 @@ fn lines_fed_while_a_flush_runs_are_acked_only_after_their_own_flush() {
     assert!(!b.s.wants_flush());
 }
 
+/// Pings read while a flush runs are answered behind that flush's acks (held): they count
+/// toward the control high-water mark, so the driver stops reading instead of holding
+/// an unbounded number of pongs for as long as the flush takes.
+#[test]
+fn pongs_held_behind_a_running_flush_stop_the_reading() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    queue_msg(&a, b.id.key(), "thr_p", "one");
+    a.s.outbox_changed();
+    let lines = drain(&mut a);
+    b.s.handle_line(&lines[0], now);
+    b.s.commit();
+    // The flush runs; the peer sends pings meanwhile.
+    let mut n = 0;
+    while !b.s.backlogged() && n <= CONTROL_HIGH_WATER {
+        let ping = Line::Ping(wire::Ping {
+            id: format!("p{n}"),
+            ts: now_ts(),
+        })
+        .encode();
+        b.s.handle_line(&ping, now);
+        n += 1;
+    }
+    assert!(
+        b.s.backlogged(),
+        "{n} pongs held behind the flush and still reading"
+    );
+    b.store.flush_blocking().unwrap();
+    b.s.flushed();
+    let out = drain_transmit(&mut b);
+    assert_eq!(kinds(&out[..1]), ["ack"], "the ack goes first");
+    assert!(out[1..].iter().all(|l| kinds(&[l.clone()]) == ["pong"]));
+    assert_eq!(out.len(), n + 1, "every ping answered");
+}
+
 /// What the session would write now, without committing or flushing anything.
 fn drain_transmit(e: &mut End) -> Vec<Vec<u8>> {
     let mut out = vec![];
