@@ -505,45 +505,9 @@ impl Store {
             })
             .encode();
             seq += 1;
-            let rec = super::codec::LogRec {
-                dir: super::Dir::In,
-                peer: super::codec::hex(peer.as_bytes()),
-                id: id.clone(),
-                th: Some(th.clone()),
-                kind: "err".into(),
-                at: now,
-                read: false,
-                acked: true,
-            };
-            tx.put(
-                T::Log,
-                u64_be(seq).to_vec(),
-                super::codec::pack(&rec, &line)?,
-            );
-            let tk = super::threads::tkey(&th, peer);
-            if let Some(v) = tx.get(T::Threads, &tk)? {
-                let mut t: super::codec::ThreadRec = dec("threads", &v)?;
-                t.unread += 1;
-                t.updated = t.updated.max(now);
-                tx.put(T::Threads, tk, enc(&t)?);
-            }
-            tx.put(
-                T::Meta,
-                super::imp::META_LOG_SEQ.to_vec(),
-                u64_be(seq).to_vec(),
-            );
-            entry = Some(super::LogEntry {
-                seq,
-                dir: super::Dir::In,
-                peer: *peer,
-                id,
-                th: Some(th),
-                kind: "err".into(),
-                line,
-                at_ms: now,
-                read: false,
-                acked: true,
-            });
+            entry = Some(super::errs::put_err_entry(
+                &mut tx, peer, seq, id, th, line, now,
+            )?);
         }
         tx.commit()?;
         w.set_after_commit(ids, seq);

@@ -109,42 +109,58 @@ impl Store {
         let now = wire::time::now_ms();
         let seq = w.log_seq_value() + 1;
         let mut tx = Tx::new(&self.trees);
-        let rec = LogRec {
-            dir: Dir::In,
-            peer: peer_hex.clone(),
-            id: err.id.clone(),
-            th: Some(th.clone()),
-            kind: "err".into(),
-            at: now,
-            read: false,
-            acked: true,
-        };
-        tx.put(T::Log, u64_be(seq), pack(&rec, &line)?);
-        // Threads are keyed by (th, peer): only this peer's thread is touched.
-        let tk = super::threads::tkey(&th, peer);
-        if let Some(v) = tx.get(T::Threads, &tk)? {
-            let mut t: ThreadRec = dec("threads", &v)?;
-            t.unread += 1;
-            t.updated = t.updated.max(now);
-            tx.put(T::Threads, tk, enc(&t)?);
-        }
-        tx.put(T::Meta, META_LOG_SEQ, u64_be(seq).to_vec());
+        let entry = put_err_entry(&mut tx, peer, seq, err.id.clone(), th, line, now)?;
         tx.commit()?;
         let ids = w.ids_clone();
         w.set_after_commit(ids, seq);
-        Ok(ErrRecorded::Stored(LogEntry {
-            seq,
-            dir: Dir::In,
-            peer: *peer,
-            id: err.id.clone(),
-            th: Some(th),
-            kind: "err".into(),
-            line,
-            at_ms: now,
-            read: false,
-            acked: true,
-        }))
+        Ok(ErrRecorded::Stored(entry))
     }
+}
+
+/// Store `line` (an encoded `err`, id `id`, in thread `th`) in `tx` as the unread inbound
+/// log entry `seq` from `peer`: the thread's unread count rises (only this peer's thread
+/// of that id) and the log sequence becomes `seq`. Returns the entry.
+pub(super) fn put_err_entry(
+    tx: &mut Tx<'_>,
+    peer: &PeerKey,
+    seq: u64,
+    id: String,
+    th: String,
+    line: Vec<u8>,
+    now: u64,
+) -> Result<LogEntry, StoreError> {
+    let rec = LogRec {
+        dir: Dir::In,
+        peer: hex(peer.as_bytes()),
+        id: id.clone(),
+        th: Some(th.clone()),
+        kind: "err".into(),
+        at: now,
+        read: false,
+        acked: true,
+    };
+    tx.put(T::Log, u64_be(seq), pack(&rec, &line)?);
+    // Threads are keyed by (th, peer): only this peer's thread is touched.
+    let tk = super::threads::tkey(&th, peer);
+    if let Some(v) = tx.get(T::Threads, &tk)? {
+        let mut t: ThreadRec = dec("threads", &v)?;
+        t.unread += 1;
+        t.updated = t.updated.max(now);
+        tx.put(T::Threads, tk, enc(&t)?);
+    }
+    tx.put(T::Meta, META_LOG_SEQ, u64_be(seq).to_vec());
+    Ok(LogEntry {
+        seq,
+        dir: Dir::In,
+        peer: *peer,
+        id,
+        th: Some(th),
+        kind: "err".into(),
+        line,
+        at_ms: now,
+        read: false,
+        acked: true,
+    })
 }
 
 #[cfg(test)]
