@@ -31,8 +31,10 @@ pub struct Record {
 /// One page of thread `th` with `peer`'s stored lines for the control request
 /// `thread_lines` ([`crate::control::Request::ThreadLines`]): log entries with seq >
 /// `after`, at most [`crate::control::PAGE_ITEMS`] and [`crate::control::PAGE_BYTES`] of
-/// line bytes (at least one line), each line's stored bytes as a string. Errors: the
-/// store's.
+/// line bytes (at least one line unless the page held only stubs), each line's stored bytes
+/// as a string. The out log's chunk stubs of streamed blobs (`"data":""` with `x_off`, see
+/// [`crate::blob::stream`]) are left out: they are not the lines sent, and `next` still
+/// passes them. Errors: the store's.
 pub fn stored_page(
     store: &Store,
     peer: &PeerKey,
@@ -46,6 +48,10 @@ pub fn stored_page(
     let mut bytes = 0;
     let mut last = after;
     for e in entries {
+        if e.dir == Dir::Out && is_out_stub(&e.line) {
+            last = e.seq;
+            continue;
+        }
         if !lines.is_empty() && (bytes + e.line.len() > PAGE_BYTES || lines.len() >= PAGE_ITEMS) {
             more = true;
             break;
@@ -63,6 +69,14 @@ pub fn stored_page(
         v["next"] = json!(last);
     }
     Ok(v)
+}
+
+/// Whether out-log line `line` is the stored stub of a streamed blob's chunk: a `chunk`
+/// whose data is left out and located by `x_off` (written by the store at `send -f`).
+fn is_out_stub(line: &[u8]) -> bool {
+    line.starts_with(br#"{"t":"chunk","#)
+        && serde_json::from_slice::<Map<String, Value>>(line)
+            .is_ok_and(|l| l.contains_key("x_off"))
 }
 
 /// The header object for thread `th` between `keys` (ours first).

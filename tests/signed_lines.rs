@@ -427,7 +427,37 @@ async fn export_with_blobs_and_verify_them() {
     // The msg naming the blob is the last record: chunks are queued before it.
     let msg_line = text.lines().count();
 
-    a.stop().await;
+    // The sender's export: its out log holds the chunks as stubs without data, which are
+    // not the lines sent; they are left out, and the transcript verifies with the blob.
+    let a_home = a.path();
+    let a_blobs = a.path().join("sent-blobs");
+    let (th2, bl2) = (th.clone(), a_blobs.clone());
+    let sent = tokio::task::spawn_blocking(move || {
+        awp(
+            &a_home,
+            &["export", &th2, "--with-blobs", bl2.to_str().unwrap()],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(sent.status.success(), "{sent:?}");
+    let sent_text = String::from_utf8(sent.stdout).unwrap();
+    assert!(!sent_text.contains("x_off"), "{sent_text}");
+    assert_eq!(std::fs::read(a_blobs.join(&sha)).unwrap(), data);
+
+    let a_dir = a.stop().await;
+    let sent_file = a_dir.path().join("sent.ndjson");
+    std::fs::write(&sent_file, &sent_text).unwrap();
+    let ok = awp(
+        a_dir.path(),
+        &[
+            "verify",
+            sent_file.to_str().unwrap(),
+            "--blobs",
+            a_blobs.to_str().unwrap(),
+        ],
+    );
+    assert!(ok.status.success(), "{ok:?}");
     let dir = b.stop().await;
     let file = dir.path().join("t.ndjson");
     std::fs::write(&file, &text).unwrap();
