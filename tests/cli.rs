@@ -296,7 +296,8 @@ fn send_and_state_wait_ack_without_an_ack_is_a_timeout() {
     assert_one_error_line(&o);
     assert!(
         stderr(&o).contains("no ack for 01X in thr_1 within 1s")
-            && stderr(&o).contains("do not send it again"),
+            && stderr(&o).contains("do not send it again")
+            && stderr(&o).contains("`awp tail -t thr_1 --once`"),
         "{}",
         stderr(&o)
     );
