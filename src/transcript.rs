@@ -169,6 +169,24 @@ fn chunk_of(line: &Map<String, Value>) -> Option<(String, u64, bool, String)> {
     ))
 }
 
+/// The blob parts of msg line `line`: (`ref`, declared `size`) of each part with
+/// `"k":"blob"` and both fields; none for a line that is not a msg.
+fn blob_parts(line: &Map<String, Value>) -> impl Iterator<Item = (&str, u64)> {
+    let msg = line.get("t").and_then(Value::as_str) == Some("msg");
+    line.get("parts")
+        .and_then(Value::as_array)
+        .filter(|_| msg)
+        .into_iter()
+        .flatten()
+        .filter(|part| part.get("k").and_then(Value::as_str) == Some("blob"))
+        .filter_map(|part| {
+            Some((
+                part.get("ref").and_then(Value::as_str)?,
+                part.get("size").and_then(Value::as_u64)?,
+            ))
+        })
+}
+
 /// The blobs the msg lines of `records` name, in order, each once: (author, `ref`,
 /// declared `size`).
 pub fn named_blobs(records: &[Record]) -> Vec<(PeerKey, String, u64)> {
@@ -177,25 +195,9 @@ pub fn named_blobs(records: &[Record]) -> Vec<(PeerKey, String, u64)> {
         let Ok(Value::Object(line)) = crate::wire::parse::strict_from_str(&r.line) else {
             continue;
         };
-        if line.get("t").and_then(Value::as_str) != Some("msg") {
-            continue;
-        }
-        for part in line
-            .get("parts")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if part.get("k").and_then(Value::as_str) != Some("blob") {
-                continue;
-            }
-            if let (Some(b), Some(size)) = (
-                part.get("ref").and_then(Value::as_str),
-                part.get("size").and_then(Value::as_u64),
-            ) {
-                if !out.iter().any(|(f, x, _)| *f == r.from && x == b) {
-                    out.push((r.from, b.to_string(), size));
-                }
+        for (b, size) in blob_parts(&line) {
+            if !out.iter().any(|(f, x, _)| *f == r.from && x == b) {
+                out.push((r.from, b.to_string(), size));
             }
         }
     }
@@ -384,21 +386,7 @@ impl BlobCheck {
     fn note(&mut self, from: &PeerKey, kind: &str, line: &Map<String, Value>, n: usize) {
         match kind {
             "msg" => {
-                for part in line
-                    .get("parts")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if part.get("k").and_then(Value::as_str) != Some("blob") {
-                        continue;
-                    }
-                    let (Some(r), Some(size)) = (
-                        part.get("ref").and_then(Value::as_str),
-                        part.get("size").and_then(Value::as_u64),
-                    ) else {
-                        continue;
-                    };
+                for (r, size) in blob_parts(line) {
                     self.named
                         .entry((from.to_string(), r.to_string()))
                         .or_insert((n, size));
