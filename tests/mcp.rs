@@ -443,3 +443,59 @@ async fn a_stuck_mcp_client_does_not_stall_the_node() {
     drop(writer.await.unwrap());
     let _ = child.kill().await;
 }
+
+/// `awp_artifact_edit` applies a change with its summary; `awp_artifact_propose` records a
+/// proposal with the summary as its rationale; `awp_artifact_show` returns the content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifact_edit_and_propose_carry_their_summary() {
+    let (a, b) = two_connected().await;
+    let c = mcp(&a.path()).await;
+    let r = call(
+        &c,
+        "awp_artifact_new",
+        json!({"peer": b.key(), "title": "notes", "text": "hello world", "id": "art_notes"}),
+    )
+    .await;
+    let made = ok_text(&r, "awp_artifact_new");
+    let th = made
+        .split("(thread ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or_else(|| panic!("no thread in {made}"))
+        .to_string();
+    let r = call(
+        &c,
+        "awp_artifact_edit",
+        json!({"thread": th, "artifact": "art_notes",
+               "replace": [{"old": "world", "new": "there"}], "summary": "greet-edit"}),
+    )
+    .await;
+    let edited = ok_text(&r, "awp_artifact_edit");
+    assert!(edited.starts_with("applied art_notes v2"), "{edited}");
+    let r = call(
+        &c,
+        "awp_artifact_propose",
+        json!({"thread": th, "artifact": "art_notes",
+               "replace": [{"old": "there", "new": "you"}], "summary": "greet-why"}),
+    )
+    .await;
+    let proposed = ok_text(&r, "awp_artifact_propose");
+    assert!(proposed.starts_with("proposed "), "{proposed}");
+    let r = call(&c, "awp_artifact_proposals", json!({"thread": th})).await;
+    let props = ok_text(&r, "awp_artifact_proposals");
+    assert!(props.contains(r#""rationale": "greet-why""#), "{props}");
+    let r = call(&c, "awp_artifact_log", json!({"thread": th})).await;
+    let log = ok_text(&r, "awp_artifact_log");
+    assert!(log.contains(r#""summary": "greet-edit""#), "{log}");
+    let r = call(
+        &c,
+        "awp_artifact_show",
+        json!({"thread": th, "artifact": "art_notes"}),
+    )
+    .await;
+    let shown = ok_text(&r, "awp_artifact_show");
+    assert!(shown.contains("hello there"), "{shown}");
+    c.cancel().await.ok();
+    a.stop().await;
+    b.stop().await;
+}

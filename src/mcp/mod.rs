@@ -426,6 +426,23 @@ impl AwpMcp {
         Ok(answer(&line, &body))
     }
 
+    /// `awp_artifact_edit` / `awp_artifact_propose`: artifact command `action` with the
+    /// change of `a`, its `summary` sent as the field `summary_key`.
+    async fn change_tool(
+        &self,
+        action: &str,
+        summary_key: &str,
+        a: ArtChangeArgs,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.bounded(Duration::ZERO, async {
+            let patch = change(&a.json_patch, &a.replace, &a.field).ok_or_else(no_change)?;
+            let mut args = json!({"th": a.thread, "artifact": a.artifact, "patch": patch, "base_version": a.base});
+            args[summary_key] = json!(a.summary);
+            self.artifact_result(action, args).await
+        })
+        .await
+    }
+
     async fn listing(&self, req: Request, key: &str) -> Result<String, ToolError> {
         let items = self.ctx.call_all(&req, key).await?;
         let n = items.len();
@@ -865,15 +882,7 @@ impl AwpMcp {
         &self,
         Parameters(a): Parameters<ArtChangeArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.bounded(Duration::ZERO, async {
-            let patch = change(&a.json_patch, &a.replace, &a.field).ok_or_else(no_change)?;
-            self.artifact_result(
-                "edit",
-                json!({"th": a.thread, "artifact": a.artifact, "patch": patch, "base_version": a.base, "summary": a.summary}),
-            )
-            .await
-        })
-        .await
+        self.change_tool("edit", "summary", a).await
     }
 
     #[tool(
@@ -883,15 +892,7 @@ impl AwpMcp {
         &self,
         Parameters(a): Parameters<ArtChangeArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.bounded(Duration::ZERO, async {
-            let patch = change(&a.json_patch, &a.replace, &a.field).ok_or_else(no_change)?;
-            self.artifact_result(
-                "propose",
-                json!({"th": a.thread, "artifact": a.artifact, "patch": patch, "rationale": a.summary, "base_version": a.base}),
-            )
-            .await
-        })
-        .await
+        self.change_tool("propose", "rationale", a).await
     }
 
     #[tool(
