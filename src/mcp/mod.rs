@@ -134,6 +134,11 @@ fn answer(summary: &str, body: &Map<String, Value>) -> String {
     )
 }
 
+/// [`answer`] for a listing: the node's items under `key`.
+fn list_answer(summary: &str, key: &str, items: Vec<Value>) -> String {
+    answer(summary, &Map::from_iter([(key.to_string(), Value::Array(items))]))
+}
+
 /// `awp_send` arguments.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -446,13 +451,7 @@ impl AwpMcp {
     async fn listing(&self, req: Request, key: &str) -> Result<String, ToolError> {
         let items = self.ctx.call_all(&req, key).await?;
         let n = items.len();
-        Ok(answer(
-            &format!("{n} {key}"),
-            &json!({ key: items })
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
-        ))
+        Ok(list_answer(&format!("{n} {key}"), key, items))
     }
 
     async fn send_or_state(&self, req: Request) -> Result<String, ToolError> {
@@ -698,12 +697,10 @@ impl AwpMcp {
         self.bounded(Duration::ZERO, async {
             let items = self.ctx.call_all(&Request::Threads, "threads").await?;
             let items = crate::cli::format::recent_first(items);
-            Ok(answer(
+            Ok(list_answer(
                 &format!("{} threads, most recent first", items.len()),
-                &json!({ "threads": items })
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
+                "threads",
+                items,
             ))
         })
         .await
@@ -965,12 +962,10 @@ impl AwpMcp {
     ) -> Result<CallToolResult, ErrorData> {
         self.bounded(Duration::ZERO, async {
             let frames = cli_art::log_frames(&self.ctx, a.thread, a.after).await?;
-            Ok(answer(
+            Ok(list_answer(
                 &format!("{} events", frames.len()),
-                &json!({ "events": frames })
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
+                "events",
+                frames,
             ))
         })
         .await
