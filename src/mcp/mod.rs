@@ -486,7 +486,9 @@ impl AwpMcp {
             .filter(|p| p.get("k").and_then(Value::as_str) == Some("blob"))
             .filter_map(|p| p.get("ref").and_then(Value::as_str).map(str::to_string))
             .collect();
-        refs.dedup();
+        // Each ref once (a blob may be named by several lines), then the cap.
+        let mut seen = std::collections::HashSet::new();
+        refs.retain(|r| seen.insert(r.clone()));
         refs.truncate(MAX_BLOB_LOOKUPS);
         let mut out = Map::new();
         for r in refs {
