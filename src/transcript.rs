@@ -75,8 +75,7 @@ pub fn stored_page(
 /// whose data is left out and located by `x_off` (written by the store at `send -f`).
 fn is_out_stub(line: &[u8]) -> bool {
     line.starts_with(br#"{"t":"chunk","#)
-        && serde_json::from_slice::<Map<String, Value>>(line)
-            .is_ok_and(|l| l.contains_key("x_off"))
+        && serde_json::from_slice::<Map<String, Value>>(line).is_ok_and(|l| l.contains_key("x_off"))
 }
 
 /// The header object for thread `th` between `keys` (ours first).

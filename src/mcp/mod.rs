@@ -136,7 +136,10 @@ fn answer(summary: &str, body: &Map<String, Value>) -> String {
 
 /// [`answer`] for a listing: the node's items under `key`.
 fn list_answer(summary: &str, key: &str, items: Vec<Value>) -> String {
-    answer(summary, &Map::from_iter([(key.to_string(), Value::Array(items))]))
+    answer(
+        summary,
+        &Map::from_iter([(key.to_string(), Value::Array(items))]),
+    )
 }
 
 /// `awp_send` arguments.
