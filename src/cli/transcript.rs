@@ -29,9 +29,14 @@ pub async fn export(
             "give a directory (it is created when missing)",
         ));
     }
-    let me = crate::identity::Identity::load_or_create(&ctx.home)
-        .map_err(|e| Failure::new(Exit::Failed, e.to_string(), "check identity.json"))?
-        .key();
+    // Our key as the running node has it (no secret key read, no identity created).
+    let me = ctx
+        .call(&Request::Whoami)
+        .await?
+        .get("key")
+        .and_then(Value::as_str)
+        .and_then(|k| PeerKey::parse(k).ok())
+        .ok_or_else(|| Failure::new(Exit::Failed, "the node named no key", ""))?;
     let mut records = Vec::new();
     let mut peer: Option<PeerKey> = None;
     let mut thread = th.clone();
