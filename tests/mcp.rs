@@ -499,3 +499,42 @@ async fn artifact_edit_and_propose_carry_their_summary() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A file sent with `awp_send` arrives as a blob; `awp_read` on the receiver names the
+/// local path of the received file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_file_is_read_with_its_local_path() {
+    let (a, b) = two_connected().await;
+    let src = a.path().join("report.txt");
+    std::fs::write(&src, b"the report").unwrap();
+    let ca = mcp(&a.path()).await;
+    let r = call(
+        &ca,
+        "awp_send",
+        json!({"peer": b.key(), "text": "attached", "files": [src.to_str().unwrap()],
+               "wait_ack_seconds": 10}),
+    )
+    .await;
+    let sent = ok_text(&r, "awp_send");
+    assert!(sent.starts_with("delivered "), "{sent}");
+    let cb = mcp(&b.path()).await;
+    let r = call(&cb, "awp_read", json!({"wait_seconds": 10})).await;
+    let got = ok_text(&r, "awp_read");
+    let (_, bodies) = fenced(&got);
+    let file = bodies
+        .iter()
+        .find(|b| b.contains("file \"report.txt\"") || b.contains("file report.txt"))
+        .unwrap_or_else(|| panic!("no file part in {got}"));
+    let path = file
+        .split(" received at ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no local path in {got}"))
+        .lines()
+        .next()
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), b"the report", "{got}");
+    ca.cancel().await.ok();
+    cb.cancel().await.ok();
+    a.stop().await;
+    b.stop().await;
+}

@@ -482,17 +482,23 @@ impl AwpMcp {
 
     /// The local paths (or status) of received blobs named by `entries`' blob parts.
     async fn blob_paths(&self, entries: &[Map<String, Value>]) -> Map<String, Value> {
-        let mut refs: Vec<String> = entries
+        // Each ref once (a blob may be named by several lines), at most the cap; the parts
+        // are only looked at (they may hold up to a line's size of peer text each).
+        let mut refs: Vec<String> = Vec::new();
+        let blob_refs = entries
             .iter()
-            .filter_map(|e| e.get("line")?.get("parts")?.as_array().cloned())
+            .filter_map(|e| e.get("line")?.get("parts")?.as_array())
             .flatten()
             .filter(|p| p.get("k").and_then(Value::as_str) == Some("blob"))
-            .filter_map(|p| p.get("ref").and_then(Value::as_str).map(str::to_string))
-            .collect();
-        // Each ref once (a blob may be named by several lines), then the cap.
-        let mut seen = std::collections::HashSet::new();
-        refs.retain(|r| seen.insert(r.clone()));
-        refs.truncate(MAX_BLOB_LOOKUPS);
+            .filter_map(|p| p.get("ref").and_then(Value::as_str));
+        for r in blob_refs {
+            if refs.len() == MAX_BLOB_LOOKUPS {
+                break;
+            }
+            if !refs.iter().any(|x| x == r) {
+                refs.push(r.to_string());
+            }
+        }
         let mut out = Map::new();
         for r in refs {
             let req = Request::Blobs {
@@ -541,14 +547,17 @@ impl AwpMcp {
         let resp = control::request_page(&self.ctx.socket(), &req, &page)
             .await
             .map_err(|e| client_failure(&e, &self.ctx.home))?;
-        let body = self.ctx.body(resp)?;
-        let entries: Vec<Map<String, Value>> = body
-            .get("entries")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.as_object().cloned())
-            .collect();
+        let mut body = self.ctx.body(resp)?;
+        let entries: Vec<Map<String, Value>> = match body.remove("entries") {
+            Some(Value::Array(a)) => a
+                .into_iter()
+                .filter_map(|e| match e {
+                    Value::Object(m) => Some(m),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let more = body.get("more").and_then(Value::as_bool) == Some(true);
         let next = str_field(&body, &["next"]).map(str::to_string);
         let mut head = match entries.len() {
