@@ -100,7 +100,9 @@ pub enum Request {
     /// "next"?:SEQ}`. TEXT is the line exactly as stored (for inbound lines the bytes
     /// received, without `\n`), as a JSON string, so signatures check over it. Entries with
     /// seq > `after` (0: from the start); at most [`PAGE_ITEMS`] lines and [`PAGE_BYTES`] of
-    /// them (at least one) per response; `next`, when more remain, is the `after` of the
+    /// them (at least one, unless the page held only stubs) per response. The out log's
+    /// chunk stubs of streamed blobs (no data, `x_off`) are left out: they are not the lines
+    /// sent. `next`, when more remain, is the `after` of the
     /// following request. `th` is `TH` or `PEER/TH` as for `read`; `no_such_thread` when
     /// no thread matches.
     ThreadLines {

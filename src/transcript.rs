@@ -31,8 +31,10 @@ pub struct Record {
 /// One page of thread `th` with `peer`'s stored lines for the control request
 /// `thread_lines` ([`crate::control::Request::ThreadLines`]): log entries with seq >
 /// `after`, at most [`crate::control::PAGE_ITEMS`] and [`crate::control::PAGE_BYTES`] of
-/// line bytes (at least one line), each line's stored bytes as a string. Errors: the
-/// store's.
+/// line bytes (at least one line unless the page held only stubs), each line's stored bytes
+/// as a string. The out log's chunk stubs of streamed blobs (`"data":""` with `x_off`, see
+/// [`crate::blob::stream`]) are left out: they are not the lines sent, and `next` still
+/// passes them. Errors: the store's.
 pub fn stored_page(
     store: &Store,
     peer: &PeerKey,
@@ -46,6 +48,10 @@ pub fn stored_page(
     let mut bytes = 0;
     let mut last = after;
     for e in entries {
+        if e.dir == Dir::Out && is_out_stub(&e.line) {
+            last = e.seq;
+            continue;
+        }
         if !lines.is_empty() && (bytes + e.line.len() > PAGE_BYTES || lines.len() >= PAGE_ITEMS) {
             more = true;
             break;
@@ -63,6 +69,13 @@ pub fn stored_page(
         v["next"] = json!(last);
     }
     Ok(v)
+}
+
+/// Whether out-log line `line` is the stored stub of a streamed blob's chunk: a `chunk`
+/// whose data is left out and located by `x_off` (written by the store at `send -f`).
+fn is_out_stub(line: &[u8]) -> bool {
+    line.starts_with(br#"{"t":"chunk","#)
+        && serde_json::from_slice::<Map<String, Value>>(line).is_ok_and(|l| l.contains_key("x_off"))
 }
 
 /// The header object for thread `th` between `keys` (ours first).
@@ -155,6 +168,24 @@ fn chunk_of(line: &Map<String, Value>) -> Option<(String, u64, bool, String)> {
     ))
 }
 
+/// The blob parts of msg line `line`: (`ref`, declared `size`) of each part with
+/// `"k":"blob"` and both fields; none for a line that is not a msg.
+fn blob_parts(line: &Map<String, Value>) -> impl Iterator<Item = (&str, u64)> {
+    let msg = line.get("t").and_then(Value::as_str) == Some("msg");
+    line.get("parts")
+        .and_then(Value::as_array)
+        .filter(|_| msg)
+        .into_iter()
+        .flatten()
+        .filter(|part| part.get("k").and_then(Value::as_str) == Some("blob"))
+        .filter_map(|part| {
+            Some((
+                part.get("ref").and_then(Value::as_str)?,
+                part.get("size").and_then(Value::as_u64)?,
+            ))
+        })
+}
+
 /// The blobs the msg lines of `records` name, in order, each once: (author, `ref`,
 /// declared `size`).
 pub fn named_blobs(records: &[Record]) -> Vec<(PeerKey, String, u64)> {
@@ -163,25 +194,9 @@ pub fn named_blobs(records: &[Record]) -> Vec<(PeerKey, String, u64)> {
         let Ok(Value::Object(line)) = crate::wire::parse::strict_from_str(&r.line) else {
             continue;
         };
-        if line.get("t").and_then(Value::as_str) != Some("msg") {
-            continue;
-        }
-        for part in line
-            .get("parts")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if part.get("k").and_then(Value::as_str) != Some("blob") {
-                continue;
-            }
-            if let (Some(b), Some(size)) = (
-                part.get("ref").and_then(Value::as_str),
-                part.get("size").and_then(Value::as_u64),
-            ) {
-                if !out.iter().any(|(f, x, _)| *f == r.from && x == b) {
-                    out.push((r.from, b.to_string(), size));
-                }
+        for (b, size) in blob_parts(&line) {
+            if !out.iter().any(|(f, x, _)| *f == r.from && x == b) {
+                out.push((r.from, b.to_string(), size));
             }
         }
     }
@@ -370,21 +385,7 @@ impl BlobCheck {
     fn note(&mut self, from: &PeerKey, kind: &str, line: &Map<String, Value>, n: usize) {
         match kind {
             "msg" => {
-                for part in line
-                    .get("parts")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if part.get("k").and_then(Value::as_str) != Some("blob") {
-                        continue;
-                    }
-                    let (Some(r), Some(size)) = (
-                        part.get("ref").and_then(Value::as_str),
-                        part.get("size").and_then(Value::as_u64),
-                    ) else {
-                        continue;
-                    };
+                for (r, size) in blob_parts(line) {
                     self.named
                         .entry((from.to_string(), r.to_string()))
                         .or_insert((n, size));

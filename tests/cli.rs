@@ -81,6 +81,17 @@ fn status_without_node_exits_3() {
     assert_no_node_started(home.path());
 }
 
+/// `awp export` needs the node (it serves the lines): without one, exit 3, and the home
+/// gets no identity (the key comes from the node, not from identity.json).
+#[test]
+fn export_without_node_exits_3_and_creates_no_identity() {
+    let home = tempfile::tempdir().unwrap();
+    let o = awp(home.path(), &["export", "thr_1"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(!home.path().join("identity.json").exists());
+    assert_no_node_started(home.path());
+}
+
 #[test]
 fn status_with_long_home_exits_3() {
     let dir = tempfile::tempdir().unwrap();
@@ -296,7 +307,8 @@ fn send_and_state_wait_ack_without_an_ack_is_a_timeout() {
     assert_one_error_line(&o);
     assert!(
         stderr(&o).contains("no ack for 01X in thr_1 within 1s")
-            && stderr(&o).contains("do not send it again"),
+            && stderr(&o).contains("do not send it again")
+            && stderr(&o).contains("`awp tail -t thr_1 --once`"),
         "{}",
         stderr(&o)
     );

@@ -443,3 +443,98 @@ async fn a_stuck_mcp_client_does_not_stall_the_node() {
     drop(writer.await.unwrap());
     let _ = child.kill().await;
 }
+
+/// `awp_artifact_edit` applies a change with its summary; `awp_artifact_propose` records a
+/// proposal with the summary as its rationale; `awp_artifact_show` returns the content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifact_edit_and_propose_carry_their_summary() {
+    let (a, b) = two_connected().await;
+    let c = mcp(&a.path()).await;
+    let r = call(
+        &c,
+        "awp_artifact_new",
+        json!({"peer": b.key(), "title": "notes", "text": "hello world", "id": "art_notes"}),
+    )
+    .await;
+    let made = ok_text(&r, "awp_artifact_new");
+    let th = made
+        .split("(thread ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or_else(|| panic!("no thread in {made}"))
+        .to_string();
+    let r = call(
+        &c,
+        "awp_artifact_edit",
+        json!({"thread": th, "artifact": "art_notes",
+               "replace": [{"old": "world", "new": "there"}], "summary": "greet-edit"}),
+    )
+    .await;
+    let edited = ok_text(&r, "awp_artifact_edit");
+    assert!(edited.starts_with("applied art_notes v2"), "{edited}");
+    let r = call(
+        &c,
+        "awp_artifact_propose",
+        json!({"thread": th, "artifact": "art_notes",
+               "replace": [{"old": "there", "new": "you"}], "summary": "greet-why"}),
+    )
+    .await;
+    let proposed = ok_text(&r, "awp_artifact_propose");
+    assert!(proposed.starts_with("proposed "), "{proposed}");
+    let r = call(&c, "awp_artifact_proposals", json!({"thread": th})).await;
+    let props = ok_text(&r, "awp_artifact_proposals");
+    assert!(props.contains(r#""rationale": "greet-why""#), "{props}");
+    let r = call(&c, "awp_artifact_log", json!({"thread": th})).await;
+    let log = ok_text(&r, "awp_artifact_log");
+    assert!(log.contains(r#""summary": "greet-edit""#), "{log}");
+    let r = call(
+        &c,
+        "awp_artifact_show",
+        json!({"thread": th, "artifact": "art_notes"}),
+    )
+    .await;
+    let shown = ok_text(&r, "awp_artifact_show");
+    assert!(shown.contains("hello there"), "{shown}");
+    c.cancel().await.ok();
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A file sent with `awp_send` arrives as a blob; `awp_read` on the receiver names the
+/// local path of the received file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_file_is_read_with_its_local_path() {
+    let (a, b) = two_connected().await;
+    let src = a.path().join("report.txt");
+    std::fs::write(&src, b"the report").unwrap();
+    let ca = mcp(&a.path()).await;
+    let r = call(
+        &ca,
+        "awp_send",
+        json!({"peer": b.key(), "text": "attached", "files": [src.to_str().unwrap()],
+               "wait_ack_seconds": 10}),
+    )
+    .await;
+    let sent = ok_text(&r, "awp_send");
+    assert!(sent.starts_with("delivered "), "{sent}");
+    let cb = mcp(&b.path()).await;
+    let r = call(&cb, "awp_read", json!({"wait_seconds": 10})).await;
+    let got = ok_text(&r, "awp_read");
+    let (_, bodies) = fenced(&got);
+    let file = bodies
+        .iter()
+        .find(|b| b.contains("file \"report.txt\"") || b.contains("file report.txt"))
+        .unwrap_or_else(|| panic!("no file part in {got}"));
+    let path = file
+        .split(" received at ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no local path in {got}"))
+        .lines()
+        .next()
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), b"the report", "{got}");
+    ca.cancel().await.ok();
+    cb.cancel().await.ok();
+    a.stop().await;
+    b.stop().await;
+}

@@ -427,7 +427,53 @@ async fn export_with_blobs_and_verify_them() {
     // The msg naming the blob is the last record: chunks are queued before it.
     let msg_line = text.lines().count();
 
-    a.stop().await;
+    // The sender's export: its out log holds the chunks as stubs without data, which are
+    // not the lines sent; they are left out, and the transcript verifies with the blob.
+    let a_home = a.path();
+    let a_blobs = a.path().join("sent-blobs");
+    let not_dir = a.path().join("a-file");
+    std::fs::write(&not_dir, b"x").unwrap();
+    let (th2, bl2, nd2) = (th.clone(), a_blobs.clone(), not_dir.clone());
+    let (sent, into_file) = tokio::task::spawn_blocking(move || {
+        (
+            awp(
+                &a_home,
+                &["export", &th2, "--with-blobs", bl2.to_str().unwrap()],
+            ),
+            awp(
+                &a_home,
+                &["export", &th2, "--with-blobs", nd2.to_str().unwrap()],
+            ),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(sent.status.success(), "{sent:?}");
+    let sent_text = String::from_utf8(sent.stdout).unwrap();
+    assert!(!sent_text.contains("x_off"), "{sent_text}");
+    assert_eq!(std::fs::read(a_blobs.join(&sha)).unwrap(), data);
+    // --with-blobs naming a file: a failure, and the file is left as it was.
+    assert_eq!(into_file.status.code(), Some(1), "{into_file:?}");
+    assert!(
+        String::from_utf8_lossy(&into_file.stderr).contains("not a directory"),
+        "{into_file:?}"
+    );
+    assert!(into_file.stdout.is_empty(), "{into_file:?}");
+    assert_eq!(std::fs::read(&not_dir).unwrap(), b"x");
+
+    let a_dir = a.stop().await;
+    let sent_file = a_dir.path().join("sent.ndjson");
+    std::fs::write(&sent_file, &sent_text).unwrap();
+    let ok = awp(
+        a_dir.path(),
+        &[
+            "verify",
+            sent_file.to_str().unwrap(),
+            "--blobs",
+            a_blobs.to_str().unwrap(),
+        ],
+    );
+    assert!(ok.status.success(), "{ok:?}");
     let dir = b.stop().await;
     let file = dir.path().join("t.ndjson");
     std::fs::write(&file, &text).unwrap();

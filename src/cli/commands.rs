@@ -510,7 +510,9 @@ pub fn refused_failure(body: &Map<String, Value>) -> Option<Failure> {
 
 /// The failure for a reply whose `status` is still `queued` after `--wait-ack DUR`: exit
 /// 2 (a wait that timed out, as for `awp wait`), code `timeout`. The line stays queued and
-/// goes when the peer is reachable, so the message says not to send it again.
+/// goes when the peer is reachable, so the message says not to send it again and names
+/// `awp tail -t TH --once`, which shows outbound lines (`awp read` shows only unread inbound
+/// ones).
 pub fn unacked_failure(body: &Map<String, Value>, wait: Option<Duration>) -> Option<Failure> {
     let wait = wait?;
     if str_field(body, &["status"]) != Some("queued") {
@@ -526,7 +528,7 @@ pub fn unacked_failure(body: &Map<String, Value>, wait: Option<Duration>) -> Opt
             ),
             format!(
                 "it stays queued and goes when the peer is reachable: do not send it again \
-                 (its thread shows it: `awp read {th}`)"
+                 (`awp tail -t {th} --once` shows it)"
             ),
         )
         .with_code("timeout"),

@@ -14,16 +14,29 @@ pub const MAX_EXPORT_LINES: usize = 10_000_000;
 
 /// Write thread `th`'s lines, in log order and exactly as stored (control request
 /// `thread_lines`), to stdout as a transcript; with `blob_dir`, also its blobs as files
-/// named by SHA-256 there ([`transcript::write_blobs`]), listed in the header.
+/// named by SHA-256 there ([`transcript::copy_blob`]), listed in the header. Errors: exit 1
+/// when `blob_dir` exists and is not a directory (nothing is written then).
 pub async fn export(
     ctx: &Ctx,
     th: String,
     format: &str,
     blob_dir: Option<&Path>,
 ) -> Result<(), Failure> {
-    let me = crate::identity::Identity::load_or_create(&ctx.home)
-        .map_err(|e| Failure::new(Exit::Failed, e.to_string(), "check identity.json"))?
-        .key();
+    if let Some(dir) = blob_dir.filter(|d| d.exists() && !d.is_dir()) {
+        return Err(Failure::new(
+            Exit::Failed,
+            format!("--with-blobs {}: not a directory", dir.display()),
+            "give a directory (it is created when missing)",
+        ));
+    }
+    // Our key as the running node has it (no secret key read, no identity created).
+    let me = ctx
+        .call(&Request::Whoami)
+        .await?
+        .get("key")
+        .and_then(Value::as_str)
+        .and_then(|k| PeerKey::parse(k).ok())
+        .ok_or_else(|| Failure::new(Exit::Failed, "the node named no key", ""))?;
     let mut records = Vec::new();
     let mut peer: Option<PeerKey> = None;
     let mut thread = th.clone();

@@ -134,6 +134,14 @@ fn answer(summary: &str, body: &Map<String, Value>) -> String {
     )
 }
 
+/// [`answer`] for a listing: the node's items under `key`.
+fn list_answer(summary: &str, key: &str, items: Vec<Value>) -> String {
+    answer(
+        summary,
+        &Map::from_iter([(key.to_string(), Value::Array(items))]),
+    )
+}
+
 /// `awp_send` arguments.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -426,16 +434,27 @@ impl AwpMcp {
         Ok(answer(&line, &body))
     }
 
+    /// `awp_artifact_edit` / `awp_artifact_propose`: artifact command `action` with the
+    /// change of `a`, its `summary` sent as the field `summary_key`.
+    async fn change_tool(
+        &self,
+        action: &str,
+        summary_key: &str,
+        a: ArtChangeArgs,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.bounded(Duration::ZERO, async {
+            let patch = change(&a.json_patch, &a.replace, &a.field).ok_or_else(no_change)?;
+            let mut args = json!({"th": a.thread, "artifact": a.artifact, "patch": patch, "base_version": a.base});
+            args[summary_key] = json!(a.summary);
+            self.artifact_result(action, args).await
+        })
+        .await
+    }
+
     async fn listing(&self, req: Request, key: &str) -> Result<String, ToolError> {
         let items = self.ctx.call_all(&req, key).await?;
         let n = items.len();
-        Ok(answer(
-            &format!("{n} {key}"),
-            &json!({ key: items })
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
-        ))
+        Ok(list_answer(&format!("{n} {key}"), key, items))
     }
 
     async fn send_or_state(&self, req: Request) -> Result<String, ToolError> {
@@ -463,15 +482,23 @@ impl AwpMcp {
 
     /// The local paths (or status) of received blobs named by `entries`' blob parts.
     async fn blob_paths(&self, entries: &[Map<String, Value>]) -> Map<String, Value> {
-        let mut refs: Vec<String> = entries
+        // Each ref once (a blob may be named by several lines), at most the cap; the parts
+        // are only looked at (they may hold up to a line's size of peer text each).
+        let mut refs: Vec<String> = Vec::new();
+        let blob_refs = entries
             .iter()
-            .filter_map(|e| e.get("line")?.get("parts")?.as_array().cloned())
+            .filter_map(|e| e.get("line")?.get("parts")?.as_array())
             .flatten()
             .filter(|p| p.get("k").and_then(Value::as_str) == Some("blob"))
-            .filter_map(|p| p.get("ref").and_then(Value::as_str).map(str::to_string))
-            .collect();
-        refs.dedup();
-        refs.truncate(MAX_BLOB_LOOKUPS);
+            .filter_map(|p| p.get("ref").and_then(Value::as_str));
+        for r in blob_refs {
+            if refs.len() == MAX_BLOB_LOOKUPS {
+                break;
+            }
+            if !refs.iter().any(|x| x == r) {
+                refs.push(r.to_string());
+            }
+        }
         let mut out = Map::new();
         for r in refs {
             let req = Request::Blobs {
@@ -520,14 +547,17 @@ impl AwpMcp {
         let resp = control::request_page(&self.ctx.socket(), &req, &page)
             .await
             .map_err(|e| client_failure(&e, &self.ctx.home))?;
-        let body = self.ctx.body(resp)?;
-        let entries: Vec<Map<String, Value>> = body
-            .get("entries")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.as_object().cloned())
-            .collect();
+        let mut body = self.ctx.body(resp)?;
+        let entries: Vec<Map<String, Value>> = match body.remove("entries") {
+            Some(Value::Array(a)) => a
+                .into_iter()
+                .filter_map(|e| match e {
+                    Value::Object(m) => Some(m),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let more = body.get("more").and_then(Value::as_bool) == Some(true);
         let next = str_field(&body, &["next"]).map(str::to_string);
         let mut head = match entries.len() {
@@ -681,12 +711,10 @@ impl AwpMcp {
         self.bounded(Duration::ZERO, async {
             let items = self.ctx.call_all(&Request::Threads, "threads").await?;
             let items = crate::cli::format::recent_first(items);
-            Ok(answer(
+            Ok(list_answer(
                 &format!("{} threads, most recent first", items.len()),
-                &json!({ "threads": items })
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
+                "threads",
+                items,
             ))
         })
         .await
@@ -865,15 +893,7 @@ impl AwpMcp {
         &self,
         Parameters(a): Parameters<ArtChangeArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.bounded(Duration::ZERO, async {
-            let patch = change(&a.json_patch, &a.replace, &a.field).ok_or_else(no_change)?;
-            self.artifact_result(
-                "edit",
-                json!({"th": a.thread, "artifact": a.artifact, "patch": patch, "base_version": a.base, "summary": a.summary}),
-            )
-            .await
-        })
-        .await
+        self.change_tool("edit", "summary", a).await
     }
 
     #[tool(
@@ -883,15 +903,7 @@ impl AwpMcp {
         &self,
         Parameters(a): Parameters<ArtChangeArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        self.bounded(Duration::ZERO, async {
-            let patch = change(&a.json_patch, &a.replace, &a.field).ok_or_else(no_change)?;
-            self.artifact_result(
-                "propose",
-                json!({"th": a.thread, "artifact": a.artifact, "patch": patch, "rationale": a.summary, "base_version": a.base}),
-            )
-            .await
-        })
-        .await
+        self.change_tool("propose", "rationale", a).await
     }
 
     #[tool(
@@ -964,12 +976,10 @@ impl AwpMcp {
     ) -> Result<CallToolResult, ErrorData> {
         self.bounded(Duration::ZERO, async {
             let frames = cli_art::log_frames(&self.ctx, a.thread, a.after).await?;
-            Ok(answer(
+            Ok(list_answer(
                 &format!("{} events", frames.len()),
-                &json!({ "events": frames })
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
+                "events",
+                frames,
             ))
         })
         .await
