@@ -10,7 +10,7 @@ use awp_node::net::circuit;
 use awp_node::net::{Address, TlsConfig};
 use awp_node::node::{DialTiming, NodeConfig, NodeHandle};
 use common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -649,11 +649,9 @@ async fn a_plain_node_serves_circuits_only_when_its_policy_allows() {
         .err()
         .expect("a plain node is no circuit relay");
     assert!(
-        err.to_string().contains("not a circuit relay")
-            || err.to_string().contains("no_application_protocol")
-            || err.to_string().to_lowercase().contains("alpn")
-            || err.to_string().contains("NoApplicationProtocol"),
-        "{err}"
+        err.to_string().contains("does not serve circuits")
+            && err.to_string().contains("serve_circuits = true"),
+        "the refusal says what is wrong and how to change it: {err}"
     );
 
     let serving = start("serving@test", |c| {
@@ -693,6 +691,90 @@ async fn a_plain_node_serves_circuits_only_when_its_policy_allows() {
     // It is still an ordinary node: it keeps an outbox and takes sends.
     let r = serving.ctl(Request::Status).await;
     assert!(r.ok);
+}
+
+/// The circuit addresses in the presence document `n` holds for `origin` (its own included).
+async fn circuits_in_presence(n: &TestNode, origin: &str) -> Option<Vec<String>> {
+    let r = n
+        .ctl(Request::Presence {
+            peer: Some(origin.to_string()),
+        })
+        .await;
+    if !r.ok {
+        return None;
+    }
+    let text = Value::Object(r.body).to_string();
+    // Every `relay:` address in the answer (the document's `circuits`).
+    let found: Vec<String> = text
+        .split('"')
+        .filter(|s| s.starts_with("relay:"))
+        .map(str::to_string)
+        .collect();
+    Some(found)
+}
+
+/// Issue 14: a node advertises in presence only the circuits of relays whose standing
+/// connection is up. A `via` that serves no circuits (a plain node) is left out, while a
+/// serving relay configured beside it is listed once its standing connection is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_lists_only_the_circuits_of_relays_that_serve_them() {
+    let plain = start("plain@test", |_| {}).await;
+    let relay = start("relay@test", |c| c.relay = true).await;
+    let plain_via: Address = plain.address().parse().unwrap();
+    let relay_via: Address = relay.address().parse().unwrap();
+    let bob = start("bob@test", |c| {
+        c.via = vec![plain_via.clone(), relay_via.clone()];
+        c.presence = true;
+        c.presence_timing = quick_presence();
+    })
+    .await;
+    // Both are configured addresses (listed at start, before any relay answered).
+    let configured = addresses(&bob);
+    assert_eq!(
+        configured
+            .iter()
+            .filter(|a| a.starts_with("relay:"))
+            .count(),
+        2,
+        "{configured:?}"
+    );
+    let serving = Address::circuit(&relay_via, bob.key().parse().unwrap())
+        .unwrap()
+        .to_string();
+    let refused = Address::circuit(&plain_via, bob.key().parse().unwrap())
+        .unwrap()
+        .to_string();
+    let listed = eventually(10, || async {
+        circuits_in_presence(&bob, &bob.key())
+            .await
+            .filter(|c| c.contains(&serving))
+    })
+    .await;
+    assert!(!listed.contains(&refused), "{listed:?}");
+    assert_eq!(listed, vec![serving.clone()]);
+    // The plain node's entry says it is down.
+    let s = relay_status(bob.home.path()).await;
+    let down = s["via"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["relay"].as_str() == Some(plain_via.to_string().as_str()))
+        .cloned();
+    assert_eq!(
+        down.as_ref().map(|v| v["up"].clone()),
+        Some(json!(false)),
+        "{s}"
+    );
+
+    // The serving relay stops: its circuit leaves the next document.
+    relay.handle.shutdown();
+    drop(relay);
+    eventually(10, || async {
+        circuits_in_presence(&bob, &bob.key())
+            .await
+            .filter(|c| c.is_empty())
+    })
+    .await;
 }
 
 /// Copy `from` to `to` until EOF, flipping the last byte of every chunk read once

@@ -516,7 +516,26 @@ async fn dial_outer(
     )
     .await
     .map_err(|_| NetError::Tls(format!("handshake with relay {remote} timed out")))?
-    .map_err(tls_failure)?;
+    .map_err(|e| {
+        let refused = e
+            .get_ref()
+            .and_then(|i| i.downcast_ref::<rustls::Error>())
+            .is_some_and(|r| {
+                matches!(
+                    r,
+                    rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol)
+                )
+            });
+        if refused {
+            // The relay offers only `awp/0` (RFC 7301 §3.2: no shared protocol).
+            NetError::Tls(format!(
+                "{remote} does not serve circuits (it refused ALPN {}; a node serves them with [relay] serve_circuits = true, `awp relay` always does)",
+                String::from_utf8_lossy(ALPN)
+            ))
+        } else {
+            tls_failure(e)
+        }
+    })?;
     if stream.get_ref().1.alpn_protocol() != Some(ALPN) {
         return Err(NetError::Tls(format!(
             "{remote} is not a circuit relay (no ALPN {})",

@@ -69,13 +69,40 @@ impl Circuits {
     }
 }
 
-/// Our circuit addresses: one per `via` relay, after the direct ones.
+/// Our circuit addresses: one per `via` relay, after the direct ones (what the node is
+/// configured to be reachable at; listed at start, before any relay has answered).
 pub(super) fn addresses(inner: &Inner) -> Vec<Address> {
     let me = inner.identity.key();
     inner
         .settings
         .via
         .iter()
+        .filter_map(|v| Address::circuit(v, me))
+        .collect()
+}
+
+/// The circuit addresses to advertise in presence: one per `via` relay whose standing
+/// connection is up now (the relay answered `circuit_ready`), in the order of
+/// `settings.via`. A relay that is down, or that does not serve circuits, is left out: a
+/// dialer would only fail on it. Presence republishes when one comes up or goes down
+/// (node events `via_up`, `via_down`).
+pub(super) fn live_addresses(inner: &Inner) -> Vec<Address> {
+    let me = inner.identity.key();
+    let vias = inner
+        .circuits
+        .vias
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    inner
+        .settings
+        .via
+        .iter()
+        .filter(|v| {
+            vias.get(&v.to_string())
+                .and_then(|s| s.get("up"))
+                .and_then(Value::as_bool)
+                == Some(true)
+        })
         .filter_map(|v| Address::circuit(v, me))
         .collect()
 }
@@ -228,7 +255,19 @@ async fn standing(inner: Arc<Inner>, via: Address) {
             }
             Err(e) => tracing::info!(relay = %via, "standing connection to the relay failed: {e}"),
         }
+        let was_up = inner
+            .circuits
+            .vias
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&via.to_string())
+            .and_then(|s| s.get("up"))
+            .and_then(Value::as_bool)
+            == Some(true);
         set_via(&inner, &via, json!({"relay": via.to_string(), "up": false}));
+        if was_up {
+            inner.emit(json!({"event":"via_down","relay":via.to_string()}));
+        }
         tokio::select! {
             _ = inner.shutdown.cancelled() => return,
             _ = tokio::time::sleep(jittered(backoff)) => {}

@@ -280,7 +280,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
                     if kind == "line" {
                         inner.presence.last_activity_ms.store(wire::time::now_ms(), Ordering::Relaxed);
                     }
-                    if matches!(kind, "line" | "ack" | "peer_up" | "peer_down") && changed_at.is_none() {
+                    if matches!(kind, "line" | "ack" | "peer_up" | "peer_down" | "via_up" | "via_down") && changed_at.is_none() {
                         changed_at = Some(Instant::now());
                     }
                 }
@@ -415,7 +415,7 @@ fn gather(inner: &Inner) -> Result<DocInputs, crate::store::StoreError> {
         threads,
         outbox,
         unread,
-        circuits: super::circuits::addresses(inner)
+        circuits: super::circuits::live_addresses(inner)
             .iter()
             .map(|a| a.to_string())
             .collect(),
