@@ -309,6 +309,10 @@ pub fn run(cli: Cli) -> i32 {
         }
     };
     let result = runtime.block_on(commands::dispatch(&ctx, cli.command));
+    // Do not wait without bound for what is left: a blocking read of stdin, or sled's
+    // flush on drop of a store that the node flushed when it stopped (that flush has
+    // been seen to wait forever when run from the runtime's teardown).
+    runtime.shutdown_timeout(RUNTIME_TEARDOWN);
     match result {
         Ok(()) => Exit::Ok.code(),
         Err(f) => {
@@ -317,6 +321,10 @@ pub fn run(cli: Cli) -> i32 {
         }
     }
 }
+
+/// How long [`run`] waits, after the command, for the runtime's leftover tasks and
+/// blocking threads before the process exits without them.
+const RUNTIME_TEARDOWN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What every command needs: the home and the output mode.
 #[derive(Debug, Clone)]
