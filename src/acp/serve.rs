@@ -22,6 +22,7 @@
 //!   `failed` with a note. Every request to the agent has a timeout.
 
 use super::bridge::{self, Coalescer, Progress};
+pub use super::linecap::LineCap;
 use crate::control::{self, Request};
 use crate::node::served_fs;
 use acp::v1::schema as s;
@@ -56,52 +57,6 @@ const MAX_GRANT_PAGES: usize = 20;
 /// Longest line accepted from the agent, in bytes; a longer one ends the connection (the
 /// agent is then restarted), so a runaway agent cannot fill our memory.
 pub const MAX_AGENT_LINE: usize = 16 * 1024 * 1024;
-
-/// A reader that fails with `InvalidData` once more than `max` bytes come without a `\n`.
-pub struct LineCap<R> {
-    inner: R,
-    max: usize,
-    run: usize,
-}
-
-impl<R> LineCap<R> {
-    /// Cap the lines of `inner` at `max` bytes (without the newline).
-    pub fn new(inner: R, max: usize) -> LineCap<R> {
-        LineCap { inner, max, run: 0 }
-    }
-}
-
-impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LineCap<R> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let me = &mut *self;
-        let r = std::pin::Pin::new(&mut me.inner).poll_read(cx, buf);
-        if let std::task::Poll::Ready(Ok(())) = &r {
-            let mut over = false;
-            for &b in &buf.filled()[before..] {
-                if b == b'\n' {
-                    me.run = 0;
-                } else {
-                    me.run += 1;
-                    over |= me.run > me.max;
-                }
-            }
-            if over {
-                // A failed read hands out nothing.
-                buf.set_filled(before);
-                return std::task::Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("the agent wrote a line over {} bytes", me.max),
-                )));
-            }
-        }
-        r
-    }
-}
 
 /// What `awp serve-agent --acp` runs.
 #[derive(Debug, Clone)]
@@ -1034,19 +989,7 @@ impl ThreadActor {
 
 #[cfg(test)]
 mod tests {
-    use super::{select_lines, LineCap};
-    use tokio::io::AsyncReadExt;
-
-    #[tokio::test]
-    async fn agent_lines_over_the_cap_end_the_stream() {
-        let mut ok = LineCap::new(&b"12345\n12345\n"[..], 5);
-        let mut out = Vec::new();
-        ok.read_to_end(&mut out).await.unwrap();
-        assert_eq!(out.len(), 12);
-        let mut long = LineCap::new(&b"12345\n123456\n"[..], 5);
-        let err = long.read_to_end(&mut Vec::new()).await.unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
-    }
+    use super::select_lines;
 
     #[test]
     fn read_text_file_line_and_limit() {
