@@ -293,6 +293,22 @@ async fn agent_crash_fails_the_prompt_and_the_agent_restarts() {
     assert_eq!(starts(&s.log), 2);
 }
 
+/// An agent that floods its output with lines that are no JSON (as `yes` would) is cut off
+/// after 64 in a row: the prompt fails with a note and the agent is restarted (before, the
+/// ACP crate queued every such line without bound, and the prompt hung).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_flooding_non_json_lines_is_restarted() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "flood").await;
+    let failed = wait_state(&s.a, &th, 0, "failed").await;
+    let note = failed["note"].as_str().unwrap();
+    assert!(note.contains("no JSON-RPC messages"), "{note}");
+    assert!(note.contains("restarted"), "{note}");
+    say(&s.a, &s.b, Some(&th), "again").await;
+    wait_state(&s.a, &th, 1, "done").await;
+    assert_eq!(starts(&s.log), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fs_requests_need_grants_and_stay_in_the_root() {
     let s = setup().await;
