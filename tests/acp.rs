@@ -5,11 +5,13 @@
 
 mod common;
 
+use agent_client_protocol as acp;
 use awp_node::acp::bridge::{PERMISSION_MIME, PLAN_MIME};
 use awp_node::control::Request;
 use common::{eventually, TestNode};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use tempfile::TempDir;
 
 /// The fake agent next to the test build's `awp` (built by `cargo test` with the
@@ -30,6 +32,8 @@ struct Setup {
     b: TestNode,
     root: TempDir,
     log: PathBuf,
+    /// `serve-agent`'s stderr so far.
+    stderr: Arc<Mutex<String>>,
     _serve: tokio::process::Child,
 }
 
@@ -38,8 +42,15 @@ async fn setup() -> Setup {
     setup_with(vec![fake_agent().into_os_string()]).await
 }
 
-/// Node A dials node B; B runs `awp serve-agent --acp -- AGENT…`.
+/// Node A dials node B; B runs `awp serve-agent --acp -- AGENT…`; ready once the agent
+/// noted its start in `FAKE_ACP_LOG`.
 async fn setup_with(agent: Vec<std::ffi::OsString>) -> Setup {
+    setup_opts(agent, true).await
+}
+
+/// Node A dials node B; B runs `awp serve-agent --acp -- AGENT…`; ready once the agent
+/// noted its start (`logs`), else once `serve-agent` logged a first restart.
+async fn setup_opts(agent: Vec<std::ffi::OsString>, logs: bool) -> Setup {
     let a = TestNode::start("alice").await;
     let b = TestNode::start("bob").await;
     a.connect(&b).await;
@@ -57,14 +68,37 @@ async fn setup_with(agent: Vec<std::ffi::OsString>) -> Setup {
         .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("awp serve-agent starts");
+    let mut serve = serve;
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let (mut pipe, sink) = (serve.stderr.take().unwrap(), stderr.clone());
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
     // The agent is started (and logs it) once serve-agent has subscribed to B's events.
-    let l = log.clone();
+    let (l, e) = (log.clone(), stderr.clone());
     eventually(20, || {
-        let l = l.clone();
-        async move { starts(&l).ge(&1).then_some(()) }
+        let (l, e) = (l.clone(), e.clone());
+        async move {
+            let ready = if logs {
+                starts(&l) >= 1
+            } else {
+                e.lock().unwrap().contains("restarting it in")
+            };
+            ready.then_some(())
+        }
     })
     .await;
     Setup {
@@ -72,8 +106,20 @@ async fn setup_with(agent: Vec<std::ffi::OsString>) -> Setup {
         b,
         root,
         log,
+        stderr,
         _serve: serve,
     }
+}
+
+/// The delays (ms) of the restarts `serve-agent` logged so far.
+fn restart_delays(stderr: &Mutex<String>) -> Vec<u64> {
+    stderr
+        .lock()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split("restarting it in ").nth(1))
+        .filter_map(|t| t.split(' ').next()?.parse().ok())
+        .collect()
 }
 
 fn starts(log: &Path) -> usize {
@@ -309,6 +355,51 @@ async fn agent_flooding_non_json_lines_is_restarted() {
     assert_eq!(starts(&s.log), 2);
 }
 
+/// An agent command that cannot start fails the peer's thread at once with a note naming
+/// the cause (before: a 30 s wait, then a note without it); the restarts back off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_start_fails_the_thread_with_a_note() {
+    let s = setup_opts(vec!["/nonexistent/acp-agent".into()], false).await;
+    let asked = std::time::Instant::now();
+    let th = say(&s.a, &s.b, None, "hello").await;
+    let failed = wait_state(&s.a, &th, 0, "failed").await;
+    let note = failed["note"].as_str().unwrap();
+    assert!(note.contains("cannot start the agent"), "{note}");
+    assert!(note.contains("No such file"), "{note}");
+    assert!(note.contains("restarted with backoff"), "{note}");
+    eprintln!("failed {} ms after the msg", asked.elapsed().as_millis());
+    // The restarts back off: 0.5 s, 1 s, 2 s, … (bounded by BACKOFF_MAX).
+    let delays = eventually(20, || async {
+        let d = restart_delays(&s.stderr);
+        (d.len() >= 3).then_some(d)
+    })
+    .await;
+    assert_eq!(delays[..3], [500, 1000, 2000], "{delays:?}");
+}
+
+/// An agent that exits at once (before answering `initialize`) fails the peer's thread
+/// with a note naming the exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_exits_at_once_fails_the_thread_with_a_note() {
+    let s = setup_with(vec![
+        "sh".into(),
+        "-c".into(),
+        "echo start >> \"$FAKE_ACP_LOG\"; exit 0".into(),
+    ])
+    .await;
+    let th = say(&s.a, &s.b, None, "hello").await;
+    let failed = wait_state(&s.a, &th, 0, "failed").await;
+    let note = failed["note"].as_str().unwrap();
+    assert!(
+        note.contains("exited")
+            || note.contains("closed its output")
+            || note.contains("connection failed"),
+        "{note}"
+    );
+    assert!(note.contains("restarted with backoff"), "{note}");
+    assert!(starts(&s.log) >= 2, "it was restarted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fs_requests_need_grants_and_stay_in_the_root() {
     let s = setup().await;
@@ -420,7 +511,6 @@ async fn python_sdk_client_drives_awp_acp() {
 async fn editor_drives_awp_acp_permission_and_cancel() {
     use acp::v1::schema as s;
     use agent_client_protocol as acp;
-    use std::sync::{Arc, Mutex};
     use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
     let st = setup().await;

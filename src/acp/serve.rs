@@ -17,9 +17,14 @@
 //!   [`crate::node::served_fs`] (as served requests), only for a peer holding `fs:read` /
 //!   `fs:write`.
 //! - The peer's state `closed` or `failed` → `session/cancel`.
-//! - The agent is supervised: when it exits it is started again after a backoff (from
-//!   [`BACKOFF_START`], doubling to [`BACKOFF_MAX`]); the prompts it was running end as
-//!   `failed` with a note. Every request to the agent has a timeout.
+//! - The agent is supervised: when it exits, or breaks its output (a line over
+//!   [`MAX_AGENT_LINE`], or more than [`super::linecap::MAX_BAD_LINES`] lines in a row that
+//!   are no JSON-RPC messages, as `yes` would write), it is killed and started again after
+//!   a backoff (from [`BACKOFF_START`], doubling to [`BACKOFF_MAX`]); the prompts it was
+//!   running end as `failed` with a note naming the cause. A prompt that finds no running
+//!   agent waits for the next start, and ends `failed` with the last cause (e.g. `cannot
+//!   start the agent …`) when that start fails too. Every request to the agent has a
+//!   timeout.
 
 use super::bridge::{self, Coalescer, Progress};
 pub use super::linecap::LineCap;
@@ -87,6 +92,9 @@ struct Shared {
     /// Session id → the thread that owns it.
     routes: Mutex<HashMap<String, Route>>,
     conn: watch::Receiver<Option<Conn>>,
+    /// How the agent's last run ended (could not start, exited, broke its output); it
+    /// changes each time a run ends.
+    down: watch::Receiver<Option<String>>,
 }
 
 enum ThreadEvent {
@@ -130,6 +138,7 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     .await
     .map_err(|e| format!("cannot subscribe to the node: {e}"))?;
     let (conn_tx, conn_rx) = watch::channel(None);
+    let (down_tx, down_rx) = watch::channel(None);
     let shared = Arc::new(Shared {
         socket: cfg.socket.clone(),
         root,
@@ -137,8 +146,9 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
         prompt_timeout: cfg.prompt_timeout,
         routes: Mutex::new(HashMap::new()),
         conn: conn_rx,
+        down: down_rx,
     });
-    let supervisor = tokio::spawn(supervise(shared.clone(), conn_tx));
+    let supervisor = tokio::spawn(supervise(shared.clone(), conn_tx, down_tx));
     let mut threads: HashMap<(String, String), mpsc::Sender<ThreadEvent>> = HashMap::new();
     let mut ours = std::collections::HashSet::new();
     let result = loop {
@@ -291,7 +301,11 @@ fn busy(shared: &Arc<Shared>, peer: &str, th: &str, why: &str) {
 // ---------------------------------------------------------------------------------------
 // The agent process and its ACP connection.
 
-async fn supervise(shared: Arc<Shared>, conn_tx: watch::Sender<Option<Conn>>) {
+async fn supervise(
+    shared: Arc<Shared>,
+    conn_tx: watch::Sender<Option<Conn>>,
+    down_tx: watch::Sender<Option<String>>,
+) {
     let mut generation = 0u64;
     let mut backoff = BACKOFF_START;
     loop {
@@ -300,6 +314,8 @@ async fn supervise(shared: Arc<Shared>, conn_tx: watch::Sender<Option<Conn>>) {
         let note = run_agent(&shared, generation, &conn_tx).await;
         conn_tx.send_replace(None);
         tracing::warn!("{note}; restarting it in {} ms", backoff.as_millis());
+        // Prompts waiting for a connection learn why there is none.
+        down_tx.send_replace(Some(note.clone()));
         let routes: Vec<Route> = {
             let mut r = shared.routes.lock().unwrap_or_else(|p| p.into_inner());
             r.drain().map(|(_, v)| v).collect()
@@ -423,13 +439,28 @@ impl Shared {
             .cloned()
     }
 
-    /// The live connection, waiting up to [`REQUEST_TIMEOUT`] for a (re)started agent.
+    /// The live connection, waiting up to [`REQUEST_TIMEOUT`] for a (re)started agent;
+    /// an error naming the cause when the agent's next run ends without a connection (it
+    /// could not start, or exited at once) or none came in time.
     async fn connection(&self) -> Result<Conn, String> {
         let mut rx = self.conn.clone();
-        let got = tokio::time::timeout(REQUEST_TIMEOUT, rx.wait_for(Option::is_some)).await;
-        match got {
-            Ok(Ok(c)) => Ok(c.clone().expect("is_some")),
-            _ => Err("the agent is not running (it is being restarted)".into()),
+        let mut down = self.down.clone();
+        down.borrow_and_update();
+        let why = |note: Option<String>| {
+            format!(
+                "the agent is not running: {}; it is restarted with backoff",
+                note.as_deref().unwrap_or("it did not start in time")
+            )
+        };
+        tokio::select! {
+            got = tokio::time::timeout(REQUEST_TIMEOUT, rx.wait_for(Option::is_some)) => match got {
+                Ok(Ok(c)) => Ok(c.clone().expect("is_some")),
+                _ => Err(why(down.borrow().clone())),
+            },
+            r = down.changed() => match r {
+                Ok(()) => Err(why(down.borrow().clone())),
+                Err(_) => Err(why(None)),
+            },
         }
     }
 
