@@ -510,7 +510,6 @@ async fn python_sdk_client_drives_awp_acp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn editor_drives_awp_acp_permission_and_cancel() {
     use acp::v1::schema as s;
-    use agent_client_protocol as acp;
     use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
     let st = setup().await;
@@ -668,4 +667,193 @@ async fn replies_in_threads_the_serving_user_started_are_not_prompts() {
     let lines = inbound(&s.a, &th).await;
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert_eq!(lines[0]["parts"][0]["text"], "a question from bob's user");
+}
+
+/// Runs `awp --home HOME acp ARGS…` as an editor's agent, driven by the crate's ACP client
+/// running `main` (given the connection and the agent text received so far); permission
+/// requests are denied. 60 s at most. Returns `main`'s result and the text.
+async fn editor<T>(
+    home: &Path,
+    args: &[&str],
+    main: impl AsyncFnOnce(
+        acp::v1::ConnectionTo<acp::Agent>,
+        Arc<Mutex<String>>,
+    ) -> Result<T, acp::Error>,
+) -> (Result<T, acp::Error>, String) {
+    use acp::v1::schema as s;
+    use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(home)
+        .arg("acp")
+        .args(args)
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let transport = acp::ByteStreams::new(
+        child.stdin.take().unwrap().compat_write(),
+        child.stdout.take().unwrap().compat(),
+    );
+    let text = Arc::new(Mutex::new(String::new()));
+    let (t1, t2) = (text.clone(), text.clone());
+    let run = acp::Client
+        .v1()
+        .on_receive_notification(
+            async move |n: s::SessionNotification, _cx| {
+                let v = serde_json::to_value(&n.update).unwrap();
+                if let Some(t) = v["content"]["text"].as_str() {
+                    t1.lock().unwrap().push_str(t);
+                }
+                Ok(())
+            },
+            acp::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |_r: s::RequestPermissionRequest, responder, _cx| {
+                responder.respond(s::RequestPermissionResponse::new(
+                    s::RequestPermissionOutcome::Cancelled,
+                ))
+            },
+            acp::on_receive_request!(),
+        )
+        .connect_with(
+            transport,
+            async move |cx: acp::v1::ConnectionTo<acp::Agent>| {
+                let init: s::InitializeRequest =
+                    serde_json::from_value(json!({"protocolVersion": 1})).unwrap();
+                cx.send_request(init).block_task().await?;
+                main(cx, t2).await
+            },
+        );
+    let r = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+        .await
+        .expect("the editor's session ends in time");
+    let t = text.lock().unwrap().clone();
+    (r, t)
+}
+
+/// A new session's id (`session/new`).
+async fn new_session(
+    cx: &acp::v1::ConnectionTo<acp::Agent>,
+) -> Result<acp::v1::schema::SessionId, acp::Error> {
+    let req = acp::v1::schema::NewSessionRequest::new(std::env::temp_dir());
+    Ok(cx.send_request(req).block_task().await?.session_id)
+}
+
+fn prompt_req(sid: &acp::v1::schema::SessionId, t: &str) -> acp::v1::schema::PromptRequest {
+    use acp::v1::schema as s;
+    s::PromptRequest::new(
+        sid.clone(),
+        vec![s::ContentBlock::Text(s::TextContent::new(t))],
+    )
+}
+
+/// The `state` lines B received from A in `th` (what B's served agent would see).
+async fn received_states(b: &TestNode, th: &str) -> Vec<Value> {
+    inbound(b, th)
+        .await
+        .into_iter()
+        .filter(|l| l["t"] == "state")
+        .collect()
+}
+
+/// `awp acp --peer B` where B serves no agent: the editor's cancel ends the prompt at once
+/// with `cancelled` (before: ignored while waiting 30 min for B), and B's thread gets our
+/// `failed` (`cancelled`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_cancel_ends_the_prompt_when_the_peer_serves_no_agent() {
+    use acp::v1::schema as s;
+    let a = TestNode::start("alice").await;
+    let b = TestNode::start("bob").await;
+    a.connect(&b).await;
+    let (r, _) = editor(&a.path(), &["--peer", &b.key()], async |cx, _t| {
+        let sid = new_session(&cx).await?;
+        let pending = cx
+            .send_request(prompt_req(&sid, "anyone there?"))
+            .block_task();
+        let cancel = async {
+            // Cancel once the msg reached B (the prompt is then waiting for B).
+            eventually(20, || async {
+                (!b.inbound().await.is_empty()).then_some(())
+            })
+            .await;
+            cx.send_notification(s::CancelNotification::new(sid.clone()))
+                .unwrap();
+        };
+        let (r, ()) = tokio::join!(pending, cancel);
+        Ok(serde_json::to_value(r?.stop_reason).unwrap())
+    })
+    .await;
+    assert_eq!(r.expect("the prompt ends"), "cancelled");
+    let th = b.inbound().await[0]["th"].as_str().unwrap().to_string();
+    let states = eventually(10, || async {
+        let st = received_states(&b, &th).await;
+        (!st.is_empty()).then_some(st)
+    })
+    .await;
+    assert_eq!(states[0]["state"], "failed");
+    assert_eq!(states[0]["note"], "cancelled");
+}
+
+/// `awp acp --peer B --answer-timeout 2s` where B serves no agent: the prompt ends with an
+/// error saying B answered nothing (before: a 30 min wait), and the thread is ended at B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_ends_a_prompt_the_peer_does_not_answer() {
+    let a = TestNode::start("alice").await;
+    let b = TestNode::start("bob").await;
+    a.connect(&b).await;
+    let args = ["--peer", &b.key(), "--answer-timeout", "2s"];
+    let (r, _) = editor(&a.path(), &args, async |cx, _t| {
+        let sid = new_session(&cx).await?;
+        let r = cx
+            .send_request(prompt_req(&sid, "hello?"))
+            .block_task()
+            .await;
+        Ok(r.map(|r| r.stop_reason))
+    })
+    .await;
+    let e = r.expect("the session runs").expect_err("the prompt fails");
+    assert_eq!(e.code, acp::ErrorCode::INTERNAL_ERROR, "{e:?}");
+    assert!(e.message.contains("answered nothing within 2 s"), "{e:?}");
+    assert!(e.message.contains("serve an agent"), "{e:?}");
+    let th = b.inbound().await[0]["th"].as_str().unwrap().to_string();
+    let states = eventually(10, || async {
+        let st = received_states(&b, &th).await;
+        (!st.is_empty()).then_some(st)
+    })
+    .await;
+    assert_eq!(states[0]["state"], "failed", "{states:?}");
+    assert_eq!(states[0]["note"], "no answer within 2 s", "{states:?}");
+}
+
+/// The served agent crashing mid-prompt: the editor's prompt ends `refusal` (ACP has no
+/// stop reason for a failure; the closest is kept) with the peer's note as a last chunk.
+/// And a prompt in an unknown session is an invalid-params error (-32602; before: -32603).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_reports_a_crash_of_the_served_agent() {
+    let st = setup().await;
+    let (r, text) = editor(&st.a.path(), &["--peer", &st.b.key()], async |cx, _t| {
+        let unknown = acp::v1::schema::SessionId::new("awp-999");
+        let e = cx
+            .send_request(prompt_req(&unknown, "hi"))
+            .block_task()
+            .await
+            .expect_err("no such session");
+        assert_eq!(e.code, acp::ErrorCode::INVALID_PARAMS, "{e:?}");
+        let sid = new_session(&cx).await?;
+        let r = cx
+            .send_request(prompt_req(&sid, "crash"))
+            .block_task()
+            .await?;
+        Ok(serde_json::to_value(r.stop_reason).unwrap())
+    })
+    .await;
+    assert_eq!(r.expect("the prompt ends"), "refusal");
+    assert!(text.contains("[failed: "), "{text}");
+    assert!(text.contains("exited") || text.contains("closed"), "{text}");
+    assert!(text.contains("restarted"), "{text}");
 }

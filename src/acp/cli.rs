@@ -36,6 +36,11 @@ pub struct AcpArgs {
     /// Longest one prompt may wait for the peer's `done` or `failed` (e.g. 30m).
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30m")]
     pub prompt_timeout: Duration,
+    /// Longest one prompt waits for the peer's first progress or state in its thread;
+    /// then the prompt ends with an error saying the peer answered nothing (a peer that
+    /// serves an agent answers `working` at once).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "60s")]
+    pub answer_timeout: Duration,
 }
 
 /// Run `awp serve-agent` until interrupted or the node goes away (exit 1, or 3 when no
@@ -74,6 +79,7 @@ pub async fn acp(ctx: &Ctx, args: AcpArgs) -> Result<(), Failure> {
         socket,
         peer: args.peer,
         prompt_timeout: args.prompt_timeout,
+        answer_timeout: args.answer_timeout,
     })
     .await
     .map_err(|e| Failure::new(Exit::Failed, e, "check the node with `awp status`"))
