@@ -830,6 +830,30 @@ async fn awp_acp_ends_a_prompt_the_peer_does_not_answer() {
     assert_eq!(states[0]["note"], "no answer within 2 s", "{states:?}");
 }
 
+/// `awp acp --peer NAME` for a peer the node does not know exits 2 before serving, with
+/// the reason on stderr (before: it served, and exited 0 when the editor closed stdin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_refuses_an_unknown_peer() {
+    let a = TestNode::start("alice").await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(a.path())
+        .args(["acp", "--peer", "nosuchpeer"])
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), out)
+        .await
+        .expect("awp acp ends")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("nosuchpeer"), "{err}");
+    assert!(out.stdout.is_empty(), "nothing served");
+}
+
 /// The served agent crashing mid-prompt: the editor's prompt ends `refusal` (ACP has no
 /// stop reason for a failure; the closest is kept) with the peer's note as a last chunk.
 /// And a prompt in an unknown session is an invalid-params error (-32602; before: -32603).

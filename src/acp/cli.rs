@@ -71,10 +71,14 @@ pub async fn serve_agent(ctx: &Ctx, args: ServeAgentArgs) -> Result<(), Failure>
         .map_err(|e| Failure::new(Exit::Failed, e, "check the node with `awp status`"))
 }
 
-/// Run `awp acp` until the editor closes stdin.
+/// Run `awp acp` until the editor closes stdin. A `--peer` the node does not know ends
+/// it before serving (exit 2): the editor's agent configuration is wrong, and an agent
+/// process that exits at once with the reason on stderr shows that where editors show
+/// agent failures (their agent log), instead of failing each prompt later.
 pub async fn acp(ctx: &Ctx, args: AcpArgs) -> Result<(), Failure> {
     let socket = crate::daemon::socket_path(&ctx.home);
     check_node(ctx, &socket).await?;
+    check_peer(ctx, &socket, &args.peer).await?;
     super::agent::run(super::agent::AgentConfig {
         socket,
         peer: args.peer,
@@ -83,6 +87,24 @@ pub async fn acp(ctx: &Ctx, args: AcpArgs) -> Result<(), Failure> {
     })
     .await
     .map_err(|e| Failure::new(Exit::Failed, e, "check the node with `awp status`"))
+}
+
+/// Exit 2 when the node resolves no single peer from `peer` (the node's rule of every
+/// peer argument, applied by a subscription filtered on it).
+async fn check_peer(ctx: &Ctx, socket: &std::path::Path, peer: &str) -> Result<(), Failure> {
+    let req = crate::control::Request::Subscribe {
+        th: None,
+        peer: Some(peer.to_string()),
+        from_seq: None,
+    };
+    match crate::control::subscribe(socket, &req).await {
+        Ok(_) => Ok(()),
+        Err(crate::control::ClientError::Refused(e)) => Err(Failure::usage(
+            e.message,
+            "`awp peers` lists the known peers; `awp connect` adds one",
+        )),
+        Err(e) => Err(crate::cli::client_failure(&e, &ctx.home)),
+    }
 }
 
 /// Exit 3 when no node answers (the usual failures of [`crate::cli::client_failure`]).
