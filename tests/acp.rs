@@ -594,9 +594,15 @@ async fn editor_drives_awp_acp_permission_and_cancel() {
             };
             let (r, ()) = tokio::join!(pending, cancel);
             let second = serde_json::to_value(r?.stop_reason).unwrap();
-            Ok((first, second))
+            // The cancelled prompt ended at once; its late end at B does not end the next.
+            let r = cx
+                .send_request(s::PromptRequest::new(sid.clone(), vec![block("again")]))
+                .block_task()
+                .await?;
+            let third = serde_json::to_value(r.stop_reason).unwrap();
+            Ok((first, second, third))
         });
-    let (first, second) = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+    let (first, second, third) = tokio::time::timeout(std::time::Duration::from_secs(60), run)
         .await
         .expect("the editor's session ends in time")
         .expect("ACP works");
@@ -608,6 +614,9 @@ async fn editor_drives_awp_acp_permission_and_cancel() {
         text.lock().unwrap()
     );
     assert_eq!(second, "cancelled");
+    assert_eq!(third, "end_turn");
+    let text = text.lock().unwrap().clone();
+    assert!(text.contains("echo: again"), "{text}");
 }
 
 /// A prompt stuck in the agent holds only its own thread: another thread of the same peer

@@ -272,10 +272,16 @@ impl State {
         let deadline = start + self.cfg.prompt_timeout;
         let answer_deadline = start + self.cfg.answer_timeout;
         let mut answered = false;
+        // False once the sender is gone (a later prompt of the session took its place).
+        let mut cancel_live = true;
         loop {
             let ev = tokio::select! {
                 ev = sub.next_event() => ev.map_err(failure)?.ok_or_else(|| failure("the node closed the event stream"))?,
-                _ = cancel_rx.changed() => {
+                r = cancel_rx.changed(), if cancel_live => {
+                    if r.is_err() {
+                        cancel_live = false;
+                        continue;
+                    }
                     // Ended at once: the peer (its agent cancelled by our `failed`) may
                     // answer late or never; its late end is skipped by the next prompt.
                     self.end_thread(&th, "cancelled").await;

@@ -95,6 +95,9 @@ struct Shared {
     /// How the agent's last run ended (could not start, exited, broke its output); it
     /// changes each time a run ends.
     down: watch::Receiver<Option<String>>,
+    /// Peer msgs that reached a thread task as it ended (closed thread), to be served by
+    /// a new task.
+    redo: mpsc::Sender<((String, String), ThreadEvent)>,
 }
 
 enum ThreadEvent {
@@ -139,6 +142,7 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     .map_err(|e| format!("cannot subscribe to the node: {e}"))?;
     let (conn_tx, conn_rx) = watch::channel(None);
     let (down_tx, down_rx) = watch::channel(None);
+    let (redo_tx, mut redo_rx) = mpsc::channel(THREAD_QUEUE);
     let shared = Arc::new(Shared {
         socket: cfg.socket.clone(),
         root,
@@ -147,6 +151,7 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
         routes: Mutex::new(HashMap::new()),
         conn: conn_rx,
         down: down_rx,
+        redo: redo_tx,
     });
     let supervisor = tokio::spawn(supervise(shared.clone(), conn_tx, down_tx));
     let mut threads: HashMap<(String, String), mpsc::Sender<ThreadEvent>> = HashMap::new();
@@ -158,6 +163,14 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
                 Ok(None) => break Err("the node closed the event stream".to_string()),
                 Err(e) => break Err(format!("the node's event stream failed: {e}")),
             },
+            Some((key, ev)) = redo_rx.recv() => {
+                if threads.get(&key).is_none_or(|tx| tx.is_closed()) {
+                    threads.remove(&key);
+                    start_thread(&shared, &mut threads, key, ev);
+                } else if let Some(tx) = threads.get(&key) {
+                    let _ = tx.try_send(ev);
+                }
+            }
             _ = tokio::signal::ctrl_c() => break Ok(()),
         }
     };
@@ -680,6 +693,15 @@ impl ThreadActor {
                 }
             }
             if self.closing && self.busy.is_none() {
+                // No event is lost: msgs already queued here go to a new task (later
+                // sends see the channel closed and start one themselves).
+                rx.close();
+                while let Ok(ev) = rx.try_recv() {
+                    if matches!(ev, ThreadEvent::PeerMsg { .. }) {
+                        let key = (self.peer.clone(), self.th.clone());
+                        let _ = self.shared.redo.try_send((key, ev));
+                    }
+                }
                 break;
             }
         }
