@@ -3,6 +3,8 @@
 //!
 //! The first text block of a prompt picks what it does:
 //! - `crash`: exits at once (status 3), mid-prompt.
+//! - `flood`: writes 10 000 lines `y` (no JSON), then hangs without answering (10 min
+//!   at most), like `yes` run as an agent.
 //! - `wait`: answers nothing until `session/cancel` for its session, then `cancelled`
 //!   (other sessions are served meanwhile).
 //! - `perm` / `perm-exec`: asks `session/request_permission` for an `edit` / `execute` tool
@@ -157,6 +159,18 @@ fn prompt(io: &mut Io, session: &str, text: &str, blocks: &[Value]) -> &'static 
     let words: Vec<&str> = text.splitn(3, ' ').collect();
     match words[0] {
         "crash" => std::process::exit(3),
+        "flood" => {
+            let mut out = std::io::stdout().lock();
+            for _ in 0..10_000 {
+                if writeln!(out, "y").is_err() {
+                    break;
+                }
+            }
+            let _ = out.flush();
+            drop(out);
+            std::thread::sleep(std::time::Duration::from_secs(600));
+            std::process::exit(0)
+        }
         "refuse" => "refusal",
         "perm" | "perm-exec" => {
             let kind = if words[0] == "perm" {

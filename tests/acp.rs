@@ -5,11 +5,13 @@
 
 mod common;
 
+use agent_client_protocol as acp;
 use awp_node::acp::bridge::{PERMISSION_MIME, PLAN_MIME};
 use awp_node::control::Request;
 use common::{eventually, TestNode};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use tempfile::TempDir;
 
 /// The fake agent next to the test build's `awp` (built by `cargo test` with the
@@ -30,6 +32,8 @@ struct Setup {
     b: TestNode,
     root: TempDir,
     log: PathBuf,
+    /// `serve-agent`'s stderr so far.
+    stderr: Arc<Mutex<String>>,
     _serve: tokio::process::Child,
 }
 
@@ -38,8 +42,15 @@ async fn setup() -> Setup {
     setup_with(vec![fake_agent().into_os_string()]).await
 }
 
-/// Node A dials node B; B runs `awp serve-agent --acp -- AGENT…`.
+/// Node A dials node B; B runs `awp serve-agent --acp -- AGENT…`; ready once the agent
+/// noted its start in `FAKE_ACP_LOG`.
 async fn setup_with(agent: Vec<std::ffi::OsString>) -> Setup {
+    setup_opts(agent, true).await
+}
+
+/// Node A dials node B; B runs `awp serve-agent --acp -- AGENT…`; ready once the agent
+/// noted its start (`logs`), else once `serve-agent` logged a first restart.
+async fn setup_opts(agent: Vec<std::ffi::OsString>, logs: bool) -> Setup {
     let a = TestNode::start("alice").await;
     let b = TestNode::start("bob").await;
     a.connect(&b).await;
@@ -57,14 +68,37 @@ async fn setup_with(agent: Vec<std::ffi::OsString>) -> Setup {
         .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("awp serve-agent starts");
+    let mut serve = serve;
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let (mut pipe, sink) = (serve.stderr.take().unwrap(), stderr.clone());
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
     // The agent is started (and logs it) once serve-agent has subscribed to B's events.
-    let l = log.clone();
+    let (l, e) = (log.clone(), stderr.clone());
     eventually(20, || {
-        let l = l.clone();
-        async move { starts(&l).ge(&1).then_some(()) }
+        let (l, e) = (l.clone(), e.clone());
+        async move {
+            let ready = if logs {
+                starts(&l) >= 1
+            } else {
+                e.lock().unwrap().contains("restarting it in")
+            };
+            ready.then_some(())
+        }
     })
     .await;
     Setup {
@@ -72,8 +106,20 @@ async fn setup_with(agent: Vec<std::ffi::OsString>) -> Setup {
         b,
         root,
         log,
+        stderr,
         _serve: serve,
     }
+}
+
+/// The delays (ms) of the restarts `serve-agent` logged so far.
+fn restart_delays(stderr: &Mutex<String>) -> Vec<u64> {
+    stderr
+        .lock()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split("restarting it in ").nth(1))
+        .filter_map(|t| t.split(' ').next()?.parse().ok())
+        .collect()
 }
 
 fn starts(log: &Path) -> usize {
@@ -293,6 +339,67 @@ async fn agent_crash_fails_the_prompt_and_the_agent_restarts() {
     assert_eq!(starts(&s.log), 2);
 }
 
+/// An agent that floods its output with lines that are no JSON (as `yes` would) is cut off
+/// after 64 in a row: the prompt fails with a note and the agent is restarted (before, the
+/// ACP crate queued every such line without bound, and the prompt hung).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_flooding_non_json_lines_is_restarted() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "flood").await;
+    let failed = wait_state(&s.a, &th, 0, "failed").await;
+    let note = failed["note"].as_str().unwrap();
+    assert!(note.contains("no JSON-RPC messages"), "{note}");
+    assert!(note.contains("restarted"), "{note}");
+    say(&s.a, &s.b, Some(&th), "again").await;
+    wait_state(&s.a, &th, 1, "done").await;
+    assert_eq!(starts(&s.log), 2);
+}
+
+/// An agent command that cannot start fails the peer's thread at once with a note naming
+/// the cause (before: a 30 s wait, then a note without it); the restarts back off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_start_fails_the_thread_with_a_note() {
+    let s = setup_opts(vec!["/nonexistent/acp-agent".into()], false).await;
+    let asked = std::time::Instant::now();
+    let th = say(&s.a, &s.b, None, "hello").await;
+    let failed = wait_state(&s.a, &th, 0, "failed").await;
+    let note = failed["note"].as_str().unwrap();
+    assert!(note.contains("cannot start the agent"), "{note}");
+    assert!(note.contains("No such file"), "{note}");
+    assert!(note.contains("restarted with backoff"), "{note}");
+    eprintln!("failed {} ms after the msg", asked.elapsed().as_millis());
+    // The restarts back off: 0.5 s, 1 s, 2 s, … (bounded by BACKOFF_MAX).
+    let delays = eventually(20, || async {
+        let d = restart_delays(&s.stderr);
+        (d.len() >= 3).then_some(d)
+    })
+    .await;
+    assert_eq!(delays[..3], [500, 1000, 2000], "{delays:?}");
+}
+
+/// An agent that exits at once (before answering `initialize`) fails the peer's thread
+/// with a note naming the exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_exits_at_once_fails_the_thread_with_a_note() {
+    let s = setup_with(vec![
+        "sh".into(),
+        "-c".into(),
+        "echo start >> \"$FAKE_ACP_LOG\"; exit 0".into(),
+    ])
+    .await;
+    let th = say(&s.a, &s.b, None, "hello").await;
+    let failed = wait_state(&s.a, &th, 0, "failed").await;
+    let note = failed["note"].as_str().unwrap();
+    assert!(
+        note.contains("exited")
+            || note.contains("closed its output")
+            || note.contains("connection failed"),
+        "{note}"
+    );
+    assert!(note.contains("restarted with backoff"), "{note}");
+    assert!(starts(&s.log) >= 2, "it was restarted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fs_requests_need_grants_and_stay_in_the_root() {
     let s = setup().await;
@@ -403,8 +510,6 @@ async fn python_sdk_client_drives_awp_acp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn editor_drives_awp_acp_permission_and_cancel() {
     use acp::v1::schema as s;
-    use agent_client_protocol as acp;
-    use std::sync::{Arc, Mutex};
     use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
     let st = setup().await;
@@ -489,9 +594,15 @@ async fn editor_drives_awp_acp_permission_and_cancel() {
             };
             let (r, ()) = tokio::join!(pending, cancel);
             let second = serde_json::to_value(r?.stop_reason).unwrap();
-            Ok((first, second))
+            // The cancelled prompt ended at once; its late end at B does not end the next.
+            let r = cx
+                .send_request(s::PromptRequest::new(sid.clone(), vec![block("again")]))
+                .block_task()
+                .await?;
+            let third = serde_json::to_value(r.stop_reason).unwrap();
+            Ok((first, second, third))
         });
-    let (first, second) = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+    let (first, second, third) = tokio::time::timeout(std::time::Duration::from_secs(60), run)
         .await
         .expect("the editor's session ends in time")
         .expect("ACP works");
@@ -503,6 +614,9 @@ async fn editor_drives_awp_acp_permission_and_cancel() {
         text.lock().unwrap()
     );
     assert_eq!(second, "cancelled");
+    assert_eq!(third, "end_turn");
+    let text = text.lock().unwrap().clone();
+    assert!(text.contains("echo: again"), "{text}");
 }
 
 /// A prompt stuck in the agent holds only its own thread: another thread of the same peer
@@ -562,4 +676,217 @@ async fn replies_in_threads_the_serving_user_started_are_not_prompts() {
     let lines = inbound(&s.a, &th).await;
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert_eq!(lines[0]["parts"][0]["text"], "a question from bob's user");
+}
+
+/// Runs `awp --home HOME acp ARGS…` as an editor's agent, driven by the crate's ACP client
+/// running `main` (given the connection and the agent text received so far); permission
+/// requests are denied. 60 s at most. Returns `main`'s result and the text.
+async fn editor<T>(
+    home: &Path,
+    args: &[&str],
+    main: impl AsyncFnOnce(
+        acp::v1::ConnectionTo<acp::Agent>,
+        Arc<Mutex<String>>,
+    ) -> Result<T, acp::Error>,
+) -> (Result<T, acp::Error>, String) {
+    use acp::v1::schema as s;
+    use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(home)
+        .arg("acp")
+        .args(args)
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let transport = acp::ByteStreams::new(
+        child.stdin.take().unwrap().compat_write(),
+        child.stdout.take().unwrap().compat(),
+    );
+    let text = Arc::new(Mutex::new(String::new()));
+    let (t1, t2) = (text.clone(), text.clone());
+    let run = acp::Client
+        .v1()
+        .on_receive_notification(
+            async move |n: s::SessionNotification, _cx| {
+                let v = serde_json::to_value(&n.update).unwrap();
+                if let Some(t) = v["content"]["text"].as_str() {
+                    t1.lock().unwrap().push_str(t);
+                }
+                Ok(())
+            },
+            acp::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |_r: s::RequestPermissionRequest, responder, _cx| {
+                responder.respond(s::RequestPermissionResponse::new(
+                    s::RequestPermissionOutcome::Cancelled,
+                ))
+            },
+            acp::on_receive_request!(),
+        )
+        .connect_with(
+            transport,
+            async move |cx: acp::v1::ConnectionTo<acp::Agent>| {
+                let init: s::InitializeRequest =
+                    serde_json::from_value(json!({"protocolVersion": 1})).unwrap();
+                cx.send_request(init).block_task().await?;
+                main(cx, t2).await
+            },
+        );
+    let r = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+        .await
+        .expect("the editor's session ends in time");
+    let t = text.lock().unwrap().clone();
+    (r, t)
+}
+
+/// A new session's id (`session/new`).
+async fn new_session(
+    cx: &acp::v1::ConnectionTo<acp::Agent>,
+) -> Result<acp::v1::schema::SessionId, acp::Error> {
+    let req = acp::v1::schema::NewSessionRequest::new(std::env::temp_dir());
+    Ok(cx.send_request(req).block_task().await?.session_id)
+}
+
+fn prompt_req(sid: &acp::v1::schema::SessionId, t: &str) -> acp::v1::schema::PromptRequest {
+    use acp::v1::schema as s;
+    s::PromptRequest::new(
+        sid.clone(),
+        vec![s::ContentBlock::Text(s::TextContent::new(t))],
+    )
+}
+
+/// The `state` lines B received from A in `th` (what B's served agent would see).
+async fn received_states(b: &TestNode, th: &str) -> Vec<Value> {
+    inbound(b, th)
+        .await
+        .into_iter()
+        .filter(|l| l["t"] == "state")
+        .collect()
+}
+
+/// `awp acp --peer B` where B serves no agent: the editor's cancel ends the prompt at once
+/// with `cancelled` (before: ignored while waiting 30 min for B), and B's thread gets our
+/// `failed` (`cancelled`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_cancel_ends_the_prompt_when_the_peer_serves_no_agent() {
+    use acp::v1::schema as s;
+    let a = TestNode::start("alice").await;
+    let b = TestNode::start("bob").await;
+    a.connect(&b).await;
+    let (r, _) = editor(&a.path(), &["--peer", &b.key()], async |cx, _t| {
+        let sid = new_session(&cx).await?;
+        let pending = cx
+            .send_request(prompt_req(&sid, "anyone there?"))
+            .block_task();
+        let cancel = async {
+            // Cancel once the msg reached B (the prompt is then waiting for B).
+            eventually(20, || async {
+                (!b.inbound().await.is_empty()).then_some(())
+            })
+            .await;
+            cx.send_notification(s::CancelNotification::new(sid.clone()))
+                .unwrap();
+        };
+        let (r, ()) = tokio::join!(pending, cancel);
+        Ok(serde_json::to_value(r?.stop_reason).unwrap())
+    })
+    .await;
+    assert_eq!(r.expect("the prompt ends"), "cancelled");
+    let th = b.inbound().await[0]["th"].as_str().unwrap().to_string();
+    let states = eventually(10, || async {
+        let st = received_states(&b, &th).await;
+        (!st.is_empty()).then_some(st)
+    })
+    .await;
+    assert_eq!(states[0]["state"], "failed");
+    assert_eq!(states[0]["note"], "cancelled");
+}
+
+/// `awp acp --peer B --answer-timeout 2s` where B serves no agent: the prompt ends with an
+/// error saying B answered nothing (before: a 30 min wait), and the thread is ended at B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_ends_a_prompt_the_peer_does_not_answer() {
+    let a = TestNode::start("alice").await;
+    let b = TestNode::start("bob").await;
+    a.connect(&b).await;
+    let args = ["--peer", &b.key(), "--answer-timeout", "2s"];
+    let (r, _) = editor(&a.path(), &args, async |cx, _t| {
+        let sid = new_session(&cx).await?;
+        let r = cx
+            .send_request(prompt_req(&sid, "hello?"))
+            .block_task()
+            .await;
+        Ok(r.map(|r| r.stop_reason))
+    })
+    .await;
+    let e = r.expect("the session runs").expect_err("the prompt fails");
+    assert_eq!(e.code, acp::ErrorCode::INTERNAL_ERROR, "{e:?}");
+    assert!(e.message.contains("answered nothing within 2 s"), "{e:?}");
+    assert!(e.message.contains("serve an agent"), "{e:?}");
+    let th = b.inbound().await[0]["th"].as_str().unwrap().to_string();
+    let states = eventually(10, || async {
+        let st = received_states(&b, &th).await;
+        (!st.is_empty()).then_some(st)
+    })
+    .await;
+    assert_eq!(states[0]["state"], "failed", "{states:?}");
+    assert_eq!(states[0]["note"], "no answer within 2 s", "{states:?}");
+}
+
+/// `awp acp --peer NAME` for a peer the node does not know exits 2 before serving, with
+/// the reason on stderr (before: it served, and exited 0 when the editor closed stdin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_refuses_an_unknown_peer() {
+    let a = TestNode::start("alice").await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(a.path())
+        .args(["acp", "--peer", "nosuchpeer"])
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), out)
+        .await
+        .expect("awp acp ends")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("nosuchpeer"), "{err}");
+    assert!(out.stdout.is_empty(), "nothing served");
+}
+
+/// The served agent crashing mid-prompt: the editor's prompt ends `refusal` (ACP has no
+/// stop reason for a failure; the closest is kept) with the peer's note as a last chunk.
+/// And a prompt in an unknown session is an invalid-params error (-32602; before: -32603).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_reports_a_crash_of_the_served_agent() {
+    let st = setup().await;
+    let (r, text) = editor(&st.a.path(), &["--peer", &st.b.key()], async |cx, _t| {
+        let unknown = acp::v1::schema::SessionId::new("awp-999");
+        let e = cx
+            .send_request(prompt_req(&unknown, "hi"))
+            .block_task()
+            .await
+            .expect_err("no such session");
+        assert_eq!(e.code, acp::ErrorCode::INVALID_PARAMS, "{e:?}");
+        let sid = new_session(&cx).await?;
+        let r = cx
+            .send_request(prompt_req(&sid, "crash"))
+            .block_task()
+            .await?;
+        Ok(serde_json::to_value(r.stop_reason).unwrap())
+    })
+    .await;
+    assert_eq!(r.expect("the prompt ends"), "refusal");
+    assert!(text.contains("[failed: "), "{text}");
+    assert!(text.contains("exited") || text.contains("closed"), "{text}");
+    assert!(text.contains("restarted"), "{text}");
 }

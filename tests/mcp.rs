@@ -538,3 +538,54 @@ async fn a_sent_file_is_read_with_its_local_path() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A stdin line that is no JSON gets no answer (`rmcp` ignores it, as the other MCP SDKs
+/// do) but one line on stderr naming it; the server keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_that_is_no_json_is_logged_on_stderr() {
+    let a = TestNode::start("alice").await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(a.path())
+        .arg("mcp")
+        .env_remove("RUST_LOG")
+        .env_remove("AWP_HOME")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},
+        "clientInfo":{"name":"sloppy","version":"0"}}});
+    let input = format!("this is not json\n\n{{\"half\":\n{init}\n");
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&out).contains('\n') {
+        let n = tokio::time::timeout(STEP, stdout.read(&mut buf))
+            .await
+            .expect("the initialize answer in time")
+            .unwrap();
+        assert!(n > 0, "awp mcp closed stdout");
+        out.extend_from_slice(&buf[..n]);
+    }
+    let first: Value = serde_json::from_slice(out.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(first["id"], 0, "the first answer is initialize's: {first}");
+    drop(stdin);
+    let out = tokio::time::timeout(STEP, child.wait_with_output())
+        .await
+        .expect("awp mcp ends with stdin")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let dropped: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("dropped without an answer"))
+        .collect();
+    assert_eq!(dropped.len(), 2, "{err}");
+    assert!(dropped[0].contains("input line 1 (16 bytes)"), "{err}");
+    assert!(dropped[1].contains("input line 3 (8 bytes)"), "{err}");
+}

@@ -10,10 +10,18 @@
 //!   note names, else `refusal`, with the note as a last chunk).
 //! - A msg with a [`bridge::PERMISSION_MIME`] part → `session/request_permission` to the
 //!   editor; the chosen option id (or `deny` when the editor cancels) is the reply.
+//!   ACP has no stop reason for a failure (a crash of PEER's agent, an agent that cannot
+//!   start): `refusal` is the closest and is kept, the note saying what happened.
 //! - `session/cancel` → our state `failed` (note `cancelled`) in the thread, which PEER
-//!   turns into `session/cancel` for its agent; the prompt ends `cancelled`.
-//! - Every wait has a timeout: the prompt as a whole ([`AgentConfig::prompt_timeout`]),
-//!   permission questions ([`super::serve::PERMISSION_TIMEOUT`]).
+//!   turns into `session/cancel` for its agent; the prompt ends `cancelled` at once (the
+//!   late end state of the cancelled prompt is skipped by the session's next prompt).
+//! - Every wait has a timeout: PEER's first line in the thread
+//!   ([`AgentConfig::answer_timeout`]: a peer that serves no agent answers nothing; the
+//!   prompt then fails with a JSON-RPC error saying so and our state `failed` ends the
+//!   thread), the prompt as a whole ([`AgentConfig::prompt_timeout`]), permission questions
+//!   ([`super::serve::PERMISSION_TIMEOUT`]).
+//! - Errors: a prompt in an unknown session or without text is invalid params (-32602);
+//!   a prompt that could not run is an internal error (-32603) whose message says why.
 
 use super::bridge;
 use crate::control::{self, Request};
@@ -36,6 +44,9 @@ pub struct AgentConfig {
     pub peer: String,
     /// Longest one prompt waits for the peer's end state.
     pub prompt_timeout: Duration,
+    /// Longest one prompt waits for the peer's first line (progress or state) in the
+    /// thread; then the prompt ends with an error saying the peer answered nothing.
+    pub answer_timeout: Duration,
 }
 
 /// Most sessions one editor may open.
@@ -46,6 +57,10 @@ struct Session {
     th: Option<String>,
     /// Set to true by `session/cancel`.
     cancel: Option<watch::Sender<bool>>,
+    /// The last prompt was cancelled before the peer's end state came: the next prompt
+    /// ignores one end state that comes before the peer's `working` (the late end of the
+    /// cancelled one).
+    stale_end: bool,
 }
 
 struct State {
@@ -110,7 +125,7 @@ pub async fn run(cfg: AgentConfig) -> Result<(), String> {
                             Ok(resp) => responder.respond(resp),
                             Err(e) => responder.respond_with_error(acp::Error::into_internal_error(e)),
                         },
-                        Err(e) => responder.respond_with_error(acp::Error::internal_error().data(e)),
+                        Err(e) => responder.respond_with_error(e),
                     };
                 });
                 Ok(())
@@ -172,6 +187,11 @@ pub fn failed_reason(note: &str) -> &'static str {
     }
 }
 
+/// A prompt that could not run: JSON-RPC internal error (-32603) with `msg` as its message.
+fn failure(msg: impl std::fmt::Display) -> acp::Error {
+    acp::Error::new(acp::ErrorCode::INTERNAL_ERROR, msg.to_string())
+}
+
 impl State {
     fn cancel(&self, sid: &str) {
         let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
@@ -184,19 +204,21 @@ impl State {
         &self,
         r: s::PromptRequest,
         cx: &ConnectionTo<acp::Client>,
-    ) -> Result<String, String> {
+    ) -> Result<String, acp::Error> {
         let sid = r.session_id.0.to_string();
         let (cancel_tx, mut cancel_rx) = watch::channel(false);
-        let th = {
+        let (th, mut stale_end) = {
             let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-            let s = sessions.get_mut(&sid).ok_or("no such session")?;
+            let Some(s) = sessions.get_mut(&sid) else {
+                return Err(acp::Error::invalid_params().data(format!("no session {sid:?}")));
+            };
             s.cancel = Some(cancel_tx);
-            s.th.clone()
+            (s.th.clone(), std::mem::take(&mut s.stale_end))
         };
-        let blocks = serde_json::to_value(&r.prompt).map_err(|e| e.to_string())?;
+        let blocks = serde_json::to_value(&r.prompt).map_err(failure)?;
         let parts = prompt_parts(blocks.as_array().map(Vec::as_slice).unwrap_or(&[]));
         if parts.is_empty() {
-            return Err("the prompt has no text".into());
+            return Err(acp::Error::invalid_params().data("the prompt has no text"));
         }
         let socket = &self.cfg.socket;
         // Subscribe before sending: nothing the peer answers can be missed.
@@ -209,7 +231,7 @@ impl State {
             },
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(failure)?;
         let resp = control::request(
             socket,
             &Request::Send {
@@ -223,15 +245,15 @@ impl State {
             },
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(failure)?;
         if !resp.ok {
-            return Err(resp.error.map(|e| e.message).unwrap_or_default());
+            return Err(failure(resp.error.map(|e| e.message).unwrap_or_default()));
         }
         let th = resp
             .body
             .get("th")
             .and_then(Value::as_str)
-            .ok_or("the node did not name the thread")?
+            .ok_or_else(|| failure("the node did not name the thread"))?
             .to_string();
         let peer_key = resp
             .body
@@ -246,24 +268,40 @@ impl State {
         {
             s.th = Some(th.clone());
         }
-        let deadline = tokio::time::Instant::now() + self.cfg.prompt_timeout;
-        let mut cancelled = false;
+        let start = tokio::time::Instant::now();
+        let deadline = start + self.cfg.prompt_timeout;
+        let answer_deadline = start + self.cfg.answer_timeout;
+        let mut answered = false;
+        // False once the sender is gone (a later prompt of the session took its place).
+        let mut cancel_live = true;
         loop {
             let ev = tokio::select! {
-                ev = sub.next_event() => ev.map_err(|e| e.to_string())?.ok_or("the node closed the event stream")?,
-                _ = cancel_rx.changed(), if !cancelled => {
-                    cancelled = true;
-                    let _ = control::request(socket, &Request::State {
-                        peer: Some(self.cfg.peer.clone()),
-                        th: th.clone(),
-                        state: "failed".into(),
-                        note: Some("cancelled".into()),
-                        wait_ack_ms: None,
-                    }).await;
-                    continue;
+                ev = sub.next_event() => ev.map_err(failure)?.ok_or_else(|| failure("the node closed the event stream"))?,
+                r = cancel_rx.changed(), if cancel_live => {
+                    if r.is_err() {
+                        cancel_live = false;
+                        continue;
+                    }
+                    // Ended at once: the peer (its agent cancelled by our `failed`) may
+                    // answer late or never; its late end is skipped by the next prompt.
+                    self.end_thread(&th, "cancelled").await;
+                    if let Some(s) = self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&sid) {
+                        s.stale_end = true;
+                    }
+                    return Ok("cancelled".into());
+                }
+                _ = tokio::time::sleep_until(answer_deadline), if !answered => {
+                    let secs = self.cfg.answer_timeout.as_secs();
+                    self.end_thread(&th, &format!("no answer within {secs} s")).await;
+                    return Err(failure(format!(
+                        "the peer {} answered nothing within {secs} s: does it serve an agent (`awp serve-agent --acp` there)?",
+                        self.cfg.peer
+                    )));
                 }
                 _ = tokio::time::sleep_until(deadline) => {
-                    return Err(format!("no answer from the peer within {} s", self.cfg.prompt_timeout.as_secs()));
+                    let secs = self.cfg.prompt_timeout.as_secs();
+                    self.end_thread(&th, &format!("no end within {secs} s")).await;
+                    return Err(failure(format!("the peer's agent did not finish within {secs} s")));
                 }
             };
             if ev.get("event").and_then(Value::as_str) != Some("line")
@@ -278,18 +316,23 @@ impl State {
             let line = &ev["line"];
             match line["t"].as_str() {
                 Some("msg") => {
+                    answered = true;
                     self.relay_msg(&sid, &th, line, cx).await;
                 }
                 Some("state") => {
                     let note = line["note"].as_str().unwrap_or("");
-                    match line["state"].as_str() {
-                        Some("done") => {
-                            return Ok(if cancelled { "cancelled" } else { "end_turn" }.into())
+                    let state = line["state"].as_str();
+                    if stale_end {
+                        // The late end of a cancelled prompt comes before our `working`.
+                        stale_end = false;
+                        if matches!(state, Some("done") | Some("failed")) {
+                            continue;
                         }
+                    }
+                    answered = true;
+                    match state {
+                        Some("done") => return Ok("end_turn".into()),
                         Some("failed") => {
-                            if cancelled {
-                                return Ok("cancelled".into());
-                            }
                             let reason = failed_reason(note);
                             if reason == "refusal" && !note.is_empty() {
                                 notify(
@@ -305,6 +348,21 @@ impl State {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// Our state `failed` with `note` in `th` (the peer's served agent cancels its
+    /// prompt), best effort.
+    async fn end_thread(&self, th: &str, note: &str) {
+        let req = Request::State {
+            peer: Some(self.cfg.peer.clone()),
+            th: th.to_string(),
+            state: "failed".into(),
+            note: Some(note.into()),
+            wait_ack_ms: None,
+        };
+        if let Err(e) = control::request(&self.cfg.socket, &req).await {
+            tracing::warn!(th, "cannot end the thread: {e}");
         }
     }
 

@@ -36,6 +36,11 @@ pub struct AcpArgs {
     /// Longest one prompt may wait for the peer's `done` or `failed` (e.g. 30m).
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30m")]
     pub prompt_timeout: Duration,
+    /// Longest one prompt waits for the peer's first progress or state in its thread;
+    /// then the prompt ends with an error saying the peer answered nothing (a peer that
+    /// serves an agent answers `working` at once).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "60s")]
+    pub answer_timeout: Duration,
 }
 
 /// Run `awp serve-agent` until interrupted or the node goes away (exit 1, or 3 when no
@@ -66,17 +71,40 @@ pub async fn serve_agent(ctx: &Ctx, args: ServeAgentArgs) -> Result<(), Failure>
         .map_err(|e| Failure::new(Exit::Failed, e, "check the node with `awp status`"))
 }
 
-/// Run `awp acp` until the editor closes stdin.
+/// Run `awp acp` until the editor closes stdin. A `--peer` the node does not know ends
+/// it before serving (exit 2): the editor's agent configuration is wrong, and an agent
+/// process that exits at once with the reason on stderr shows that where editors show
+/// agent failures (their agent log), instead of failing each prompt later.
 pub async fn acp(ctx: &Ctx, args: AcpArgs) -> Result<(), Failure> {
     let socket = crate::daemon::socket_path(&ctx.home);
     check_node(ctx, &socket).await?;
+    check_peer(ctx, &socket, &args.peer).await?;
     super::agent::run(super::agent::AgentConfig {
         socket,
         peer: args.peer,
         prompt_timeout: args.prompt_timeout,
+        answer_timeout: args.answer_timeout,
     })
     .await
     .map_err(|e| Failure::new(Exit::Failed, e, "check the node with `awp status`"))
+}
+
+/// Exit 2 when the node resolves no single peer from `peer` (the node's rule of every
+/// peer argument, applied by a subscription filtered on it).
+async fn check_peer(ctx: &Ctx, socket: &std::path::Path, peer: &str) -> Result<(), Failure> {
+    let req = crate::control::Request::Subscribe {
+        th: None,
+        peer: Some(peer.to_string()),
+        from_seq: None,
+    };
+    match crate::control::subscribe(socket, &req).await {
+        Ok(_) => Ok(()),
+        Err(crate::control::ClientError::Refused(e)) => Err(Failure::usage(
+            e.message,
+            "`awp peers` lists the known peers; `awp connect` adds one",
+        )),
+        Err(e) => Err(crate::cli::client_failure(&e, &ctx.home)),
+    }
 }
 
 /// Exit 3 when no node answers (the usual failures of [`crate::cli::client_failure`]).

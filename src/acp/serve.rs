@@ -17,11 +17,17 @@
 //!   [`crate::node::served_fs`] (as served requests), only for a peer holding `fs:read` /
 //!   `fs:write`.
 //! - The peer's state `closed` or `failed` → `session/cancel`.
-//! - The agent is supervised: when it exits it is started again after a backoff (from
-//!   [`BACKOFF_START`], doubling to [`BACKOFF_MAX`]); the prompts it was running end as
-//!   `failed` with a note. Every request to the agent has a timeout.
+//! - The agent is supervised: when it exits, or breaks its output (a line over
+//!   [`MAX_AGENT_LINE`], or more than [`super::linecap::MAX_BAD_LINES`] lines in a row that
+//!   are no JSON-RPC messages, as `yes` would write), it is killed and started again after
+//!   a backoff (from [`BACKOFF_START`], doubling to [`BACKOFF_MAX`]); the prompts it was
+//!   running end as `failed` with a note naming the cause. A prompt that finds no running
+//!   agent waits for the next start, and ends `failed` with the last cause (e.g. `cannot
+//!   start the agent …`) when that start fails too. Every request to the agent has a
+//!   timeout.
 
 use super::bridge::{self, Coalescer, Progress};
+pub use super::linecap::LineCap;
 use crate::control::{self, Request};
 use crate::node::served_fs;
 use acp::v1::schema as s;
@@ -57,52 +63,6 @@ const MAX_GRANT_PAGES: usize = 20;
 /// agent is then restarted), so a runaway agent cannot fill our memory.
 pub const MAX_AGENT_LINE: usize = 16 * 1024 * 1024;
 
-/// A reader that fails with `InvalidData` once more than `max` bytes come without a `\n`.
-pub struct LineCap<R> {
-    inner: R,
-    max: usize,
-    run: usize,
-}
-
-impl<R> LineCap<R> {
-    /// Cap the lines of `inner` at `max` bytes (without the newline).
-    pub fn new(inner: R, max: usize) -> LineCap<R> {
-        LineCap { inner, max, run: 0 }
-    }
-}
-
-impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LineCap<R> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let me = &mut *self;
-        let r = std::pin::Pin::new(&mut me.inner).poll_read(cx, buf);
-        if let std::task::Poll::Ready(Ok(())) = &r {
-            let mut over = false;
-            for &b in &buf.filled()[before..] {
-                if b == b'\n' {
-                    me.run = 0;
-                } else {
-                    me.run += 1;
-                    over |= me.run > me.max;
-                }
-            }
-            if over {
-                // A failed read hands out nothing.
-                buf.set_filled(before);
-                return std::task::Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("the agent wrote a line over {} bytes", me.max),
-                )));
-            }
-        }
-        r
-    }
-}
-
 /// What `awp serve-agent --acp` runs.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -132,6 +92,12 @@ struct Shared {
     /// Session id → the thread that owns it.
     routes: Mutex<HashMap<String, Route>>,
     conn: watch::Receiver<Option<Conn>>,
+    /// How the agent's last run ended (could not start, exited, broke its output); it
+    /// changes each time a run ends.
+    down: watch::Receiver<Option<String>>,
+    /// Peer msgs that reached a thread task as it ended (closed thread), to be served by
+    /// a new task.
+    redo: mpsc::Sender<((String, String), ThreadEvent)>,
 }
 
 enum ThreadEvent {
@@ -175,6 +141,8 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     .await
     .map_err(|e| format!("cannot subscribe to the node: {e}"))?;
     let (conn_tx, conn_rx) = watch::channel(None);
+    let (down_tx, down_rx) = watch::channel(None);
+    let (redo_tx, mut redo_rx) = mpsc::channel(THREAD_QUEUE);
     let shared = Arc::new(Shared {
         socket: cfg.socket.clone(),
         root,
@@ -182,8 +150,10 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
         prompt_timeout: cfg.prompt_timeout,
         routes: Mutex::new(HashMap::new()),
         conn: conn_rx,
+        down: down_rx,
+        redo: redo_tx,
     });
-    let supervisor = tokio::spawn(supervise(shared.clone(), conn_tx));
+    let supervisor = tokio::spawn(supervise(shared.clone(), conn_tx, down_tx));
     let mut threads: HashMap<(String, String), mpsc::Sender<ThreadEvent>> = HashMap::new();
     let mut ours = std::collections::HashSet::new();
     let result = loop {
@@ -193,6 +163,14 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
                 Ok(None) => break Err("the node closed the event stream".to_string()),
                 Err(e) => break Err(format!("the node's event stream failed: {e}")),
             },
+            Some((key, ev)) = redo_rx.recv() => {
+                if threads.get(&key).is_none_or(|tx| tx.is_closed()) {
+                    threads.remove(&key);
+                    start_thread(&shared, &mut threads, key, ev);
+                } else if let Some(tx) = threads.get(&key) {
+                    let _ = tx.try_send(ev);
+                }
+            }
             _ = tokio::signal::ctrl_c() => break Ok(()),
         }
     };
@@ -336,7 +314,11 @@ fn busy(shared: &Arc<Shared>, peer: &str, th: &str, why: &str) {
 // ---------------------------------------------------------------------------------------
 // The agent process and its ACP connection.
 
-async fn supervise(shared: Arc<Shared>, conn_tx: watch::Sender<Option<Conn>>) {
+async fn supervise(
+    shared: Arc<Shared>,
+    conn_tx: watch::Sender<Option<Conn>>,
+    down_tx: watch::Sender<Option<String>>,
+) {
     let mut generation = 0u64;
     let mut backoff = BACKOFF_START;
     loop {
@@ -345,6 +327,8 @@ async fn supervise(shared: Arc<Shared>, conn_tx: watch::Sender<Option<Conn>>) {
         let note = run_agent(&shared, generation, &conn_tx).await;
         conn_tx.send_replace(None);
         tracing::warn!("{note}; restarting it in {} ms", backoff.as_millis());
+        // Prompts waiting for a connection learn why there is none.
+        down_tx.send_replace(Some(note.clone()));
         let routes: Vec<Route> = {
             let mut r = shared.routes.lock().unwrap_or_else(|p| p.into_inner());
             r.drain().map(|(_, v)| v).collect()
@@ -468,13 +452,28 @@ impl Shared {
             .cloned()
     }
 
-    /// The live connection, waiting up to [`REQUEST_TIMEOUT`] for a (re)started agent.
+    /// The live connection, waiting up to [`REQUEST_TIMEOUT`] for a (re)started agent;
+    /// an error naming the cause when the agent's next run ends without a connection (it
+    /// could not start, or exited at once) or none came in time.
     async fn connection(&self) -> Result<Conn, String> {
         let mut rx = self.conn.clone();
-        let got = tokio::time::timeout(REQUEST_TIMEOUT, rx.wait_for(Option::is_some)).await;
-        match got {
-            Ok(Ok(c)) => Ok(c.clone().expect("is_some")),
-            _ => Err("the agent is not running (it is being restarted)".into()),
+        let mut down = self.down.clone();
+        down.borrow_and_update();
+        let why = |note: Option<String>| {
+            format!(
+                "the agent is not running: {}; it is restarted with backoff",
+                note.as_deref().unwrap_or("it did not start in time")
+            )
+        };
+        tokio::select! {
+            got = tokio::time::timeout(REQUEST_TIMEOUT, rx.wait_for(Option::is_some)) => match got {
+                Ok(Ok(c)) => Ok(c.clone().expect("is_some")),
+                _ => Err(why(down.borrow().clone())),
+            },
+            r = down.changed() => match r {
+                Ok(()) => Err(why(down.borrow().clone())),
+                Err(_) => Err(why(None)),
+            },
         }
     }
 
@@ -694,6 +693,15 @@ impl ThreadActor {
                 }
             }
             if self.closing && self.busy.is_none() {
+                // No event is lost: msgs already queued here go to a new task (later
+                // sends see the channel closed and start one themselves).
+                rx.close();
+                while let Ok(ev) = rx.try_recv() {
+                    if matches!(ev, ThreadEvent::PeerMsg { .. }) {
+                        let key = (self.peer.clone(), self.th.clone());
+                        let _ = self.shared.redo.try_send((key, ev));
+                    }
+                }
                 break;
             }
         }
@@ -1034,19 +1042,7 @@ impl ThreadActor {
 
 #[cfg(test)]
 mod tests {
-    use super::{select_lines, LineCap};
-    use tokio::io::AsyncReadExt;
-
-    #[tokio::test]
-    async fn agent_lines_over_the_cap_end_the_stream() {
-        let mut ok = LineCap::new(&b"12345\n12345\n"[..], 5);
-        let mut out = Vec::new();
-        ok.read_to_end(&mut out).await.unwrap();
-        assert_eq!(out.len(), 12);
-        let mut long = LineCap::new(&b"12345\n123456\n"[..], 5);
-        let err = long.read_to_end(&mut Vec::new()).await.unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
-    }
+    use super::select_lines;
 
     #[test]
     fn read_text_file_line_and_limit() {

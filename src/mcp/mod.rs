@@ -9,12 +9,15 @@
 //!   artifact content) is fenced and marked as untrusted ([`render`]).
 //! - Errors are MCP tool errors (`isError: true`) carrying the line the CLI prints
 //!   ([`crate::cli::Failure::message`]).
+//! - An input line that is no JSON, which `rmcp` drops without an answer, is logged to
+//!   stderr, one line each ([`input`]).
 //! - Nothing blocks the node: every control request has the CLI's timeouts
 //!   ([`crate::control::RESPONSE_TIMEOUT`]), waits are capped at [`MAX_WAIT_SECONDS`], a
 //!   tool call as a whole at its wait plus [`TOOL_TIMEOUT`], and a subscription is held
 //!   only while a wait runs, read as fast as the node writes (a stuck MCP client stalls
 //!   only its own stdout).
 
+pub mod input;
 pub mod render;
 
 use crate::cli::artifacts as cli_art;
@@ -49,7 +52,9 @@ const MAX_BLOB_LOOKUPS: usize = 16;
 /// Serve MCP on stdin/stdout until the client closes stdin. Logs go to stderr.
 pub async fn serve(ctx: &Ctx) -> Result<(), Failure> {
     let server = AwpMcp::new(ctx.clone());
-    let running = server.serve(rmcp::transport::stdio()).await.map_err(|e| {
+    let (stdin, stdout) = rmcp::transport::stdio();
+    let stdin = input::DroppedLineLog::new(stdin);
+    let running = server.serve((stdin, stdout)).await.map_err(|e| {
         Failure::new(
             Exit::Failed,
             format!("MCP initialization failed: {e}"),
