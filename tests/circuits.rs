@@ -752,18 +752,23 @@ async fn presence_lists_only_the_circuits_of_relays_that_serve_them() {
     .await;
     assert!(!listed.contains(&refused), "{listed:?}");
     assert_eq!(listed, vec![serving.clone()]);
-    // The plain node's entry says it is down.
-    let s = relay_status(bob.home.path()).await;
-    let down = s["via"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["relay"].as_str() == Some(plain_via.to_string().as_str()))
-        .cloned();
-    assert_eq!(
-        down.as_ref().map(|v| v["up"].clone()),
-        Some(json!(false)),
-        "{s}"
+    // The plain node's entry says it is down, and why (`awp relay status` prints it).
+    let down = eventually(10, || async {
+        let s = relay_status(bob.home.path()).await;
+        s["via"]
+            .as_array()?
+            .iter()
+            .find(|v| v["relay"].as_str() == Some(plain_via.to_string().as_str()))
+            .filter(|v| v.get("error").is_some())
+            .cloned()
+    })
+    .await;
+    assert_eq!(down["up"], json!(false), "{down}");
+    assert!(
+        down["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("does not serve circuits")),
+        "{down}"
     );
 
     // The serving relay stops: its circuit leaves the next document.

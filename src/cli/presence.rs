@@ -245,6 +245,10 @@ fn circuit_lines(body: &serde_json::Map<String, Value>) -> Vec<String> {
             v.get("observed")
                 .and_then(Value::as_str)
                 .map(|o| format!(" (seen as {o})"))
+                .or_else(|| v
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .map(|e| format!(": {e}")))
                 .unwrap_or_default()
         ));
     }
@@ -255,6 +259,24 @@ fn circuit_lines(body: &serde_json::Map<String, Value>) -> Vec<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn relay_status_says_why_a_via_is_down() {
+        let body = json!({"via": [
+            {"relay": "tls:a:1#ed25519:R", "up": true, "observed": "203.0.113.7:4000"},
+            {"relay": "tls:b:2#ed25519:S", "up": false, "error": "b:2 does not serve circuits"},
+            {"relay": "tls:c:3#ed25519:T", "up": false},
+        ]});
+        let lines = circuit_lines(body.as_object().unwrap());
+        assert_eq!(
+            lines,
+            [
+                "via:         tls:a:1#ed25519:R up (seen as 203.0.113.7:4000)",
+                "via:         tls:b:2#ed25519:S down: b:2 does not serve circuits",
+                "via:         tls:c:3#ed25519:T down",
+            ]
+        );
+    }
 
     #[test]
     fn table_shows_self_via_and_hops() {

@@ -226,7 +226,8 @@ async fn standing(inner: Arc<Inner>, via: Address) {
             _ = inner.shutdown.cancelled() => return,
             r = circuit::listen(&via, &inner.tls) => r,
         };
-        match listened {
+        // Why this attempt ended, shown by `awp relay status` while down.
+        let why = match listened {
             Ok(mut s) => {
                 backoff = timing.backoff_min;
                 let observed = s.observed.map(|a| a.to_string());
@@ -248,13 +249,16 @@ async fn standing(inner: Arc<Inner>, via: Address) {
                         }
                         Err(e) => {
                             tracing::info!(relay = %via, "standing connection to the relay ended: {e}");
-                            break;
+                            break e.to_string();
                         }
                     }
                 }
             }
-            Err(e) => tracing::info!(relay = %via, "standing connection to the relay failed: {e}"),
-        }
+            Err(e) => {
+                tracing::info!(relay = %via, "standing connection to the relay failed: {e}");
+                e.to_string()
+            }
+        };
         let was_up = inner
             .circuits
             .vias
@@ -264,7 +268,11 @@ async fn standing(inner: Arc<Inner>, via: Address) {
             .and_then(|s| s.get("up"))
             .and_then(Value::as_bool)
             == Some(true);
-        set_via(&inner, &via, json!({"relay": via.to_string(), "up": false}));
+        set_via(
+            &inner,
+            &via,
+            json!({"relay": via.to_string(), "up": false, "error": why}),
+        );
         if was_up {
             inner.emit(json!({"event":"via_down","relay":via.to_string()}));
         }
