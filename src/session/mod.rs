@@ -785,12 +785,16 @@ impl Session {
         self.pings_out = 0;
         self.ping_deadline = now + self.ping_idle;
         // Chunk lines as senders emit them skip the JSON value (crate::blob::fast).
+        // A signing peer's lines are parsed once for both the line and its signature check.
         let parsed = match crate::blob::fast::parse_chunk(raw) {
-            Some(line) => Ok(line),
-            None => wire::parse_line(raw),
+            Some(line) => Ok((line, None)),
+            None if self.peer_signs && self.phase == Phase::Open => {
+                wire::parse::parse_line_prepared(raw)
+            }
+            None => wire::parse_line(raw).map(|l| (l, None)),
         };
-        let line = match parsed {
-            Ok(line) => line,
+        let (line, prepared) = match parsed {
+            Ok(parsed) => parsed,
             Err(e) => {
                 let (re, detail) = match &e {
                     wire::FrameError::BadFrame { id, detail } => (id.clone(), detail.clone()),
@@ -803,7 +807,7 @@ impl Session {
         match self.phase {
             Phase::AwaitHello => self.on_hello(raw, line, now),
             Phase::AwaitAuth => self.on_auth(line),
-            Phase::Open => self.on_open_line(raw, line),
+            Phase::Open => self.on_open_line(raw, line, prepared),
             Phase::Closing => self.on_closing_line(line),
             Phase::Admission | Phase::Closed => {}
         }
@@ -939,7 +943,8 @@ impl Session {
             .push_back(SessionEvent::Authenticated { key: peer, hello });
     }
 
-    fn on_open_line(&mut self, raw: &[u8], line: Line) {
+    /// `prepared`: the line's signature check from its parse, when made there.
+    fn on_open_line(&mut self, raw: &[u8], line: Line, prepared: Option<wire::parse::Prepared>) {
         let Some(peer) = self.peer else { return };
         if !self.up_reported && !matches!(line, Line::Err(_)) {
             self.up_reported = true;
@@ -952,7 +957,8 @@ impl Session {
             let deferred = matches!(line, Line::Msg(_) | Line::State(_))
                 && line.id().is_some()
                 && line.th().is_some();
-            let checked = match wire::sig::prepare_line(raw) {
+            let prepared = prepared.unwrap_or_else(|| wire::sig::prepare_line(raw));
+            let checked = match prepared {
                 Ok(p) if deferred => {
                     self.pending_sigs.push((self.pending_rx.len(), p));
                     Ok(())

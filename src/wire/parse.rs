@@ -62,6 +62,21 @@ fn bad(detail: impl Into<String>, id: Option<&str>) -> FrameError {
 /// `\r`) is accepted, as by any JSON parser; the caller keeps the bytes as received.
 /// Never panics; nesting deeper than [`MAX_DEPTH`] levels is refused.
 pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
+    parse_inner(bytes, false).map(|(line, _)| line)
+}
+
+/// [`parse_line`], and for a line of a signed kind ([`super::sig::is_signed_kind`]) also
+/// its signature check made ready from the same strict parse (what
+/// [`super::sig::prepare_line`] gives for these bytes), so a signing peer's line is parsed
+/// once, not twice. `None` for other kinds and unknown types.
+pub fn parse_line_prepared(bytes: &[u8]) -> Result<(Line, Option<Prepared>), FrameError> {
+    parse_inner(bytes, true)
+}
+
+/// The signature check of a line, made ready (or why it cannot be).
+pub type Prepared = Result<super::sig::Prepared, super::sig::SigError>;
+
+fn parse_inner(bytes: &[u8], prepare: bool) -> Result<(Line, Option<Prepared>), FrameError> {
     if bytes.len() > MAX_LINE {
         return Err(FrameError::TooLarge { max: MAX_LINE });
     }
@@ -98,9 +113,11 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
     };
     if !is_known(&t) {
         let id = id.map(str::to_owned);
-        return Ok(Line::Unknown { t, id });
+        return Ok((Line::Unknown { t, id }, None));
     }
     check_envelope(&obj, id)?;
+    let prepared =
+        (prepare && super::sig::is_signed_kind(&t)).then(|| super::sig::prepare_object(&obj));
     let id_owned = id.map(str::to_owned);
     let mut line = decode_known(&t, Value::Object(obj)).map_err(|e| FrameError::BadFrame {
         detail: format!("malformed {t}: {e}"),
@@ -109,7 +126,7 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
     if let Line::Presence(p) = &mut line {
         p.doc_raw = raw_doc(text);
     }
-    Ok(line)
+    Ok((line, prepared))
 }
 
 /// The exact text of the top-level field `doc` of a presence line (already parsed

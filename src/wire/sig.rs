@@ -127,7 +127,7 @@ pub fn prepare_line(raw: &[u8]) -> Result<Prepared, SigError> {
     prepare_object(&object(raw)?)
 }
 
-fn prepare_object(obj: &Map<String, Value>) -> Result<Prepared, SigError> {
+pub(crate) fn prepare_object(obj: &Map<String, Value>) -> Result<Prepared, SigError> {
     let sig = match obj.get("sig") {
         None => return Err(SigError::Missing),
         Some(Value::String(s)) => s,
@@ -341,5 +341,27 @@ mod tests {
             assert_eq!(verify_batch(&k, &lines), Err((1, SigError::Bad)));
         }
         assert!(good.iter().all(|p| r_is_sound(&p.sig)));
+    }
+
+    #[test]
+    fn one_parse_gives_the_line_and_the_same_check_as_prepare_line() {
+        use crate::wire::parse::parse_line_prepared;
+        let k = id().key();
+        // A msg as the parser takes it (parts with `k`).
+        let plain = br#"{"t":"msg","id":"01JAAAAAAAAAAAAAAAAAAAAAAA","ts":"2026-11-30T18:00:00.000Z","th":"t1","parts":[{"k":"text","text":"hi"}]}"#;
+        let signed = sign_encoded(&id(), plain).unwrap();
+        let (line, p) = parse_line_prepared(&signed).unwrap();
+        assert_eq!(line.kind(), "msg");
+        let p = p.expect("msg is a signed kind").unwrap();
+        let q = prepare_line(&signed).unwrap();
+        assert_eq!((&p.bytes, p.sig), (&q.bytes, q.sig));
+        assert_eq!(p.verify(&k), Ok(()));
+        // Unsigned msg: the same refusal as verify_line's; other kinds: nothing made.
+        let (_, p) = parse_line_prepared(plain).unwrap();
+        assert_eq!(p.unwrap().unwrap_err(), SigError::Missing);
+        let ack = br#"{"t":"ack","id":"a1","ts":"2026-11-30T18:00:00.000Z","th":"t1","re":"x"}"#;
+        assert!(parse_line_prepared(ack).unwrap().1.is_none());
+        // Parse errors stay frame errors.
+        assert!(parse_line_prepared(b"{").is_err());
     }
 }
