@@ -498,7 +498,7 @@ pub async fn run_with(
                 while let Some(items) = next.take() {
                     for item in items {
                         match item {
-                            ReadItem::Line(l) => session.handle_line(&l, now),
+                            ReadItem::Line(l) => session.handle_line_owned(l, now),
                             ReadItem::TooLarge => session.handle_read_error(true),
                             ReadItem::Eof => session.handle_eof(),
                             ReadItem::Cut(d) => session.handle_cut(d),

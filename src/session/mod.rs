@@ -723,7 +723,7 @@ impl Session {
         self.held_input_bytes = 0;
         for input in std::mem::take(&mut self.held_input) {
             match input {
-                HeldInput::Line(l) => self.handle_line(&l, now),
+                HeldInput::Line(l) => self.handle_line_owned(l, now),
                 HeldInput::TooLarge => self.handle_read_error(true),
                 HeldInput::Eof => self.handle_eof(),
                 HeldInput::Cut(d) => self.handle_cut(d),
@@ -766,13 +766,23 @@ impl Session {
 
     /// Feed one received line (without `\n`).
     pub fn handle_line(&mut self, raw: &[u8], now: Instant) {
+        self.handle(std::borrow::Cow::Borrowed(raw), now)
+    }
+
+    /// [`Session::handle_line`] for a line the driver owns: a line that is stored keeps
+    /// this buffer (no copy per received line).
+    pub fn handle_line_owned(&mut self, raw: Vec<u8>, now: Instant) {
+        self.handle(std::borrow::Cow::Owned(raw), now)
+    }
+
+    fn handle(&mut self, raw: std::borrow::Cow<'_, [u8]>, now: Instant) {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
         if self.phase == Phase::Admission {
             // Not parsed, stored or answered before the admission decision.
             self.held_input_bytes += raw.len();
-            self.held_input.push(HeldInput::Line(raw.to_vec()));
+            self.held_input.push(HeldInput::Line(raw.into_owned()));
             if self.held_input_bytes > ADMISSION_HOLD_BYTES
                 || self.held_input.len() > ADMISSION_HOLD_LINES
             {
@@ -786,12 +796,12 @@ impl Session {
         self.ping_deadline = now + self.ping_idle;
         // Chunk lines as senders emit them skip the JSON value (crate::blob::fast).
         // A signing peer's lines are parsed once for both the line and its signature check.
-        let parsed = match crate::blob::fast::parse_chunk(raw) {
+        let parsed = match crate::blob::fast::parse_chunk(&raw) {
             Some(line) => Ok((line, None)),
             None if self.peer_signs && self.phase == Phase::Open => {
-                wire::parse::parse_line_prepared(raw)
+                wire::parse::parse_line_prepared(&raw)
             }
-            None => wire::parse_line(raw).map(|l| (l, None)),
+            None => wire::parse_line(&raw).map(|l| (l, None)),
         };
         let (line, prepared) = match parsed {
             Ok(parsed) => parsed,
@@ -805,7 +815,7 @@ impl Session {
             }
         };
         match self.phase {
-            Phase::AwaitHello => self.on_hello(raw, line, now),
+            Phase::AwaitHello => self.on_hello(&raw, line, now),
             Phase::AwaitAuth => self.on_auth(line),
             Phase::Open => self.on_open_line(raw, line, prepared),
             Phase::Closing => self.on_closing_line(line),
@@ -944,7 +954,12 @@ impl Session {
     }
 
     /// `prepared`: the line's signature check from its parse, when made there.
-    fn on_open_line(&mut self, raw: &[u8], line: Line, prepared: Option<wire::parse::Prepared>) {
+    fn on_open_line(
+        &mut self,
+        raw: std::borrow::Cow<'_, [u8]>,
+        line: Line,
+        prepared: Option<wire::parse::Prepared>,
+    ) {
         let Some(peer) = self.peer else { return };
         if !self.up_reported && !matches!(line, Line::Err(_)) {
             self.up_reported = true;
@@ -957,7 +972,7 @@ impl Session {
             let deferred = matches!(line, Line::Msg(_) | Line::State(_))
                 && line.id().is_some()
                 && line.th().is_some();
-            let prepared = prepared.unwrap_or_else(|| wire::sig::prepare_line(raw));
+            let prepared = prepared.unwrap_or_else(|| wire::sig::prepare_line(&raw));
             let checked = match prepared {
                 Ok(p) if deferred => {
                     self.pending_sigs.push((self.pending_rx.len(), p));
@@ -1046,12 +1061,12 @@ impl Session {
         }
     }
 
-    fn receive_acked(&mut self, line: Line, raw: &[u8]) {
+    fn receive_acked(&mut self, line: Line, raw: std::borrow::Cow<'_, [u8]>) {
         if line.id().is_none() || line.th().is_none() {
             return;
         }
         self.pending_bytes += raw.len();
-        self.pending_rx.push((line, raw.to_vec()));
+        self.pending_rx.push((line, raw.into_owned()));
         self.needs_flush = true;
     }
 
