@@ -619,9 +619,9 @@ struct PipeResult {
     line_bytes: usize,
 }
 
-/// 4. A writer task sends `n` msgs as fast as it can; a reader task counts acks.
-/// Phase 4: `n` msgs written at once, acks counted. `signed`: the client announces
-/// `signed-lines` and signs every line (before the clock starts), so the node verifies each.
+/// Phase 4: a writer task sends `n` msgs as fast as it can; a reader task counts acks.
+/// `signed` (phase 4b): the client announces `signed-lines` and signs every line (before
+/// the clock starts), so the node verifies each.
 async fn phase_pipe(node: &Daemon, n: usize, limit: Duration, signed: bool) -> Result<PipeResult> {
     let identity = Identity::generate();
     let tls = TlsConfig::new(&identity)?;
