@@ -457,13 +457,13 @@ impl Session {
                 self.warn_if_changed(&peer, id, &raw);
             }
             if !closed {
-                let ack = Line::Ack(wire::Ack {
+                let ack = wire::Ack {
                     id: self.store.next_control_id(),
                     ts: ts.clone(),
                     th: th.to_string(),
                     re: id.to_string(),
-                });
-                self.held_acks.push(ack.encode());
+                };
+                self.held_acks.push(ack.encode_line());
             }
             if let Received::New(seq) = received {
                 if seq > 0 {

@@ -635,4 +635,32 @@ mod tests {
         assert!(enc.contains(r#""n":9007199254740991"#), "{enc}");
         assert!(parse_line(enc.as_bytes()).is_ok());
     }
+
+    #[test]
+    fn ack_encode_line_is_byte_for_byte_the_generic_encoding() {
+        let odd = [
+            "01KAAAAAAAAAAAAAAAAAAAAAAA",
+            "",
+            "quote \" back \\ slash",
+            "ctl \u{1}\n\t end",
+            "é ü 漢 \u{1F600}",
+            "sep \u{2028} and \u{2029}",
+            "<html> & 'x'",
+        ];
+        for a in odd {
+            for b in odd {
+                let ack = crate::wire::Ack {
+                    id: a.into(),
+                    ts: "2026-01-01T00:00:00.000Z".into(),
+                    th: b.into(),
+                    re: a.into(),
+                };
+                let direct = ack.encode_line();
+                assert_eq!(direct, Line::Ack(ack.clone()).encode(), "{a:?} {b:?}");
+                if !a.is_empty() && !b.is_empty() {
+                    assert_eq!(parse_line(&direct).unwrap(), Line::Ack(ack));
+                }
+            }
+        }
+    }
 }
