@@ -6,6 +6,7 @@
 //! 2. handshake time (TCP + TLS + hello/auth until the node's resume), raw client → node;
 //! 3. durable msg → ack round trip, sequential, over TLS on loopback;
 //! 4. pipelined throughput: a writer task sends every msg at once, a reader counts acks;
+//!    4b. the same with lines signed by the client (`signed-lines`), verified by the node;
 //! 5. resume replay of a prefilled outbox (`Store::enqueue` before the node starts);
 //! 6. peak RSS (`VmHWM`) of every node process;
 //! 7. CLI command start: `awp --home H status` against a running node, spawn to exit,
@@ -24,7 +25,7 @@
 //! `BENCH_REPLAY_N`, `BENCH_CLI_N`, `BENCH_PHASE_LIMIT_S` (per-phase time limit, default
 //! 120), `AWP_BENCH_SUMMARY` (a file to which `name value` lines of the headline figures
 //! are appended for `scripts/bench.sh`'s table: `fsync_p50_ms`, `rtt_p50_ms`,
-//! `pipe_msgs_s`, `replay_s`, `replay_n`, `cli_p50_ms`, `spawn_p50_ms`).
+//! `pipe_msgs_s`, `pipe_signed_msgs_s`, `replay_s`, `replay_n`, `cli_p50_ms`, `spawn_p50_ms`).
 
 use anyhow::{anyhow, bail, Context, Result};
 use awp_node::control::{self, Request};
@@ -44,6 +45,9 @@ use tokio::io::AsyncWriteExt;
 const RTT_FACTOR: f64 = 1.2;
 /// Target: pipelined msgs per second (issue 10).
 const PIPE_TARGET: f64 = 100_000.0;
+/// Target: pipelined msgs per second when the client signs its lines and the node verifies
+/// them (issue 13).
+const SIGNED_PIPE_TARGET: f64 = 25_000.0;
 /// Target: replay of a prefilled outbox of 100k lines, seconds (issue 10; scaled linearly
 /// for other `BENCH_REPLAY_N`).
 const REPLAY_TARGET_S: f64 = 0.25;
@@ -442,6 +446,11 @@ impl Client {
 
     /// hello, the node's hello, auth, the node's auth and resume (our resume is separate).
     async fn handshake(&mut self, identity: &Identity) -> Result<()> {
+        self.handshake_caps(identity, vec![]).await
+    }
+
+    /// [`Client::handshake`] announcing `caps` in our hello.
+    async fn handshake_caps(&mut self, identity: &Identity, caps: Vec<String>) -> Result<()> {
         let mut nonce = [0u8; 32];
         rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut nonce);
         let mine = Line::Hello(wire::Hello {
@@ -451,7 +460,7 @@ impl Client {
             key: identity.key().to_string(),
             name: Some("bench@127.0.0.1".into()),
             nonce: wire::b64::encode_url(&nonce),
-            caps: vec![],
+            caps,
             about: None,
             addr: None,
             shares: None,
@@ -610,12 +619,19 @@ struct PipeResult {
     line_bytes: usize,
 }
 
-/// 4. A writer task sends `n` msgs as fast as it can; a reader task counts acks.
-async fn phase_pipe(node: &Daemon, n: usize, limit: Duration) -> Result<PipeResult> {
+/// Phase 4: a writer task sends `n` msgs as fast as it can; a reader task counts acks.
+/// `signed` (phase 4b): the client announces `signed-lines` and signs every line (before
+/// the clock starts), so the node verifies each.
+async fn phase_pipe(node: &Daemon, n: usize, limit: Duration, signed: bool) -> Result<PipeResult> {
     let identity = Identity::generate();
     let tls = TlsConfig::new(&identity)?;
     let mut c = Client::connect(&node.addr, &tls).await?;
-    c.handshake(&identity).await?;
+    let caps = if signed {
+        vec![wire::sig::CAP.to_string()]
+    } else {
+        vec![]
+    };
+    c.handshake_caps(&identity, caps).await?;
     c.send_resume().await?;
     let th = "thr_bench_pipe";
     let text = filler(th);
@@ -625,7 +641,10 @@ async fn phase_pipe(node: &Daemon, n: usize, limit: Duration) -> Result<PipeResu
     let mut line_bytes = 0;
     for _ in 0..n {
         let id = c.next_id();
-        let l = msg_line(&id, &now_ts(), th, &text).encode();
+        let mut l = msg_line(&id, &now_ts(), th, &text).encode();
+        if signed {
+            l = wire::sig::sign_encoded(&identity, &l).map_err(|e| anyhow!("sign: {e}"))?;
+        }
         line_bytes = l.len();
         cur.extend_from_slice(&l);
         cur.push(b'\n');
@@ -1023,7 +1042,7 @@ async fn run() -> bool {
         cfg.pipe_n
     );
     if let Some(a) = &node_a {
-        match phase_pipe(a, cfg.pipe_n, cfg.phase_limit).await {
+        match phase_pipe(a, cfg.pipe_n, cfg.phase_limit, false).await {
             Ok(p) => {
                 let rate = p.n as f64 / p.elapsed.as_secs_f64();
                 println!(
@@ -1055,6 +1074,38 @@ async fn run() -> bool {
                 targets[1] = Some(line);
             }
             Err(e) => fail("pipelined", e),
+        }
+    }
+    println!();
+
+    println!(
+        "4b. pipelined throughput with signed lines: {} msgs, each signed by the client (before the clock starts) and verified by the node",
+        cfg.pipe_n
+    );
+    if let Some(a) = &node_a {
+        match phase_pipe(a, cfg.pipe_n, cfg.phase_limit, true).await {
+            Ok(p) => {
+                let rate = p.n as f64 / p.elapsed.as_secs_f64();
+                println!(
+                    "   throughput           {:.0} msgs/s  ({} msgs of {} B in {:.3} s until the last ack)",
+                    rate,
+                    p.n,
+                    p.line_bytes,
+                    p.elapsed.as_secs_f64()
+                );
+                println!(
+                    "   CPU                  node {:.2} s ({:.0}% of one core, {:.1} µs per msg)",
+                    p.node_cpu,
+                    100.0 * p.node_cpu / p.elapsed.as_secs_f64(),
+                    p.node_cpu * 1e6 / p.n as f64
+                );
+                summary(&cfg, "pipe_signed_msgs_s", rate);
+                println!(
+                    "   target: pipelined signed ≥ {SIGNED_PIPE_TARGET:.0} msgs/s: {rate:.0} msgs/s → {}",
+                    verdict(rate >= SIGNED_PIPE_TARGET)
+                );
+            }
+            Err(e) => fail("pipelined signed", e),
         }
     }
     println!();

@@ -11,7 +11,8 @@
 #
 # Usage: scripts/bench.sh [--quick]
 #   --quick: the regression guard for CI (well under 60 s once built): small counts, only
-#   fsync, round trip, pipelined, replay and CLI start, then the table. Fails (exit 1) only
+#   fsync, round trip, pipelined (plain and with signed lines), replay, CLI start and the
+#   per-line cost of signing and verifying, then the table. Fails (exit 1) only
 #   on a gross regression: pipelined below 10,000 msgs/s, or round trip p50 above 5 × the
 #   same run's fsync p50 but never below 1 ms (a disk whose fsync is far under the loopback
 #   and TLS floor, about 0.4 ms on a 2-core VM, would otherwise fail a healthy build), or a
@@ -77,12 +78,15 @@ if [ "$QUICK" = 1 ]; then
         BENCH_REPLAY_N="${BENCH_REPLAY_N:-20000}" BENCH_CLI_N="${BENCH_CLI_N:-20}" \
         BENCH_PHASE_LIMIT_S="${BENCH_PHASE_LIMIT_S:-20}" \
         cargo bench --quiet --bench node || node_rc=$?
+    echo
+    echo "signed lines (benches/sig.rs, 2,000 lines; phase 4b above is the pipelined figure with signed lines)"
+    BENCH_SIG_N="${BENCH_SIG_N:-2000}" cargo bench --quiet --bench sig
 else
     AWP_BIN="$AWP" AWP_BENCH_DIR="$WORK" AWP_BENCH_PIDS="$PIDS" AWP_BENCH_SUMMARY="$SUMMARY" \
         cargo bench --quiet --bench node || node_rc=$?
 
     echo
-    echo "signed lines (benches/sig.rs; the pipelined figure above is with signing on, the default)"
+    echo "signed lines (benches/sig.rs; phase 4b above is the pipelined figure with signed lines)"
     cargo bench --quiet --bench sig
 
     echo
@@ -136,6 +140,8 @@ def row(name, value, goal, met):
 fs = g("fsync_p50_ms")
 pipe = g("pipe_msgs_s")
 row("pipelined durable msgs (200 B, one TLS conn)", pipe and f"{pipe:,.0f} msgs/s", ">= 100,000 msgs/s", pipe is not None and pipe >= 100_000)
+sp = g("pipe_signed_msgs_s")
+row("pipelined durable msgs, signed lines (issue 13)", sp and f"{sp:,.0f} msgs/s", ">= 25,000 msgs/s", sp is not None and sp >= 25_000)
 rtt = g("rtt_p50_ms")
 if rtt is not None and fs:
     row("durable msg->ack round trip p50", f"{rtt:.3f} ms = {rtt / fs:.2f} x fsync p50", "<= 1.2 x fsync p50", rtt <= 1.2 * fs)

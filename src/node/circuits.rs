@@ -119,7 +119,7 @@ pub(super) fn start(inner: &Arc<Inner>) {
 
 /// Watch connections come up; for each one through a circuit, try the direct upgrade.
 async fn upgrades(inner: Arc<Inner>) {
-    let mut events = inner.events.subscribe();
+    let mut events = inner.subscribe_quiet();
     loop {
         let ev = tokio::select! {
             _ = inner.shutdown.cancelled() => return,

@@ -337,15 +337,19 @@ pub async fn run_with(
                         super::refusals::mark_answered(&inner, seq, &line);
                         // An artifact command's reply was queued with it: send it now.
                         super::artifacts::on_received(&inner, key, &line);
-                        // Events are built only when someone listens (tail, wait, listen).
-                        if inner.events.receiver_count() > 0 {
-                            inner.emit(line_event(seq, "in", &key, peer_name.as_deref(), &line));
-                        }
+                        // Built only when someone reads it (tail, wait, listen; see
+                        // conn_events.rs).
+                        inner.emit_lazy(super::conn_events::QUIET_LINE, || {
+                            line_event(seq, "in", &key, peer_name.as_deref(), &line)
+                        });
                     }
                 }
                 SessionEvent::Acked { th, re } => {
                     if let Some(key) = registered {
-                        inner.emit(json!({"event":"ack","peer":key.to_string(),"th":th,"re":re}));
+                        inner.emit_lazy(
+                            super::conn_events::QUIET_ACK,
+                            || json!({"event":"ack","peer":key.to_string(),"th":th,"re":re}),
+                        );
                     }
                 }
                 SessionEvent::Grants(g) => match registered {
@@ -494,7 +498,7 @@ pub async fn run_with(
                 while let Some(items) = next.take() {
                     for item in items {
                         match item {
-                            ReadItem::Line(l) => session.handle_line(&l, now),
+                            ReadItem::Line(l) => session.handle_line_owned(l, now),
                             ReadItem::TooLarge => session.handle_read_error(true),
                             ReadItem::Eof => session.handle_eof(),
                             ReadItem::Cut(d) => session.handle_cut(d),
@@ -520,6 +524,8 @@ pub async fn run_with(
         }
     }
 
+    // Acks read but not applied yet (their batch's lines were never committed).
+    session.apply_acks();
     // Final writes (closing err, bye), then close.
     while let Some(l) = session.poll_transmit() {
         pending.extend_from_slice(&l);

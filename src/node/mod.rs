@@ -17,6 +17,7 @@ mod artifacts;
 mod blobs;
 mod circuits;
 mod conn;
+mod conn_events;
 mod dialer;
 mod disconnect;
 pub(crate) mod grants;
@@ -182,6 +183,8 @@ pub(crate) struct Inner {
     /// 7700): shown by `awp up` and `awp status`.
     pub notices: Mutex<Vec<String>>,
     pub events: broadcast::Sender<Event>,
+    /// Subscribers of `events` that skip line and ack content (`conn_events.rs`).
+    pub(crate) quiet_events: conn_events::QuietCount,
     pub conns: Mutex<HashMap<PeerKey, ConnEntry>>,
     pub dialers: Mutex<HashMap<PeerKey, Arc<dialer::Wake>>>,
     /// How the dialer paces redials.
@@ -328,6 +331,7 @@ impl NodeHandle {
             addresses: Mutex::new(Vec::new()),
             notices: Mutex::new(Vec::new()),
             events,
+            quiet_events: Default::default(),
             conns: Mutex::new(HashMap::new()),
             dialers: Mutex::new(HashMap::new()),
             dial_timing: config.dial_timing,

@@ -246,7 +246,7 @@ pub(crate) fn greeting(inner: &Inner, peer: &PeerKey) -> Vec<Vec<u8>> {
 
 /// Background work: expiry of held documents, and publishing when enabled.
 pub(crate) async fn run(inner: Arc<Inner>) {
-    let mut events = inner.events.subscribe();
+    let mut events = inner.subscribe_quiet();
     let timing = inner.presence.timing;
     let publish = inner.presence.publish;
     let start = Instant::now();
@@ -277,6 +277,11 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             ev = events.recv() => match ev {
                 Ok(ev) => {
                     let kind = ev.get("event").and_then(Value::as_str).unwrap_or("");
+                    let kind = match kind {
+                        super::conn_events::QUIET_LINE => "line",
+                        super::conn_events::QUIET_ACK => "ack",
+                        k => k,
+                    };
                     if kind == "line" {
                         inner.presence.last_activity_ms.store(wire::time::now_ms(), Ordering::Relaxed);
                     }

@@ -195,6 +195,12 @@ pub struct Session {
     /// Acked-kind lines received but not yet handed to the store (stored in one
     /// transaction by [`Session::commit`]).
     pending_rx: Vec<(Line, Vec<u8>)>,
+    /// Signature checks of lines in `pending_rx` (index into it), made in one batch by
+    /// [`Session::commit`] (issue 13: `verify_batch`, singles to find a bad line).
+    pending_sigs: Vec<(usize, wire::sig::Prepared)>,
+    /// Acks received and not yet applied to the store: applied in one transaction, with
+    /// the received lines by [`Session::commit`] or alone by [`Session::poll_event`].
+    pending_acks: Vec<wire::Ack>,
     pending_bytes: usize,
     /// Acks waiting for the next durable flush.
     held_acks: Vec<Vec<u8>>,
@@ -269,6 +275,8 @@ impl Session {
             pending_hello: None,
             control,
             pending_rx: Vec::new(),
+            pending_sigs: Vec::new(),
+            pending_acks: Vec::new(),
             pending_bytes: 0,
             held_acks: Vec::new(),
             held_events: Vec::new(),
@@ -361,13 +369,33 @@ impl Session {
     /// driver then runs [`Store::flush`] and calls [`Session::flushed`] (or
     /// [`Session::flush_failed`]). Lines that arrived before a closing error are still
     /// stored, but not acked.
+    ///
+    /// Acks received since the last call go into the same transaction, and signed lines
+    /// of a signing peer are verified here, in one batch: the first line whose signature
+    /// fails is refused with `err auth` (closing) as if it had been checked on arrival:
+    /// the lines before it are stored (not acked: the session is closed), it and the
+    /// lines after it are not.
     pub fn commit(&mut self) {
         self.pending_bytes = 0;
         if self.pending_rx.is_empty() {
+            self.apply_acks();
             return;
         }
         let mut batch = std::mem::take(&mut self.pending_rx);
+        let sigs = std::mem::take(&mut self.pending_sigs);
         let Some(peer) = self.peer else { return };
+        if !sigs.is_empty() {
+            let prepared: Vec<wire::sig::Prepared> = sigs.iter().map(|(_, p)| p.clone()).collect();
+            if let Err((bad, e)) = wire::sig::verify_batch(&peer, &prepared) {
+                let at = sigs[bad].0;
+                let (line, _) = &batch[at];
+                let (kind, id) = (line.kind().to_string(), line.id().map(str::to_string));
+                batch.truncate(at);
+                if self.phase != Phase::Closed {
+                    self.close_with(code::AUTH, id, &format!("{kind} line: {e}"));
+                }
+            }
+        }
         if let Some(mut blobs) = self.blobs.take() {
             // Blob data first: its records go in before the msgs that name the blobs, so a
             // msg is never acked ahead of chunk data that arrived before it.
@@ -379,17 +407,25 @@ impl Session {
             }
             batch.retain(|(l, _)| !matches!(l, Line::Chunk(_)));
             if batch.is_empty() {
+                self.apply_acks();
                 return;
             }
         }
         let refs: Vec<(&Line, &[u8])> = batch.iter().map(|(l, r)| (l, r.as_slice())).collect();
-        let results = match self.store.receive_batch(&peer, &refs) {
-            Ok(r) => r,
+        let acks = std::mem::take(&mut self.pending_acks);
+        let ack_refs: Vec<(&str, &str)> = acks
+            .iter()
+            .map(|a| (a.th.as_str(), a.re.as_str()))
+            .collect();
+        let results = match self.store.receive_batch_acks(&peer, &refs, &ack_refs) {
+            Ok((r, _)) => r,
             Err(e) => {
                 self.fail_storage(None, &e);
                 return;
             }
         };
+        drop(refs);
+        self.acked(acks);
         let closed = self.phase == Phase::Closed;
         // One timestamp for the acks of a batch (they go out together).
         let ts = now_ts();
@@ -421,19 +457,49 @@ impl Session {
                 self.warn_if_changed(&peer, id, &raw);
             }
             if !closed {
-                let ack = Line::Ack(wire::Ack {
+                let ack = wire::Ack {
                     id: self.store.next_control_id(),
                     ts: ts.clone(),
                     th: th.to_string(),
                     re: id.to_string(),
-                });
-                self.held_acks.push(ack.encode());
+                };
+                self.held_acks.push(ack.encode_line());
             }
             if let Received::New(seq) = received {
                 if seq > 0 {
                     self.held_events.push(SessionEvent::Received { seq, line });
                 }
             }
+        }
+    }
+
+    /// Apply the acks received since the last call in one store transaction (no flush
+    /// needed: they retire our own lines, which the peer holds) and report them as
+    /// [`SessionEvent::Acked`]. The driver need not call it: [`Session::commit`] and
+    /// [`Session::poll_event`] do.
+    pub fn apply_acks(&mut self) {
+        if self.pending_acks.is_empty() {
+            return;
+        }
+        let Some(peer) = self.peer else { return };
+        let acks = std::mem::take(&mut self.pending_acks);
+        let refs: Vec<(&str, &str)> = acks
+            .iter()
+            .map(|a| (a.th.as_str(), a.re.as_str()))
+            .collect();
+        if let Err(e) = self.store.receive_batch_acks(&peer, &[], &refs) {
+            let id = acks.into_iter().next().map(|a| a.id);
+            self.fail_storage(id, &e);
+            return;
+        }
+        self.acked(acks);
+    }
+
+    /// Events for applied acks.
+    fn acked(&mut self, acks: Vec<wire::Ack>) {
+        for a in acks {
+            self.events
+                .push_back(SessionEvent::Acked { th: a.th, re: a.re });
         }
     }
 
@@ -657,7 +723,7 @@ impl Session {
         self.held_input_bytes = 0;
         for input in std::mem::take(&mut self.held_input) {
             match input {
-                HeldInput::Line(l) => self.handle_line(&l, now),
+                HeldInput::Line(l) => self.handle_line_owned(l, now),
                 HeldInput::TooLarge => self.handle_read_error(true),
                 HeldInput::Eof => self.handle_eof(),
                 HeldInput::Cut(d) => self.handle_cut(d),
@@ -700,13 +766,23 @@ impl Session {
 
     /// Feed one received line (without `\n`).
     pub fn handle_line(&mut self, raw: &[u8], now: Instant) {
+        self.handle(std::borrow::Cow::Borrowed(raw), now)
+    }
+
+    /// [`Session::handle_line`] for a line the driver owns: a line that is stored keeps
+    /// this buffer (no copy per received line).
+    pub fn handle_line_owned(&mut self, raw: Vec<u8>, now: Instant) {
+        self.handle(std::borrow::Cow::Owned(raw), now)
+    }
+
+    fn handle(&mut self, raw: std::borrow::Cow<'_, [u8]>, now: Instant) {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
         if self.phase == Phase::Admission {
             // Not parsed, stored or answered before the admission decision.
             self.held_input_bytes += raw.len();
-            self.held_input.push(HeldInput::Line(raw.to_vec()));
+            self.held_input.push(HeldInput::Line(raw.into_owned()));
             if self.held_input_bytes > ADMISSION_HOLD_BYTES
                 || self.held_input.len() > ADMISSION_HOLD_LINES
             {
@@ -719,12 +795,16 @@ impl Session {
         self.pings_out = 0;
         self.ping_deadline = now + self.ping_idle;
         // Chunk lines as senders emit them skip the JSON value (crate::blob::fast).
-        let parsed = match crate::blob::fast::parse_chunk(raw) {
-            Some(line) => Ok(line),
-            None => wire::parse_line(raw),
+        // A signing peer's lines are parsed once for both the line and its signature check.
+        let parsed = match crate::blob::fast::parse_chunk(&raw) {
+            Some(line) => Ok((line, None)),
+            None if self.peer_signs && self.phase == Phase::Open => {
+                wire::parse::parse_line_prepared(&raw)
+            }
+            None => wire::parse_line(&raw).map(|l| (l, None)),
         };
-        let line = match parsed {
-            Ok(line) => line,
+        let (line, prepared) = match parsed {
+            Ok(parsed) => parsed,
             Err(e) => {
                 let (re, detail) = match &e {
                     wire::FrameError::BadFrame { id, detail } => (id.clone(), detail.clone()),
@@ -735,9 +815,9 @@ impl Session {
             }
         };
         match self.phase {
-            Phase::AwaitHello => self.on_hello(raw, line, now),
+            Phase::AwaitHello => self.on_hello(&raw, line, now),
             Phase::AwaitAuth => self.on_auth(line),
-            Phase::Open => self.on_open_line(raw, line),
+            Phase::Open => self.on_open_line(raw, line, prepared),
             Phase::Closing => self.on_closing_line(line),
             Phase::Admission | Phase::Closed => {}
         }
@@ -873,15 +953,35 @@ impl Session {
             .push_back(SessionEvent::Authenticated { key: peer, hello });
     }
 
-    fn on_open_line(&mut self, raw: &[u8], line: Line) {
+    /// `prepared`: the line's signature check from its parse, when made there.
+    fn on_open_line(
+        &mut self,
+        raw: std::borrow::Cow<'_, [u8]>,
+        line: Line,
+        prepared: Option<wire::parse::Prepared>,
+    ) {
         let Some(peer) = self.peer else { return };
         if !self.up_reported && !matches!(line, Line::Err(_)) {
             self.up_reported = true;
             self.events.push_back(SessionEvent::Up);
         }
         if self.peer_signs && wire::sig::is_signed_kind(line.kind()) {
-            // spec/signed-lines.md: refused like a bad auth, never stored nor acked.
-            if let Err(e) = wire::sig::verify_line(&peer, raw) {
+            // spec/signed-lines.md: refused like a bad auth, never stored nor acked. Lines
+            // that wait for the commit (msg, state) have their Ed25519 check made there, in
+            // one batch (`Session::commit`); the rest of the checks are made now.
+            let deferred = matches!(line, Line::Msg(_) | Line::State(_))
+                && line.id().is_some()
+                && line.th().is_some();
+            let prepared = prepared.unwrap_or_else(|| wire::sig::prepare_line(&raw));
+            let checked = match prepared {
+                Ok(p) if deferred => {
+                    self.pending_sigs.push((self.pending_rx.len(), p));
+                    Ok(())
+                }
+                Ok(p) => p.verify(&peer),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = checked {
                 let id = line.id().map(str::to_string);
                 self.close_with(code::AUTH, id, &format!("{} line: {e}", line.kind()));
                 return;
@@ -898,12 +998,8 @@ impl Session {
             Line::Msg(_) | Line::State(_) | Line::Mirror(_) | Line::Private(_) => {
                 self.receive_acked(line, raw);
             }
-            Line::Ack(a) => match self.store.ack(&peer, &a.th, &a.re) {
-                Ok(_) => self
-                    .events
-                    .push_back(SessionEvent::Acked { th: a.th, re: a.re }),
-                Err(e) => self.fail_storage(Some(a.id), &e),
-            },
+            // Applied with the batch (one transaction; see `pending_acks`).
+            Line::Ack(a) => self.pending_acks.push(a),
             Line::Ping(p) => {
                 let pong = Line::Pong(wire::Pong {
                     id: self.store.next_control_id(),
@@ -965,12 +1061,12 @@ impl Session {
         }
     }
 
-    fn receive_acked(&mut self, line: Line, raw: &[u8]) {
+    fn receive_acked(&mut self, line: Line, raw: std::borrow::Cow<'_, [u8]>) {
         if line.id().is_none() || line.th().is_none() {
             return;
         }
         self.pending_bytes += raw.len();
-        self.pending_rx.push((line, raw.to_vec()));
+        self.pending_rx.push((line, raw.into_owned()));
         self.needs_flush = true;
     }
 
@@ -1119,6 +1215,10 @@ impl Session {
 
     /// Next event for the node.
     pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        if self.pending_rx.is_empty() {
+            // No lines to commit them with: the acks of the batch read go in alone.
+            self.apply_acks();
+        }
         self.events.pop_front()
     }
 

@@ -897,3 +897,148 @@ fn drain_transmit(e: &mut End) -> Vec<Vec<u8>> {
     }
     out
 }
+
+/// A msg line from `from` in `th`, signed by it when `sign` (as a signing peer sends it).
+fn peer_msg(from: &Identity, id: &str, th: &str, text: &str, sign: bool) -> Vec<u8> {
+    let line = Line::Msg(Msg {
+        id: id.into(),
+        ts: "2026-01-01T00:00:00.000Z".into(),
+        th: th.into(),
+        re: None,
+        subject: None,
+        parts: vec![Part::Text(TextPart { text: text.into() })],
+    })
+    .encode();
+    if sign {
+        crate::wire::sig::sign_encoded(from, &line).unwrap()
+    } else {
+        line
+    }
+}
+
+fn ack_line(id: &str, th: &str, re: &str) -> Vec<u8> {
+    Line::Ack(crate::wire::Ack {
+        id: id.into(),
+        ts: "2026-01-01T00:00:00.000Z".into(),
+        th: th.into(),
+        re: re.into(),
+    })
+    .encode()
+}
+
+#[test]
+fn acks_and_lines_of_one_batch_are_stored_in_one_transaction() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let ours: Vec<String> = (0..3)
+        .map(|i| queue_msg(&a, b.id.key(), "thr_x", &format!("m{i}")))
+        .collect();
+    assert_eq!(a.store.outbox_len(&b.id.key()).unwrap(), 3);
+    let before = a.store.transaction_count();
+    // One read batch: the peer's acks of our three lines and two lines of its own.
+    for (i, re) in ours.iter().enumerate() {
+        a.s.handle_line(&ack_line(&format!("01K5{i:022}"), "thr_x", re), now);
+    }
+    for i in 0..2 {
+        let id = format!("01K6{i:022}");
+        a.s.handle_line(&peer_msg(&b.id, &id, "thr_y", "hi", false), now);
+    }
+    assert!(a.s.wants_flush());
+    a.s.commit();
+    assert_eq!(
+        a.store.transaction_count() - before,
+        1,
+        "three acks and two lines: one transaction"
+    );
+    assert_eq!(a.store.outbox_len(&b.id.key()).unwrap(), 0);
+    let out = drain(&mut a);
+    assert_eq!(kinds(&out), ["ack", "ack"]);
+    assert_eq!(acked(&a), ours);
+
+    // Acks alone (no line to commit them with): one transaction for the read batch too.
+    let more: Vec<String> = (0..3)
+        .map(|i| queue_msg(&a, b.id.key(), "thr_x", &format!("n{i}")))
+        .collect();
+    let before = a.store.transaction_count();
+    for (i, re) in more.iter().enumerate() {
+        a.s.handle_line(&ack_line(&format!("01K7{i:022}"), "thr_x", re), now);
+    }
+    drain(&mut a);
+    assert_eq!(a.store.transaction_count() - before, 1);
+    assert_eq!(a.store.outbox_len(&b.id.key()).unwrap(), 0);
+    assert_eq!(acked(&a)[3..], more[..]);
+}
+
+/// A session `a` whose peer `b` announces `signed-lines` (so `a` verifies b's lines).
+fn signing_pair(now: Instant) -> (End, End) {
+    let a = end(identity(1), true, now);
+    let mut b = end(identity(2), false, now);
+    b.s = Session::new(
+        SessionConfig {
+            caps: vec![crate::wire::sig::CAP.into()],
+            ..b.s.cfg.clone()
+        },
+        b.id.clone(),
+        b.store.clone(),
+        now,
+    );
+    (a, b)
+}
+
+#[test]
+fn signed_lines_of_a_batch_verify_together_and_a_bad_one_is_refused_alone() {
+    let now = Instant::now();
+    let (mut a, mut b) = signing_pair(now);
+    pump(&mut a, &mut b, now);
+    assert_eq!(a.s.phase(), Phase::Open);
+    let peer = b.id.key();
+    // More lines than one verify_batch call takes: all verify, all stored and acked.
+    let n = crate::wire::sig::BATCH_MAX + 3;
+    let ids: Vec<String> = (0..n).map(|i| format!("01K1{i:022}")).collect();
+    for id in &ids {
+        a.s.handle_line(&peer_msg(&b.id, id, "thr_s", "fine", true), now);
+    }
+    let out = drain(&mut a);
+    assert_eq!(out.len(), n);
+    assert!(kinds(&out).iter().all(|k| k == "ack"));
+    assert!(!a.s.is_closed());
+
+    // One read batch of four signed lines; the third was altered after signing.
+    let ids: Vec<String> = (0..4).map(|i| format!("01K2{i:022}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let mut line = peer_msg(&b.id, id, "thr_s", "text", true);
+        if i == 2 {
+            let at = line.windows(4).position(|w| w == b"text").unwrap();
+            line[at] = b'T';
+        }
+        a.s.handle_line(&line, now);
+    }
+    let out = drain(&mut a);
+    // Refused alone: err auth naming the bad line; the lines before it are stored (not
+    // acked, the connection is closed), it and the line after it are not.
+    assert_eq!(kinds(&out), ["err"]);
+    let Line::Err(e) = crate::wire::parse_line(&out[0]).unwrap() else {
+        unreachable!()
+    };
+    assert_eq!(e.code, "auth");
+    assert_eq!(e.re.as_deref(), Some(ids[2].as_str()));
+    assert!(a.s.is_closed());
+    for (i, id) in ids.iter().enumerate() {
+        let stored = a.store.received_line(&peer, id).unwrap().is_some();
+        assert_eq!(stored, i < 2, "line {i}");
+    }
+}
+
+#[test]
+fn unsigned_line_from_a_signing_peer_is_refused_on_arrival() {
+    let now = Instant::now();
+    let (mut a, mut b) = signing_pair(now);
+    pump(&mut a, &mut b, now);
+    let id = "01K3000000000000000000000A";
+    a.s.handle_line(&peer_msg(&b.id, id, "thr_s", "x", false), now);
+    assert!(a.s.is_closed(), "no sig: refused before any commit");
+    let out = drain(&mut a);
+    assert_eq!(err_code(&out[0]).as_deref(), Some("auth"));
+    assert_eq!(a.store.received_line(&b.id.key(), id).unwrap(), None);
+}

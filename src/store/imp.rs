@@ -270,6 +270,15 @@ impl Store {
         self.group.count()
     }
 
+    /// Multi-tree store transactions committed since this store was opened (sled waits
+    /// for its log once per transaction: the receive path aims at one per received
+    /// batch). For tests and benches that count them.
+    pub fn transaction_count(&self) -> u64 {
+        self.trees
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Allocate ids and queue `builders`' lines for `peer` in ONE transaction (outbox, out
     /// log, thread subject/my state, last id). Ids strictly increase in call order.
     ///
@@ -628,30 +637,79 @@ impl Store {
     /// private) also remove earlier lines of the same thread whose kind is never acked on its
     /// own (chunk, introduce). The thread is taken from the stored line; `th` is the ack's
     /// and only used when nothing is stored. Returns true when `re` was in the outbox (false
-    /// for an unknown or already retired id, which changes nothing). One transaction.
+    /// for an unknown or already retired id, which changes nothing). One transaction; see
+    /// [`Store::receive_batch_acks`] for many acks at once.
     pub fn ack(&self, peer: &PeerKey, th: &str, re: &str) -> Result<bool, StoreError> {
-        let _w = self.writer();
-        let key = pkey(peer, re.as_bytes());
-        let Some(v) = self.trees.t(T::Outbox).get(&key).map_err(db_err)? else {
-            return Ok(false);
-        };
-        let (rec, _): (OutRec, Payload) = unpack("outbox", &v)?;
-        let mut retire = vec![(key.clone(), rec.seq, v.len())];
-        if acked_kind(&rec.kind) {
-            let th = rec.th.as_deref().unwrap_or(th);
+        let (_, found) = self.receive_batch_acks(peer, &[], &[(th, re)])?;
+        Ok(found.first().copied().unwrap_or(false))
+    }
+
+    /// The acks `acks` (each `(th, re)` as in [`Store::ack`], in arrival order) applied in
+    /// `tx`: every line they name and the earlier unacked-kind lines of their threads are
+    /// retired once, however many acks of the batch cover them. One scan of the peer's
+    /// outbox up to the largest acked key, not one per ack. Returns, per ack, whether `re`
+    /// was in the outbox (a repeated `re` in the batch: false the second time).
+    fn ack_in(
+        &self,
+        tx: &mut Tx<'_>,
+        peer: &PeerKey,
+        acks: &[(&str, &str)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut found = Vec::with_capacity(acks.len());
+        let mut retire: Vec<(Vec<u8>, u64, usize)> = Vec::new();
+        let mut retired: HashSet<Vec<u8>> = HashSet::new();
+        // Per thread: the largest outbox key of an individually acked line acked here.
+        let mut upto: HashMap<String, Vec<u8>> = HashMap::new();
+        for (th, re) in acks {
+            let key = pkey(peer, re.as_bytes());
+            if retired.contains(&key) {
+                found.push(false);
+                continue;
+            }
+            let Some(v) = tx.get(T::Outbox, &key)? else {
+                found.push(false);
+                continue;
+            };
+            let (rec, _): (OutRec, Payload) = unpack("outbox", &v)?;
+            if acked_kind(&rec.kind) {
+                let th = rec.th.unwrap_or_else(|| th.to_string());
+                match upto.get_mut(&th) {
+                    Some(m) if *m >= key => {}
+                    Some(m) => *m = key.clone(),
+                    None => {
+                        upto.insert(th, key.clone());
+                    }
+                }
+            }
+            retire.push((key.clone(), rec.seq, v.len()));
+            retired.insert(key);
+            found.push(true);
+        }
+        if let Some(end) = upto.values().max().cloned() {
             let prefix = pkey(peer, b"");
-            for kv in self.trees.t(T::Outbox).range(prefix..key) {
+            for kv in self.trees.t(T::Outbox).range(prefix..end) {
                 let (k, v) = kv.map_err(db_err)?;
+                if retired.contains(k.as_ref()) {
+                    continue;
+                }
                 let (r, _): (OutRec, Payload) = unpack("outbox", &v)?;
-                if r.th.as_deref() == Some(th) && !acked_kind(&r.kind) {
+                if acked_kind(&r.kind) {
+                    continue;
+                }
+                let covered =
+                    r.th.as_deref()
+                        .and_then(|t| upto.get(t))
+                        .is_some_and(|m| k.as_ref() < m.as_slice());
+                if covered {
                     retire.push((k.to_vec(), r.seq, v.len()));
+                    retired.insert(k.to_vec());
                 }
             }
         }
-        let mut tx = Tx::new(&self.trees);
-        self.retire(&mut tx, peer, &retire)?;
-        tx.commit()?;
-        Ok(true)
+        if !retire.is_empty() {
+            self.retire(tx, peer, &retire)?;
+        }
+        Ok(found)
     }
 
     /// Store an inbound content line (msg, state, mirror, private, threaded chunk/introduce)
@@ -684,6 +742,23 @@ impl Store {
         peer: &PeerKey,
         lines: &[(&Line, &[u8])],
     ) -> Result<Vec<Received>, StoreError> {
+        Ok(self.receive_batch_acks(peer, lines, &[])?.0)
+    }
+
+    /// [`Store::receive_batch`] and the peer's acks `acks` (`(th, re)` each, as in
+    /// [`Store::ack`]) in ONE transaction: the received lines, their dedup, seen and thread
+    /// records, the inbound hook's records and the retired outbox lines commit together, or
+    /// nothing does. Returns the lines' results (input order) and, per ack, whether `re` was
+    /// in the outbox. Acks retire only our own lines, which the peer holds (it acked them):
+    /// they need no flush of ours before they take effect; the received lines do, as ever.
+    /// A batch with new content fails as a whole with [`StoreError::DiskFull`] under the
+    /// reserve; acks alone never check space (they free it).
+    pub fn receive_batch_acks(
+        &self,
+        peer: &PeerKey,
+        lines: &[(&Line, &[u8])],
+        acks: &[(&str, &str)],
+    ) -> Result<(Vec<Received>, Vec<bool>), StoreError> {
         let mut w = self.writer();
         let mut seq = w.log_seq;
         let now = wire::time::now_ms();
@@ -785,15 +860,22 @@ impl Store {
             let mut atx = super::artifacts::ArtTx::new(self, &mut tx, &mut ids, &mut seq, now);
             hook.on_lines(&mut atx, peer, &new_lines)?;
         }
+        let found = if acks.is_empty() {
+            Vec::new()
+        } else {
+            self.ack_in(&mut tx, peer, acks)?
+        };
         if seq != w.log_seq {
-            // New content only: a batch of replays and control lines writes nothing.
+            // New content only: a batch of replays and control lines stores no line.
             self.check_space(0)?;
             tx.put(T::Meta, META_LOG_SEQ, u64_be(seq).to_vec());
+        }
+        if !tx.is_empty() {
             tx.commit()?;
             w.log_seq = seq;
             w.ids = ids;
         }
-        Ok(out)
+        Ok((out, found))
     }
 
     /// seen for `peer`: thread → largest content id received (our resume).

@@ -1302,3 +1302,69 @@ fn dedup_from_memory_keeps_lower_new_ids_and_replays_after_reopen() {
     assert_eq!(s.seen(&p).unwrap()["T"], ID4);
     assert_eq!(s.seen(&p).unwrap()["U"], ID2);
 }
+
+/// The queue of `ack_removes_and_is_cumulative_for_chunks`, in `s` for `p`.
+fn chunks_and_msgs(s: &Store, p: &PeerKey) -> [String; 7] {
+    let c1 = send_chunk(s, p, Some("A"));
+    let cb = send_chunk(s, p, Some("B"));
+    let c2 = send_chunk(s, p, Some("A"));
+    let cu = send_chunk(s, p, None);
+    let m0 = send(s, p, "A");
+    let m = send(s, p, "A");
+    let c3 = send_chunk(s, p, Some("A"));
+    [c1, cb, c2, cu, m0, m, c3]
+}
+
+#[test]
+fn acks_of_a_batch_and_its_lines_are_one_transaction_with_the_effect_of_single_acks() {
+    let (_d, s) = open();
+    let p = key(1);
+    let [_c1, cb, _c2, cu, m0, m, c3] = chunks_and_msgs(&s, &p);
+    let (line, raw) = in_msg("T", ID1, None);
+    let before = s.transaction_count();
+    let acks = [
+        ("A", m.as_str()),
+        ("A", m.as_str()),
+        ("B", cb.as_str()),
+        ("A", ID2),
+        ("A", m0.as_str()),
+    ];
+    let (got, found) = s.receive_batch_acks(&p, &[(&line, &raw)], &acks).unwrap();
+    assert_eq!(
+        s.transaction_count() - before,
+        1,
+        "lines and acks: one transaction"
+    );
+    assert!(matches!(got[..], [Received::New(n)] if n > 0));
+    assert_eq!(found, vec![true, false, true, false, true]);
+    assert_eq!(outbox_ids(&s, &p), vec![cu, c3]);
+    assert_eq!(s.received_line(&p, ID1).unwrap(), Some(raw.clone()));
+
+    // The same acks one at a time on the same queue leave the same counters.
+    let (_d2, t) = open();
+    let [_, cb2, _, _, m02, m2, _] = chunks_and_msgs(&t, &p);
+    for re in [&m2, &m2, &cb2, &m02] {
+        t.ack(&p, "A", re).unwrap();
+    }
+    assert_eq!(s.outbox_usage(&p).unwrap(), t.outbox_usage(&p).unwrap());
+    assert_eq!(s.outbox_usage(&p).unwrap().0, 2);
+    let acked = |st: &Store| {
+        st.log(0, None, false, 100)
+            .unwrap()
+            .iter()
+            .filter(|e| e.dir == Dir::Out && e.acked)
+            .count()
+    };
+    assert_eq!(acked(&s), 5);
+    assert_eq!(acked(&s), acked(&t));
+
+    // Acks alone: one transaction too; none that retires nothing.
+    let before = s.transaction_count();
+    let (_, found) = s.receive_batch_acks(&p, &[], &[("A", ID2)]).unwrap();
+    assert_eq!(found, vec![false]);
+    assert_eq!(
+        s.transaction_count(),
+        before,
+        "nothing to write, nothing committed"
+    );
+}

@@ -54,6 +54,8 @@ pub(crate) const NAMES: [&str; 19] = [
 
 pub(crate) struct Trees {
     pub all: Vec<sled::Tree>,
+    /// Transactions committed through [`Tx::commit`] since open.
+    pub commits: std::sync::atomic::AtomicU64,
 }
 
 impl Trees {
@@ -62,7 +64,10 @@ impl Trees {
         for n in NAMES {
             all.push(db.open_tree(n).map_err(db_err)?);
         }
-        Ok(Trees { all })
+        Ok(Trees {
+            all,
+            commits: Default::default(),
+        })
     }
     pub(crate) fn t(&self, t: T) -> &sled::Tree {
         &self.all[t as usize]
@@ -140,6 +145,9 @@ impl<'a> Tx<'a> {
                 }
                 Ok(())
             });
+        self.trees
+            .commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         res.map_err(|e| match e {
             sled::transaction::TransactionError::Abort(()) => {
                 StoreError::Db("transaction aborted".into())

@@ -62,6 +62,21 @@ fn bad(detail: impl Into<String>, id: Option<&str>) -> FrameError {
 /// `\r`) is accepted, as by any JSON parser; the caller keeps the bytes as received.
 /// Never panics; nesting deeper than [`MAX_DEPTH`] levels is refused.
 pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
+    parse_inner(bytes, false).map(|(line, _)| line)
+}
+
+/// [`parse_line`], and for a line of a signed kind ([`super::sig::is_signed_kind`]) also
+/// its signature check made ready from the same strict parse (what
+/// [`super::sig::prepare_line`] gives for these bytes), so a signing peer's line is parsed
+/// once, not twice. `None` for other kinds and unknown types.
+pub fn parse_line_prepared(bytes: &[u8]) -> Result<(Line, Option<Prepared>), FrameError> {
+    parse_inner(bytes, true)
+}
+
+/// The signature check of a line, made ready (or why it cannot be).
+pub type Prepared = Result<super::sig::Prepared, super::sig::SigError>;
+
+fn parse_inner(bytes: &[u8], prepare: bool) -> Result<(Line, Option<Prepared>), FrameError> {
     if bytes.len() > MAX_LINE {
         return Err(FrameError::TooLarge { max: MAX_LINE });
     }
@@ -98,9 +113,11 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
     };
     if !is_known(&t) {
         let id = id.map(str::to_owned);
-        return Ok(Line::Unknown { t, id });
+        return Ok((Line::Unknown { t, id }, None));
     }
     check_envelope(&obj, id)?;
+    let prepared =
+        (prepare && super::sig::is_signed_kind(&t)).then(|| super::sig::prepare_object(&obj));
     let id_owned = id.map(str::to_owned);
     let mut line = decode_known(&t, Value::Object(obj)).map_err(|e| FrameError::BadFrame {
         detail: format!("malformed {t}: {e}"),
@@ -109,7 +126,7 @@ pub fn parse_line(bytes: &[u8]) -> Result<Line, FrameError> {
     if let Line::Presence(p) = &mut line {
         p.doc_raw = raw_doc(text);
     }
-    Ok(line)
+    Ok((line, prepared))
 }
 
 /// The exact text of the top-level field `doc` of a presence line (already parsed
@@ -617,5 +634,33 @@ mod tests {
         let enc = String::from_utf8(line.encode()).unwrap();
         assert!(enc.contains(r#""n":9007199254740991"#), "{enc}");
         assert!(parse_line(enc.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn ack_encode_line_is_byte_for_byte_the_generic_encoding() {
+        let odd = [
+            "01KAAAAAAAAAAAAAAAAAAAAAAA",
+            "",
+            "quote \" back \\ slash",
+            "ctl \u{1}\n\t end",
+            "é ü 漢 \u{1F600}",
+            "sep \u{2028} and \u{2029}",
+            "<html> & 'x'",
+        ];
+        for a in odd {
+            for b in odd {
+                let ack = crate::wire::Ack {
+                    id: a.into(),
+                    ts: "2026-01-01T00:00:00.000Z".into(),
+                    th: b.into(),
+                    re: a.into(),
+                };
+                let direct = ack.encode_line();
+                assert_eq!(direct, Line::Ack(ack.clone()).encode(), "{a:?} {b:?}");
+                if !a.is_empty() && !b.is_empty() {
+                    assert_eq!(parse_line(&direct).unwrap(), Line::Ack(ack));
+                }
+            }
+        }
     }
 }

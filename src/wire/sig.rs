@@ -99,21 +99,86 @@ pub fn verify_line(key: &PeerKey, raw: &[u8]) -> Result<(), SigError> {
 
 /// [`verify_line`] on an already strictly parsed object.
 pub fn verify_object(key: &PeerKey, obj: &Map<String, Value>) -> Result<(), SigError> {
+    prepare_object(obj)?.verify(key)
+}
+
+/// A received line's signature check made ready: the canonical bytes it signs and its
+/// signature, decoded. Made by [`prepare_line`]; checked alone ([`Prepared::verify`]) or
+/// many at once ([`verify_batch`]).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// RFC 8785 canonical JSON of the line without `sig`.
+    bytes: Vec<u8>,
+    sig: ed25519_dalek::Signature,
+}
+
+impl Prepared {
+    /// Strict single verification (`verify_strict`), as [`verify_line`] does.
+    pub fn verify(&self, key: &PeerKey) -> Result<(), SigError> {
+        key.verifying_key()
+            .verify_strict(&self.bytes, &self.sig)
+            .map_err(|_| SigError::Bad)
+    }
+}
+
+/// Everything [`verify_line`] checks except the Ed25519 equation: strict JSON object, `sig`
+/// present, a string, 64 bytes in any base64 form. Errors as [`verify_line`]'s.
+pub fn prepare_line(raw: &[u8]) -> Result<Prepared, SigError> {
+    prepare_object(&object(raw)?)
+}
+
+pub(crate) fn prepare_object(obj: &Map<String, Value>) -> Result<Prepared, SigError> {
     let sig = match obj.get("sig") {
         None => return Err(SigError::Missing),
         Some(Value::String(s)) => s,
         Some(_) => return Err(SigError::NotString),
     };
     let sig = b64::decode_any(sig).map_err(|_| SigError::Encoding)?;
-    if sig.len() != 64 {
-        return Err(SigError::Encoding);
-    }
+    let sig = ed25519_dalek::Signature::from_slice(&sig).map_err(|_| SigError::Encoding)?;
     let bytes = canonical::signing_bytes(obj).map_err(|e| SigError::NotObject(e.to_string()))?;
-    if key.verify(&bytes, &sig) {
-        Ok(())
-    } else {
-        Err(SigError::Bad)
+    Ok(Prepared { bytes, sig })
+}
+
+/// Most signatures checked by one `ed25519_dalek::verify_batch` call in [`verify_batch`].
+pub const BATCH_MAX: usize = 256;
+
+/// Verify many prepared lines of one sender `key` (issue 13): ed25519-dalek's batch
+/// verification per [`BATCH_MAX`] lines, and when a batch fails, strict single verification
+/// of its lines in order to find the first bad one. Returns Ok, or the index (into
+/// `lines`) of the first line that fails [`Prepared::verify`] with its error.
+///
+/// A batch is accepted only when every signature's `R` is a canonical encoding of a point
+/// that is not of small order and the key is not weak (what `verify_strict` checks besides
+/// the equation); otherwise its lines are verified singly. The batch equation is
+/// cofactorless with random coefficients, so an honest signature passes both ways; only
+/// the key's owner can make one that passes the batch and fails `verify_strict` (an `R`
+/// with a torsion component), which forges nothing.
+pub fn verify_batch(key: &PeerKey, lines: &[Prepared]) -> Result<(), (usize, SigError)> {
+    let vk = key.verifying_key();
+    let keys = vec![vk; lines.len().min(BATCH_MAX)];
+    for (n, chunk) in lines.chunks(BATCH_MAX).enumerate() {
+        let base = n * BATCH_MAX;
+        let batch_ok =
+            chunk.len() > 1 && !vk.is_weak() && chunk.iter().all(|p| r_is_sound(&p.sig)) && {
+                let msgs: Vec<&[u8]> = chunk.iter().map(|p| p.bytes.as_slice()).collect();
+                let sigs: Vec<ed25519_dalek::Signature> = chunk.iter().map(|p| p.sig).collect();
+                ed25519_dalek::verify_batch(&msgs, &sigs, &keys[..chunk.len()]).is_ok()
+            };
+        if batch_ok {
+            continue;
+        }
+        for (i, p) in chunk.iter().enumerate() {
+            p.verify(key).map_err(|e| (base + i, e))?;
+        }
     }
+    Ok(())
+}
+
+/// The signature's `R` decodes canonically to a point that is not of small order.
+fn r_is_sound(sig: &ed25519_dalek::Signature) -> bool {
+    let r = curve25519_dalek::edwards::CompressedEdwardsY(*sig.r_bytes());
+    r.decompress()
+        .is_some_and(|p| !p.is_small_order() && p.compress() == r)
 }
 
 #[cfg(test)]
@@ -222,5 +287,81 @@ mod tests {
         for k in ["chunk", "ack", "hello", "auth", "resume", "ping", "err"] {
             assert!(!is_signed_kind(k));
         }
+    }
+
+    fn prepared(n: usize, signer: &Identity) -> Vec<Prepared> {
+        (0..n)
+            .map(|i| {
+                let l = String::from_utf8(LINE.to_vec())
+                    .unwrap()
+                    .replace("hi <&>", &format!("line {i}"));
+                prepare_line(&sign_encoded(signer, l.as_bytes()).unwrap()).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batch_verifies_good_lines_and_names_the_first_bad_one() {
+        let k = id().key();
+        let n = BATCH_MAX + 10;
+        let good = prepared(n, &id());
+        assert!(verify_batch(&k, &good).is_ok());
+        assert!(verify_batch(&k, &[]).is_ok());
+        assert!(verify_batch(&k, &good[..1]).is_ok());
+        // A bad line in the second chunk, another later: the first is named.
+        let mut bad = good.clone();
+        bad[BATCH_MAX + 2].bytes.push(b' ');
+        bad[BATCH_MAX + 7].bytes.push(b' ');
+        assert_eq!(verify_batch(&k, &bad), Err((BATCH_MAX + 2, SigError::Bad)));
+        // In the first chunk: its index.
+        let mut bad = good.clone();
+        bad[3] = prepared(1, &Identity::from_seed(&[10u8; 32])).remove(0);
+        assert_eq!(verify_batch(&k, &bad), Err((3, SigError::Bad)));
+        // Another sender's key: the first line.
+        let other = Identity::from_seed(&[10u8; 32]).key();
+        assert_eq!(verify_batch(&other, &good), Err((0, SigError::Bad)));
+    }
+
+    #[test]
+    fn batch_refuses_what_verify_strict_refuses_for_r() {
+        let k = id().key();
+        let good = prepared(4, &id());
+        // R of small order (the identity point, 1 ‖ 0…) and R not canonically encoded
+        // (y = p, which reads as 0): refused as by single strict verification.
+        let mut identity_r = [0u8; 64];
+        identity_r[0] = 1;
+        let mut non_canonical = [0xffu8; 64];
+        non_canonical[0] = 0xed;
+        non_canonical[31] = 0x7f;
+        non_canonical[32..].fill(0);
+        for r in [identity_r, non_canonical] {
+            let mut lines = good.clone();
+            lines[1].sig = ed25519_dalek::Signature::from_bytes(&r);
+            assert!(!r_is_sound(&lines[1].sig));
+            assert_eq!(verify_batch(&k, &lines), Err((1, SigError::Bad)));
+        }
+        assert!(good.iter().all(|p| r_is_sound(&p.sig)));
+    }
+
+    #[test]
+    fn one_parse_gives_the_line_and_the_same_check_as_prepare_line() {
+        use crate::wire::parse::parse_line_prepared;
+        let k = id().key();
+        // A msg as the parser takes it (parts with `k`).
+        let plain = br#"{"t":"msg","id":"01JAAAAAAAAAAAAAAAAAAAAAAA","ts":"2026-11-30T18:00:00.000Z","th":"t1","parts":[{"k":"text","text":"hi"}]}"#;
+        let signed = sign_encoded(&id(), plain).unwrap();
+        let (line, p) = parse_line_prepared(&signed).unwrap();
+        assert_eq!(line.kind(), "msg");
+        let p = p.expect("msg is a signed kind").unwrap();
+        let q = prepare_line(&signed).unwrap();
+        assert_eq!((&p.bytes, p.sig), (&q.bytes, q.sig));
+        assert_eq!(p.verify(&k), Ok(()));
+        // Unsigned msg: the same refusal as verify_line's; other kinds: nothing made.
+        let (_, p) = parse_line_prepared(plain).unwrap();
+        assert_eq!(p.unwrap().unwrap_err(), SigError::Missing);
+        let ack = br#"{"t":"ack","id":"a1","ts":"2026-11-30T18:00:00.000Z","th":"t1","re":"x"}"#;
+        assert!(parse_line_prepared(ack).unwrap().1.is_none());
+        // Parse errors stay frame errors.
+        assert!(parse_line_prepared(b"{").is_err());
     }
 }

@@ -165,6 +165,27 @@ pub struct Ack {
     pub re: String,
 }
 
+impl Ack {
+    /// The same bytes as `Line::Ack(self.clone()).encode()` (compact JSON, `t,id,ts,th,re`,
+    /// U+2028/U+2029 escaped), written directly: one buffer instead of a JSON value tree
+    /// per ack, the receive path's most frequent line.
+    pub fn encode_line(&self) -> Vec<u8> {
+        let len = 40 + self.id.len() + self.ts.len() + self.th.len() + self.re.len();
+        let mut out = Vec::with_capacity(len);
+        // Writing a string into a Vec cannot fail.
+        let field = |out: &mut Vec<u8>, key: &[u8], v: &String| {
+            out.extend_from_slice(key);
+            let _ = serde_json::to_writer(&mut *out, v);
+        };
+        field(&mut out, br#"{"t":"ack","id":"#, &self.id);
+        field(&mut out, br#","ts":"#, &self.ts);
+        field(&mut out, br#","th":"#, &self.th);
+        field(&mut out, br#","re":"#, &self.re);
+        out.push(b'}');
+        super::escape_separators(out)
+    }
+}
+
 /// chunk (§9.3): blob data, standard base64 with padding in `data`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Chunk {
