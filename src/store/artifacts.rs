@@ -186,10 +186,13 @@ impl<'a, 't> ArtTx<'a, 't> {
         }
     }
 
-    /// Record event `seq` of `th`.
-    pub fn put_event(&mut self, th: &str, seq: u64, ev: &Value) -> Result<(), StoreError> {
-        self.tx.put(T::ArtEvents, seq_key(th, seq), json_enc(ev)?);
-        Ok(())
+    /// Record event `seq` of `th`. Returns its size in bytes as stored (compact JSON), so
+    /// that the caller need not serialise it again to measure it.
+    pub fn put_event(&mut self, th: &str, seq: u64, ev: &Value) -> Result<usize, StoreError> {
+        let b = json_enc(ev)?;
+        let n = b.len();
+        self.tx.put(T::ArtEvents, seq_key(th, seq), b);
+        Ok(n)
     }
 
     /// The remembered result of (participant, command_id) in `th`.
