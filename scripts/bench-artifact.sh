@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Artifact threads through two `awp daemon` nodes in temporary homes on 127.0.0.1 (TLS):
-#  1. edits/s: the guest, holding artifact:write, queues N edit commands (one AWP msg
-#     each, 1,000 per control request) on one artifact thread; the host applies each and
-#     answers each with a durable result msg (state, event log, dedup result and reply in
-#     the fsynced transaction of the received batch). Time from the first request until
+#  1. edits/s: the guest, holding artifact:write, queues N edit commands (1,000 per
+#     control request, packed up to 256 per AWP msg) on one artifact thread; the host
+#     applies each and answers each msg with its results and events (state, event log,
+#     dedup results and reply in the fsynced transaction of the received batch). Time from the first request until
 #     the guest's replica holds every resulting event.
 #     Goal: >= 5,000 edits/s.
 #  2. catch-up: the guest is stopped, the host makes 10,000 edits of its own; the guest
