@@ -261,7 +261,10 @@ async fn a_command_msg_with_many_parts_gets_one_bounded_reply() {
         last["message"],
         "at most 256 commands per msg: the rest were not run"
     );
-    assert_eq!(errors, 256, "255 parts that are not frames, one for the rest");
+    assert_eq!(
+        errors, 256,
+        "255 parts that are not frames, one for the rest"
+    );
 }
 
 /// The same from the other side: a replica's host sends 12 000 command parts; the replica

@@ -357,8 +357,11 @@ async fn sigkilled_host(batched: bool) {
                     "command": {"type": "post_message", "thread_id": th, "content": format!("m{i}")}}))
                 .collect();
             // Without artifact:admin: forbidden, in the middle of the batch.
-            cmds.insert(25, json!({"type": "command", "command_id": format!("x{chunk}"),
-                "command": {"type": "set_thread_mode", "thread_id": th, "mode": "suggest"}}));
+            cmds.insert(
+                25,
+                json!({"type": "command", "command_id": format!("x{chunk}"),
+                "command": {"type": "set_thread_mode", "thread_id": th, "mode": "suggest"}}),
+            );
             refused += 1;
             art(&g, "commands", json!({"th": th, "commands": cmds})).await;
         }
@@ -673,18 +676,29 @@ async fn the_host_runs_every_command_of_a_msg_once_and_answers_them_in_one_reply
     assert_eq!(results[0]["command_id"], "c1");
     assert_eq!(results[0]["ok"], true);
     assert_eq!(results[1]["command_id"], "m1");
-    assert_eq!(results[1]["rejection"]["type"], "forbidden", "{}", results[1]);
+    assert_eq!(
+        results[1]["rejection"]["type"], "forbidden",
+        "{}",
+        results[1]
+    );
     assert!(results[2]["message"]
         .as_str()
         .unwrap()
         .starts_with("not a command frame"));
-    assert_eq!(results[3], results[0], "a repeat in the same msg: the first result");
+    assert_eq!(
+        results[3], results[0],
+        "a repeat in the same msg: the first result"
+    );
     assert_eq!(results[4]["command_id"], "c3");
     assert_eq!(results[4]["ok"], true);
     assert_eq!(results[5]["seq"], head0 + 1);
     assert_eq!(results[6]["seq"], head0 + 2);
     let log = art(&node.path(), "log", json!({"th": th})).await;
-    assert_eq!(log["head_seq"], head0 + 2, "two commands appended, once each");
+    assert_eq!(
+        log["head_seq"],
+        head0 + 2,
+        "two commands appended, once each"
+    );
 
     // The same commands in a new msg: the first results, nothing appended.
     let id2 = guest.send(&batch).await;
@@ -723,7 +737,9 @@ async fn the_host_runs_at_most_256_commands_per_msg_and_refuses_resends_beyond_i
     guest.th = r["th"].as_str().unwrap().to_string();
     guest.expect_part(EV).await;
     let th = guest.th.clone();
-    let parts: Vec<(&str, Value)> = (0..258).map(|i| (CMD, post(&th, &format!("c{i}")))).collect();
+    let parts: Vec<(&str, Value)> = (0..258)
+        .map(|i| (CMD, post(&th, &format!("c{i}"))))
+        .collect();
     guest.send(&parts).await;
     let e = guest.expect_part(ERR).await;
     assert_eq!(

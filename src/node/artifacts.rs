@@ -161,17 +161,12 @@ fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<(Workspace, usize), Sto
         None => WorkspaceState::new(&rec.th),
     };
     while state.head_seq < rec.head_seq {
-        let evs = tx.events_after(&rec.th, state.head_seq, 4096)?;
+        let evs = tx.events_after_as::<EventEnvelope>(&rec.th, state.head_seq, 4096)?;
         if evs.is_empty() {
             break;
         }
-        for v in evs {
-            bytes += json_len(&v);
-            let env: EventEnvelope =
-                serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
-                    tree: "art_events",
-                    detail: e.to_string(),
-                })?;
+        for (env, n) in evs {
+            bytes += n;
             state.apply_event(&env).map_err(|e| StoreError::Corrupt {
                 tree: "art_events",
                 detail: e.to_string(),

@@ -412,6 +412,38 @@ impl<'a, 't> ArtTx<'a, 't> {
         Ok(out)
     }
 
+    /// Up to `limit` events of `th` with seq > `after`, each decoded straight from its
+    /// stored JSON into `E` (no intermediate JSON value) with its stored size in bytes
+    /// (this transaction's writes included). An event that does not decode as `E` is
+    /// corrupt (`art_events`).
+    pub fn events_after_as<E: for<'de> Deserialize<'de>>(
+        &self,
+        th: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(E, usize)>, StoreError> {
+        let start = seq_key(th, after.saturating_add(1));
+        let end = seq_key(th, u64::MAX);
+        let mut out = Vec::new();
+        for kv in self.store.trees.t(T::ArtEvents).range(start..=end) {
+            if out.len() >= limit {
+                break;
+            }
+            let (_, v) = kv.map_err(db_err)?;
+            out.push((json_dec("art_events", &v)?, v.len()));
+        }
+        // Events written by this transaction are not in the tree yet.
+        let mut next = after + out.len() as u64 + 1;
+        while out.len() < limit {
+            match self.tx.get(T::ArtEvents, &seq_key(th, next))? {
+                Some(v) => out.push((json_dec("art_events", &v)?, v.len())),
+                None => break,
+            }
+            next += 1;
+        }
+        Ok(out)
+    }
+
     /// Queue lines for `peer` in this transaction (see [`Store::enqueue`]).
     pub fn enqueue(
         &mut self,
