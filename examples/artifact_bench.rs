@@ -3,10 +3,10 @@
 //!
 //! - `artifact_bench edits GUEST_HOME TH ARTIFACT N`: the guest (holding
 //!   `artifact:write`) queues N edit commands (text edits `[i]` → `[i+1]`, base versions
-//!   1+i.. so each applies on top of the previous) as N command msgs, [`CHUNK`] per
-//!   control request (one transaction each), so that the host works on the first ones
-//!   while the guest queues the rest, as a client streaming commands would; the host
-//!   applies each and answers each with a durable result msg. Measures from the first
+//!   1+i.. so each applies on top of the previous), [`CHUNK`] per control request (one
+//!   transaction each; the guest packs them up to 256 per command msg), so that the host
+//!   works on the first ones while the guest queues the rest, as a client streaming
+//!   commands would; the host applies each and answers each msg with a durable reply. Measures from the first
 //!   request until the guest's replica holds version N+1 (every result and event back).
 //!   Also prints the time the client itself took to build the frames (`build_s`) and the
 //!   time until the last chunk was queued (`queue_s`).

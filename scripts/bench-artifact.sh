@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Artifact threads through two `awp daemon` nodes in temporary homes on 127.0.0.1 (TLS):
-#  1. edits/s: the guest, holding artifact:write, queues N edit commands (one AWP msg
-#     each, 1,000 per control request) on one artifact thread; the host applies each and
-#     answers each with a durable result msg (state, event log, dedup result and reply in
-#     the fsynced transaction of the received batch). Time from the first request until
+#  1. edits/s: the guest, holding artifact:write, queues N edit commands (1,000 per
+#     control request, packed up to 256 per AWP msg) on one artifact thread; the host
+#     applies each and answers each msg with its results and events (state, event log,
+#     dedup results and reply in the fsynced transaction of the received batch). Time from the first request until
 #     the guest's replica holds every resulting event.
 #     Goal: >= 5,000 edits/s.
 #  2. catch-up: the guest is stopped, the host makes 10,000 edits of its own; the guest
 #     restarts and dials the host; time until its replica has applied all 10,000 events.
 #     Goal: <= 1 s.
+# Besides wall time it counts CPU (utime + stime of each daemon, from /proc): per command
+# on each node in part 1, and per caught-up event on the restarted guest (its whole run)
+# in part 2, which the machine's load blurs less than wall time.
 # Both nodes are killed when the run ends.
 #
 # Usage: scripts/bench-artifact.sh [N]   (N edits for part 1, default 10000; AWP_BIN: the
-# binary, default: the release build cargo reports; AWP_BENCH_DIR: where the temporary homes go)
+# binary, default: the release build cargo reports; AWP_BENCH_DIR: where the temporary homes
+# go; BENCH_ARTIFACT_PERF=FILE: `perf record -g` the restarted guest into FILE during the
+# catch-up)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +37,11 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+TICK_MS=$((1000 / $(getconf CLK_TCK)))
+cpu_ms() { # pid: CPU used so far (user + system), ms
+    awk -v t="$TICK_MS" '{ print ($14 + $15) * t }' "/proc/$1/stat"
+}
 
 ADDR=""
 start() { # home name; sets ADDR
@@ -53,6 +63,7 @@ start() { # home name; sets ADDR
 mkdir -p "$WORK/host" "$WORK/guest"
 start "$WORK/host" host@bench
 HOST_ADDR=$ADDR
+HOST_PID=${PIDS[-1]}
 start "$WORK/guest" guest@bench
 GUEST_PID=${PIDS[-1]}
 "$AWP" --home "$WORK/guest" connect "$HOST_ADDR" >/dev/null
@@ -67,10 +78,17 @@ for _ in $(seq 1 200); do
     sleep 0.05
 done
 
+H0=$(cpu_ms "$HOST_PID")
+G0=$(cpu_ms "$GUEST_PID")
 "$DRIVER" edits "$WORK/guest" "$TH" "$ART" "$N" | awk -F'[:,}]' '{
     for (i = 1; i < NF; i++) { if ($i ~ /"edits_per_s"/) r = $(i+1); if ($i ~ /"seconds"/) s = $(i+1); if ($i ~ /"queue_s"/) q = $(i+1); if ($i ~ /"build_s"/) b = $(i+1) }
     printf "artifact %d edits guest→host on one thread, durable results: %.2f s, %.0f edits/s (goal >= 5000: %s; the client built them in %.3f s, the guest node queued them in %.3f s)\n", '"$N"', s, r, (r >= 5000 ? "met" : "NOT met"), b, q
 }'
+
+H1=$(cpu_ms "$HOST_PID")
+G1=$(cpu_ms "$GUEST_PID")
+awk -v h=$((H1 - H0)) -v g=$((G1 - G0)) -v n="$N" 'BEGIN {
+    printf "artifact edits CPU per command: host %.3f ms, guest %.3f ms\n", h / n, g / n }'
 
 # Catch-up: the guest goes away, the host edits, the guest comes back.
 kill -9 "$GUEST_PID"
@@ -78,7 +96,22 @@ sleep 0.2
 "$DRIVER" host-edits "$WORK/host" "$TH" "$ART" "$CATCHUP" >/dev/null
 HEAD=$("$AWP" --home "$WORK/host" --json artifact list | sed -E 's/.*"head_seq":([0-9]+).*/\1/' | head -1)
 start "$WORK/guest" guest@bench
+GUEST_PID=${PIDS[-1]}
+H2=$(cpu_ms "$HOST_PID")
+PERF_PID=""
+if [ -n "${BENCH_ARTIFACT_PERF:-}" ]; then
+    perf record -q -g -o "$BENCH_ARTIFACT_PERF" -p "$GUEST_PID" 2>/dev/null &
+    PERF_PID=$!
+fi
 "$DRIVER" catchup "$WORK/guest" "$TH" "$HEAD" "$HOST_ADDR" | awk -F'[:,}]' '{
     for (i = 1; i < NF; i++) { if ($i ~ /"seconds"/) s = $(i+1); if ($i ~ /"head_before_dial"/) b = $(i+1) }
     printf "artifact replica catch-up of '"$CATCHUP"' events after a reconnect: %.3f s (goal <= 1 s: %s; replica head at the dial: %d)\n", s, (s <= 1 ? "met" : "NOT met"), b
 }'
+G3=$(cpu_ms "$GUEST_PID")
+H3=$(cpu_ms "$HOST_PID")
+if [ -n "$PERF_PID" ]; then
+    kill -INT "$PERF_PID"
+    wait "$PERF_PID" || true
+fi
+awk -v g="$G3" -v h=$((H3 - H2)) -v n="$CATCHUP" 'BEGIN {
+    printf "artifact catch-up CPU: restarted guest %.3f ms per event (its whole run: %d ms), host %d ms\n", g / n, g, h }'

@@ -282,6 +282,20 @@ async fn the_replicas_log_equals_the_hosts_after_host_edits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_host_applies_each_command_once_and_the_replica_matches() {
+    sigkilled_host(false).await;
+}
+
+/// As above with the commands queued in batches (several command parts per msg), one of
+/// them refused in each batch: after the restart every result arrives, each command was
+/// applied once and the refused ones changed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_host_applies_each_command_of_batched_msgs_once() {
+    sigkilled_host(true).await;
+}
+
+/// SIGKILL the host while results come back; `batched`: the guest queues the commands
+/// 50 per control request (one msg each, with one refused command) instead of one each.
+async fn sigkilled_host(batched: bool) {
     const N: usize = 150;
     let h_home = tempfile::TempDir::new().unwrap();
     let port = free_port();
@@ -335,14 +349,32 @@ async fn sigkilled_host_applies_each_command_once_and_the_replica_matches() {
         }
     });
     // N commands queued at once (no waiting for results).
-    for i in 0..N {
-        art(
-            &g,
-            "command",
-            json!({"th": th, "wait_ms": 0, "command_id": format!("c{i}"),
-                   "command": {"type": "post_message", "thread_id": th, "content": format!("m{i}")}}),
-        )
-        .await;
+    let mut refused = 0;
+    if batched {
+        for chunk in 0..N / 50 {
+            let mut cmds: Vec<Value> = (chunk * 50..chunk * 50 + 50)
+                .map(|i| json!({"type": "command", "command_id": format!("c{i}"),
+                    "command": {"type": "post_message", "thread_id": th, "content": format!("m{i}")}}))
+                .collect();
+            // Without artifact:admin: forbidden, in the middle of the batch.
+            cmds.insert(
+                25,
+                json!({"type": "command", "command_id": format!("x{chunk}"),
+                "command": {"type": "set_thread_mode", "thread_id": th, "mode": "suggest"}}),
+            );
+            refused += 1;
+            art(&g, "commands", json!({"th": th, "commands": cmds})).await;
+        }
+    } else {
+        for i in 0..N {
+            art(
+                &g,
+                "command",
+                json!({"th": th, "wait_ms": 0, "command_id": format!("c{i}"),
+                       "command": {"type": "post_message", "thread_id": th, "content": format!("m{i}")}}),
+            )
+            .await;
+        }
     }
     // Kill the host while results are still coming back.
     eventually(20, || {
@@ -357,7 +389,7 @@ async fn sigkilled_host_applies_each_command_once_and_the_replica_matches() {
     // Every command's result reaches the guest.
     eventually(60, || {
         let got: HashSet<String> = results.lock().unwrap().iter().cloned().collect();
-        async move { (got.len() == N).then_some(()) }
+        async move { (got.len() == N + refused).then_some(()) }
     })
     .await;
     // Applied once: one message_posted per command on the host.
@@ -371,6 +403,14 @@ async fn sigkilled_host_applies_each_command_once_and_the_replica_matches() {
         .collect();
     assert_eq!(posted.len(), N, "each command applied exactly once");
     assert_eq!(posted.iter().collect::<HashSet<_>>().len(), N);
+    assert!(
+        log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["event"]["type"] != "thread_mode_changed"),
+        "a refused command changed nothing"
+    );
     // The replica equals the host's log.
     let head = log["head_seq"].clone();
     let gl = eventually(20, || {
@@ -574,8 +614,36 @@ async fn a_command_to_a_node_that_does_not_host_the_thread_gets_an_error_part() 
     assert_eq!(e["message"], "this node does not host thr_nothosted");
 }
 
+const RES: &str = "application/vnd.artifactr.v1.result+json";
+
+/// The data parts (mime, data) of every msg from `raw` answering msg `re`, in order, until
+/// `n` parts came (at most 200 lines read).
+async fn reply_parts(raw: &mut Raw, re: &str, n: usize) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for _ in 0..200 {
+        if out.len() >= n {
+            break;
+        }
+        let Some(l) = raw.read().await else {
+            break;
+        };
+        let v: Value = serde_json::from_slice(&l).unwrap();
+        if v["t"] == "msg" && v["re"] == re {
+            for p in v["parts"].as_array().unwrap() {
+                out.push((p["mime"].as_str().unwrap().to_string(), p["data"].clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Several command parts in one msg: each runs once, in order, as if alone (one of them
+/// refused, one not a frame, one a repeat of an earlier id in the same msg), and one reply
+/// msg (`re` = that msg) carries a result or error part per command part in their order,
+/// then the events. The same commands again in a new msg (a replay) return the first
+/// results and append nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_host_runs_one_command_per_msg_and_refuses_resends_beyond_its_head() {
+async fn the_host_runs_every_command_of_a_msg_once_and_answers_them_in_one_reply() {
     let node = TestNode::start("host@test").await;
     let mut guest = RawHost::new(&node, "").await;
     let key = guest.raw.identity.key().to_string();
@@ -588,19 +656,104 @@ async fn the_host_runs_one_command_per_msg_and_refuses_resends_beyond_its_head()
     guest.th = r["th"].as_str().unwrap().to_string();
     guest.expect_part(EV).await;
     let th = guest.th.clone();
-    guest
-        .send(&[(CMD, post(&th, "c1")), (CMD, post(&th, "c2"))])
-        .await;
-    let e = guest.expect_part(ERR).await;
-    assert_eq!(e["message"], "one command per msg: this part was not run");
+    let head0 = art(&node.path(), "log", json!({"th": th})).await["head_seq"]
+        .as_u64()
+        .unwrap();
+    // No artifact:admin: refused (forbidden), and nothing of it is remembered or applied.
+    let mode = json!({"type": "command", "command_id": "m1", "command": {"type": "set_thread_mode", "thread_id": th, "mode": "suggest"}});
+    let batch = [
+        (CMD, post(&th, "c1")),
+        (CMD, mode.clone()),
+        (CMD, json!({"type": "command", "command_id": "bad"})),
+        (CMD, post(&th, "c1")),
+        (CMD, post(&th, "c3")),
+    ];
+    let id = guest.send(&batch).await;
+    let parts = reply_parts(&mut guest.raw, &id, 7).await;
+    let mimes: Vec<&str> = parts.iter().map(|(m, _)| m.as_str()).collect();
+    assert_eq!(mimes, [RES, RES, ERR, RES, RES, EV, EV], "{parts:?}");
+    let results: Vec<&Value> = parts.iter().map(|(_, d)| d).collect();
+    assert_eq!(results[0]["command_id"], "c1");
+    assert_eq!(results[0]["ok"], true);
+    assert_eq!(results[1]["command_id"], "m1");
+    assert_eq!(
+        results[1]["rejection"]["type"], "forbidden",
+        "{}",
+        results[1]
+    );
+    assert!(results[2]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("not a command frame"));
+    assert_eq!(
+        results[3], results[0],
+        "a repeat in the same msg: the first result"
+    );
+    assert_eq!(results[4]["command_id"], "c3");
+    assert_eq!(results[4]["ok"], true);
+    assert_eq!(results[5]["seq"], head0 + 1);
+    assert_eq!(results[6]["seq"], head0 + 2);
     let log = art(&node.path(), "log", json!({"th": th})).await;
+    assert_eq!(
+        log["head_seq"],
+        head0 + 2,
+        "two commands appended, once each"
+    );
+
+    // The same commands in a new msg: the first results, nothing appended.
+    let id2 = guest.send(&batch).await;
+    let again = reply_parts(&mut guest.raw, &id2, 5).await;
+    let again: Vec<&Value> = again.iter().map(|(_, d)| d).collect();
+    assert_eq!(again[0], results[0]);
+    assert_eq!(again[1]["rejection"]["type"], "forbidden");
+    assert_eq!(again[3], results[0]);
+    assert_eq!(again[4], results[4]);
+    let log = art(&node.path(), "log", json!({"th": th})).await;
+    assert_eq!(log["head_seq"], head0 + 2, "a replay appends nothing");
+    assert_eq!(
+        log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["event"]["type"] == "message_posted")
+            .count(),
+        2
+    );
+}
+
+/// More than MAX_COMMANDS_PER_MSG command parts: the first 256 run, one error part answers
+/// the rest; a resend beyond the host's head is refused with the head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_runs_at_most_256_commands_per_msg_and_refuses_resends_beyond_its_head() {
+    let node = TestNode::start("host@test").await;
+    let mut guest = RawHost::new(&node, "").await;
+    let key = guest.raw.identity.key().to_string();
+    let r = art(
+        &node.path(),
+        "new",
+        json!({"peer": key, "kind": "markdown", "data": {"text": "x"}}),
+    )
+    .await;
+    guest.th = r["th"].as_str().unwrap().to_string();
+    guest.expect_part(EV).await;
+    let th = guest.th.clone();
+    let parts: Vec<(&str, Value)> = (0..258)
+        .map(|i| (CMD, post(&th, &format!("c{i}"))))
+        .collect();
+    guest.send(&parts).await;
+    let e = guest.expect_part(ERR).await;
+    assert_eq!(
+        e["message"],
+        "at most 256 commands per msg: the rest were not run"
+    );
+    let log = art(&node.path(), "log", json!({"th": th, "limit": 10_000})).await;
     let posted = log["events"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|e| e["event"]["type"] == "message_posted")
         .count();
-    assert_eq!(posted, 1, "only the first command ran");
+    assert_eq!(posted, 256, "the first 256 commands ran");
     guest
         .send(&[(
             "application/vnd.artifactr.v1.resend+json",

@@ -50,6 +50,10 @@ pub const MAX_REPLICAS_PER_PEER: usize = 256;
 /// msgs of at most 96 KiB of events stay in the log. A single event larger than this
 /// still travels alone in its own msg.
 const EVENT_BYTES_PER_MSG: usize = 96 * 1024;
+/// Most command parts the host runs from one msg (spec §Wire): the rest get one error part
+/// and are not run. A guest packs at most this many commands (and
+/// [`EVENT_BYTES_PER_MSG`] bytes of them) into one msg.
+pub const MAX_COMMANDS_PER_MSG: usize = 256;
 /// Events resent per resend request (more follow on the next request).
 const RESEND_MAX: usize = 20_000;
 /// Bytes of events (as JSON) resent per resend request: the replica asks again after
@@ -157,17 +161,12 @@ fn rebuild(tx: &ArtTx<'_, '_>, rec: &WsRecord) -> Result<(Workspace, usize), Sto
         None => WorkspaceState::new(&rec.th),
     };
     while state.head_seq < rec.head_seq {
-        let evs = tx.events_after(&rec.th, state.head_seq, 4096)?;
+        let evs = tx.events_after_as::<EventEnvelope>(&rec.th, state.head_seq, 4096)?;
         if evs.is_empty() {
             break;
         }
-        for v in evs {
-            bytes += json_len(&v);
-            let env: EventEnvelope =
-                serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
-                    tree: "art_events",
-                    detail: e.to_string(),
-                })?;
+        for (env, n) in evs {
+            bytes += n;
             state.apply_event(&env).map_err(|e| StoreError::Corrupt {
                 tree: "art_events",
                 detail: e.to_string(),
@@ -217,9 +216,11 @@ fn data_part(mime: &str, data: Value) -> Part {
     })
 }
 
-/// Queue msgs for `peer` in `th` carrying `lead` parts (result) then `events` (each with
-/// its JSON size in bytes, measured once where it was made), split so that every line
-/// stays well under the 1 MiB cap. `re` on every msg.
+/// Queue msgs for `peer` in `th` carrying `lead` parts (results, errors) then `events`
+/// (each with its JSON size in bytes, measured once where it was made), in that order,
+/// split so that no msg carries more than [`EVENT_BYTES_PER_MSG`] of parts (a bigger part
+/// travels alone): every line stays well under the 1 MiB cap. `re` on every msg, `subject`
+/// on the first.
 fn queue_parts(
     tx: &mut ArtTx<'_, '_>,
     peer: &PeerKey,
@@ -229,18 +230,26 @@ fn queue_parts(
     lead: Vec<Part>,
     events: Vec<(Value, usize)>,
 ) -> Result<(), StoreError> {
-    let mut msgs: Vec<Vec<Part>> = vec![lead];
+    let lead = lead.into_iter().map(|p| {
+        let n = match &p {
+            Part::Data(d) => json_len(&d.data),
+            _ => 0,
+        };
+        (p, n)
+    });
+    let events = events
+        .into_iter()
+        .map(|(e, n)| (data_part(MIME_EVENT, e), n));
+    let mut msgs: Vec<Vec<Part>> = vec![Vec::new()];
     let mut bytes = 0usize;
-    for (e, size) in events {
+    for (part, size) in lead.chain(events) {
         let size = size + 64;
         let last = msgs.last_mut().expect("one msg");
         if !last.is_empty() && bytes + size > EVENT_BYTES_PER_MSG {
             msgs.push(Vec::new());
             bytes = 0;
         }
-        msgs.last_mut()
-            .expect("one msg")
-            .push(data_part(MIME_EVENT, e));
+        msgs.last_mut().expect("one msg").push(part);
         bytes += size;
     }
     for (i, parts) in msgs.into_iter().enumerate() {
@@ -273,15 +282,40 @@ fn queue_parts(
     Ok(())
 }
 
+/// Command frames packed into the parts of as few msgs as the bounds allow: at most
+/// [`MAX_COMMANDS_PER_MSG`] commands and [`EVENT_BYTES_PER_MSG`] bytes of them per msg
+/// (a bigger command alone in its msg), in order (spec §Wire).
+pub(super) fn pack_commands(frames: Vec<Value>) -> Vec<Vec<Part>> {
+    let mut msgs: Vec<Vec<Part>> = Vec::new();
+    let mut bytes = 0usize;
+    for f in frames {
+        let size = json_len(&f) + 64;
+        match msgs.last_mut() {
+            Some(last)
+                if last.len() < MAX_COMMANDS_PER_MSG && bytes + size <= EVENT_BYTES_PER_MSG =>
+            {
+                last.push(data_part(MIME_COMMAND, f));
+                bytes += size;
+            }
+            _ => {
+                msgs.push(vec![data_part(MIME_COMMAND, f)]);
+                bytes = size;
+            }
+        }
+    }
+    msgs
+}
+
 /// The node events for applied envelopes (`awp tail`, `awp listen`).
 fn node_events<'v>(rec: &WsRecord, envs: impl IntoIterator<Item = &'v Value>) -> Vec<Value> {
+    let peer = rec.peer.to_string();
     envs.into_iter()
         .map(|e| {
             json!({
                 "event": "artifact",
                 "th": rec.th,
                 "role": rec.role,
-                "peer": rec.peer.to_string(),
+                "peer": peer,
                 "seq": e.get("seq"),
                 "type": e.pointer("/event/type"),
                 "frame": e,
@@ -419,14 +453,13 @@ impl Artifacts {
             match mime.as_str() {
                 MIME_COMMAND => {
                     n += 1;
-                    if n > 1 {
-                        // One command per msg (spec §Wire): the extras are not run, and
-                        // one error part answers them all (one each could overflow the
-                        // reply line).
-                        if n == 2 {
+                    if n > MAX_COMMANDS_PER_MSG {
+                        // At most MAX_COMMANDS_PER_MSG per msg (spec §Wire): the extras
+                        // are not run, and one error part answers them all.
+                        if n == MAX_COMMANDS_PER_MSG + 1 {
                             lead.push(data_part(
                                 MIME_ERROR,
-                                json!({"type": "error", "message": "one command per msg: this part was not run"}),
+                                json!({"type": "error", "message": format!("at most {MAX_COMMANDS_PER_MSG} commands per msg: the rest were not run")}),
                             ));
                         }
                         continue;
@@ -554,6 +587,9 @@ impl Artifacts {
         let (mut ws, mut ws_bytes) = self.load(tx, rec)?;
         let mut notes = Vec::new();
         let mut not_host = Vec::new();
+        // The events applied from this msg, and the head before them (for the snapshot).
+        let mut applied: Vec<std::borrow::Cow<'_, Value>> = Vec::new();
+        let mut head_before = rec.head_seq;
         for p in &m.parts {
             let Part::Data(DataPart {
                 data,
@@ -599,22 +635,26 @@ impl Artifacts {
                             tracing::warn!(th = %rec.th, "host event does not fit the replica: {e}");
                             break;
                         }
-                        append(tx, rec, &ws, [ev.as_ref()])?;
-                        ws_bytes += json_len(&ev);
-                        notes.extend(node_events(rec, [ev.as_ref()]));
+                        // Logged here; the snapshot (when due) and the record once per msg.
+                        ws_bytes += tx.put_event(&rec.th, env.seq, &ev)?;
+                        rec.head_seq = env.seq;
                         if rec.held_max > rec.head_seq {
                             next = tx
                                 .take_held(&rec.th, rec.head_seq + 1)?
                                 .map(std::borrow::Cow::Owned);
                         }
+                        applied.push(ev);
                     }
                 }
                 MIME_RESULT | MIME_ERROR => {
                     if let Some(h) = artifact::replica::resend_beyond_head(data, rec.head_seq) {
                         tracing::warn!(th = %rec.th, host_head = h, "host log behind ours: replica reset");
+                        notes.extend(node_events(rec, applied.iter().map(|e| e.as_ref())));
+                        applied.clear();
                         tx.reset_replica(rec, h)?;
                         ws = Workspace::new(&rec.th);
                         ws_bytes = 0;
+                        head_before = 0;
                     }
                     notes.push(result_event(&rec.th, peer, data));
                 }
@@ -622,6 +662,11 @@ impl Artifacts {
                 _ => {}
             }
         }
+        if head_before / SNAPSHOT_EVERY != rec.head_seq / SNAPSHOT_EVERY {
+            tx.put_snapshot_state(&rec.th, rec.head_seq, &ws.state)?;
+        }
+        notes.extend(node_events(rec, applied.iter().map(|e| e.as_ref())));
+        drop(applied);
         if !not_host.is_empty() {
             queue_parts(tx, peer, &rec.th, Some(&m.id), None, not_host, Vec::new())?;
         }

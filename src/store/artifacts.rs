@@ -186,10 +186,13 @@ impl<'a, 't> ArtTx<'a, 't> {
         }
     }
 
-    /// Record event `seq` of `th`.
-    pub fn put_event(&mut self, th: &str, seq: u64, ev: &Value) -> Result<(), StoreError> {
-        self.tx.put(T::ArtEvents, seq_key(th, seq), json_enc(ev)?);
-        Ok(())
+    /// Record event `seq` of `th`. Returns its size in bytes as stored (compact JSON), so
+    /// that the caller need not serialise it again to measure it.
+    pub fn put_event(&mut self, th: &str, seq: u64, ev: &Value) -> Result<usize, StoreError> {
+        let b = json_enc(ev)?;
+        let n = b.len();
+        self.tx.put(T::ArtEvents, seq_key(th, seq), b);
+        Ok(n)
     }
 
     /// The remembered result of (participant, command_id) in `th`.
@@ -402,6 +405,38 @@ impl<'a, 't> ArtTx<'a, 't> {
         while out.len() < limit {
             match self.event(th, next)? {
                 Some(e) => out.push(e),
+                None => break,
+            }
+            next += 1;
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` events of `th` with seq > `after`, each decoded straight from its
+    /// stored JSON into `E` (no intermediate JSON value) with its stored size in bytes
+    /// (this transaction's writes included). An event that does not decode as `E` is
+    /// corrupt (`art_events`).
+    pub fn events_after_as<E: for<'de> Deserialize<'de>>(
+        &self,
+        th: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(E, usize)>, StoreError> {
+        let start = seq_key(th, after.saturating_add(1));
+        let end = seq_key(th, u64::MAX);
+        let mut out = Vec::new();
+        for kv in self.store.trees.t(T::ArtEvents).range(start..=end) {
+            if out.len() >= limit {
+                break;
+            }
+            let (_, v) = kv.map_err(db_err)?;
+            out.push((json_dec("art_events", &v)?, v.len()));
+        }
+        // Events written by this transaction are not in the tree yet.
+        let mut next = after + out.len() as u64 + 1;
+        while out.len() < limit {
+            match self.tx.get(T::ArtEvents, &seq_key(th, next))? {
+                Some(v) => out.push((json_dec("art_events", &v)?, v.len())),
                 None => break,
             }
             next += 1;

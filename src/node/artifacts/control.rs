@@ -8,9 +8,9 @@
 
 use super::super::server::{resolve_peer, Fail};
 use super::super::Inner;
-use crate::artifact::{WorkspaceState, MIME_COMMAND};
+use crate::artifact::WorkspaceState;
 use crate::store::{WsRecord, WsRole};
-use crate::wire::{self, DataPart, Line, Part, PeerKey};
+use crate::wire::{self, Line, PeerKey};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -170,20 +170,19 @@ async fn submit(
 /// A line builder that can be held across an await.
 type Builder = Box<dyn Fn(&str, &str) -> Line + Send + Sync>;
 
-/// Queue one command msg per frame for the host of `rec`, in one transaction; flush.
+/// Queue the frames for the host of `rec`, packed several per msg
+/// ([`super::pack_commands`], spec §Wire), in one transaction; flush.
 pub(super) async fn send_commands(
     inner: &Arc<Inner>,
     rec: &WsRecord,
     frames: Vec<Value>,
 ) -> Result<(), Fail> {
-    let builders: Vec<Builder> = frames
+    let builders: Vec<Builder> = super::pack_commands(frames)
         .into_iter()
-        .map(|frame| {
+        .map(|parts| {
             let th = rec.th.clone();
-            let part = Part::Data(DataPart {
-                data: frame,
-                mime: Some(MIME_COMMAND.to_string()),
-            });
+            // The builder runs once per enqueue: it hands over the parts without a copy.
+            let parts = std::sync::Mutex::new(Some(parts));
             Box::new(move |id: &str, ts: &str| {
                 Line::Msg(wire::Msg {
                     id: id.into(),
@@ -191,7 +190,11 @@ pub(super) async fn send_commands(
                     th: th.clone(),
                     re: None,
                     subject: None,
-                    parts: vec![part.clone()],
+                    parts: parts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .take()
+                        .unwrap_or_default(),
                 })
             }) as Builder
         })
@@ -459,8 +462,8 @@ pub(crate) async fn handle(inner: &Arc<Inner>, action: &str, args: Value) -> Res
         }
         "commands" => {
             // Many frames at once (`{"th", "commands": [CommandFrame…]}`): on the host one
-            // transaction; on a replica one msg per command, queued in one transaction and
-            // not awaited (results arrive as `artifact_result` events).
+            // transaction; on a replica packed several per msg, queued in one transaction
+            // and not awaited (results arrive as `artifact_result` events).
             let rec = workspace(inner, need(&args, "th")?)?;
             let frames: Vec<Value> = args
                 .get("commands")

@@ -130,3 +130,70 @@ async fn queued_event_msgs_stay_under_the_msg_bound() {
     h.shutdown();
     h.stopped().await;
 }
+
+/// Commands queued together are packed in order into msgs of at most
+/// `MAX_COMMANDS_PER_MSG` commands and `EVENT_BYTES_PER_MSG` bytes of them; a bigger one
+/// travels alone, and nothing is lost or reordered.
+#[test]
+fn commands_pack_into_bounded_msgs_in_order() {
+    let post = |i: usize, len: usize| {
+        cmd(
+            &format!("c{i}"),
+            json!({"type": "post_message", "thread_id": "t", "content": "x".repeat(len)}),
+        )
+    };
+    let ids = |msgs: &[Vec<Part>]| -> Vec<String> {
+        msgs.iter()
+            .flatten()
+            .map(|p| match p {
+                Part::Data(DataPart { data, mime }) => {
+                    assert_eq!(mime.as_deref(), Some(MIME_COMMAND));
+                    data["command_id"].as_str().unwrap().to_string()
+                }
+                _ => panic!("not a data part"),
+            })
+            .collect()
+    };
+    // Small ones: bounded by count.
+    let frames: Vec<Value> = (0..600).map(|i| post(i, 10)).collect();
+    let msgs = pack_commands(frames);
+    assert_eq!(
+        msgs.iter().map(Vec::len).collect::<Vec<_>>(),
+        [
+            MAX_COMMANDS_PER_MSG,
+            MAX_COMMANDS_PER_MSG,
+            600 - 2 * MAX_COMMANDS_PER_MSG
+        ]
+    );
+    assert_eq!(
+        ids(&msgs),
+        (0..600).map(|i| format!("c{i}")).collect::<Vec<_>>()
+    );
+    // Large ones: bounded by bytes; one over the bound alone.
+    let mut frames: Vec<Value> = (0..40).map(|i| post(i, 10_000)).collect();
+    frames.insert(7, post(99, EVENT_BYTES_PER_MSG));
+    let msgs = pack_commands(frames.clone());
+    for m in &msgs {
+        let bytes: usize = m
+            .iter()
+            .map(|p| match p {
+                Part::Data(d) => json_len(&d.data),
+                _ => 0,
+            })
+            .sum();
+        assert!(
+            m.len() == 1 || bytes <= EVENT_BYTES_PER_MSG,
+            "{bytes} bytes in {} parts",
+            m.len()
+        );
+    }
+    assert!(msgs
+        .iter()
+        .any(|m| m.len() == 1 && ids(std::slice::from_ref(m)) == ["c99"]));
+    let want: Vec<String> = frames
+        .iter()
+        .map(|f| f["command_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids(&msgs), want);
+    assert!(pack_commands(Vec::new()).is_empty());
+}
