@@ -171,6 +171,14 @@ fn prompt(io: &mut Io, session: &str, text: &str, blocks: &[Value]) -> &'static 
             std::thread::sleep(std::time::Duration::from_secs(600));
             std::process::exit(0)
         }
+        "burst" => {
+            // `burst N`: N text chunks back to back, then end_turn.
+            let n: usize = words.get(1).and_then(|w| w.parse().ok()).unwrap_or(0);
+            for i in 0..n.min(100_000) {
+                say(session, &format!("<{i}>"));
+            }
+            "end_turn"
+        }
         "refuse" => "refusal",
         "perm" | "perm-exec" => {
             let kind = if words[0] == "perm" {

@@ -890,3 +890,28 @@ async fn awp_acp_reports_a_crash_of_the_served_agent() {
     assert!(text.contains("exited") || text.contains("closed"), "{text}");
     assert!(text.contains("restarted"), "{text}");
 }
+
+/// A burst of agent output far larger than the thread queue (2,000 chunks back to back)
+/// reaches the peer whole and in order (before, chunks beyond the queue were dropped with
+/// a WARN each and the thread still ended `done`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_agent_chunks_reaches_the_peer_whole_and_in_order() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "burst 2000").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    let got: String = inbound(&s.a, &th)
+        .await
+        .iter()
+        .filter(|l| l["t"] == "msg")
+        .flat_map(|l| l["parts"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["text"].as_str().map(str::to_string))
+        .collect();
+    let want: String = (0..2000).map(|i| format!("<{i}>")).collect();
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "lost output: {}",
+        s.stderr.lock().unwrap()
+    );
+    assert_eq!(got, want);
+}

@@ -9,7 +9,10 @@
 //! - An inbound msg becomes a `session/prompt` ([`bridge::prompt_blocks`]); msgs that come
 //!   while a prompt runs wait (at most [`MAX_QUEUED_PROMPTS`]).
 //! - `session/update`s become progress msgs ([`bridge::progress_of`], coalesced by
-//!   [`bridge::Coalescer`]); the `stopReason` becomes our state `done` or `failed`.
+//!   [`bridge::Coalescer`]); the `stopReason` becomes our state `done` or `failed`. No
+//!   update is dropped: each thread holds its session's updates outside its bounded inbox,
+//!   up to [`MAX_PENDING_UPDATE_BYTES`], and beyond that the agent connection waits
+//!   (backpressure to the agent's pipe).
 //! - `session/request_permission`: approved at once when the peer holds the grant the tool
 //!   kind needs ([`bridge::auto_approval`]), else our state `waiting` and a msg asking the
 //!   peer, whose next msg answers it (`allow`, `deny` or an option id).
@@ -78,10 +81,59 @@ pub struct ServeConfig {
 
 type Conn = (u64, ConnectionTo<acp::Agent>);
 
+/// Most bytes of agent updates (JSON) waiting for one thread's task; beyond it the agent
+/// connection waits (backpressure to the agent's pipe) instead of dropping output.
+pub const MAX_PENDING_UPDATE_BYTES: usize = 1024 * 1024;
+
 #[derive(Clone)]
 struct Route {
     peer: String,
     tx: mpsc::Sender<ThreadEvent>,
+    /// Agent updates of the session, outside the bounded event queue.
+    pending: Arc<Pending>,
+}
+
+/// A thread's agent updates not yet taken by its task, in order, with their size.
+#[derive(Default)]
+struct Pending {
+    q: Mutex<(VecDeque<Value>, usize)>,
+    /// Updates were added.
+    ready: tokio::sync::Notify,
+    /// Updates were taken.
+    drained: tokio::sync::Notify,
+}
+
+impl Pending {
+    /// Queue `u`, waiting while [`MAX_PENDING_UPDATE_BYTES`] are already waiting.
+    async fn push(&self, u: Value) {
+        let size = u.to_string().len();
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            {
+                let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+                if q.0.is_empty() || q.1 + size <= MAX_PENDING_UPDATE_BYTES {
+                    q.0.push_back(u);
+                    q.1 += size;
+                    self.ready.notify_one();
+                    return;
+                }
+            }
+            drained.await;
+        }
+    }
+
+    /// Everything waiting, oldest first.
+    fn take(&self) -> VecDeque<Value> {
+        let taken = {
+            let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+            q.1 = 0;
+            std::mem::take(&mut q.0)
+        };
+        self.drained.notify_waiters();
+        taken
+    }
 }
 
 struct Shared {
@@ -108,7 +160,6 @@ enum ThreadEvent {
     PeerState {
         state: String,
     },
-    Update(Value),
     Permission {
         req: Value,
         reply: oneshot::Sender<Option<String>>,
@@ -281,6 +332,7 @@ fn start_thread(
         queue: VecDeque::new(),
         pending: None,
         coalescer: Coalescer::new(),
+        updates: Arc::new(Pending::default()),
         re: None,
         closing: false,
     };
@@ -382,7 +434,7 @@ async fn run_agent(
         .name("awp serve-agent")
         .on_receive_notification(
             async move |n: s::SessionNotification, _cx| {
-                s1.on_update(n);
+                s1.on_update(n).await;
                 Ok(())
             },
             acp::on_receive_notification!(),
@@ -477,16 +529,16 @@ impl Shared {
         }
     }
 
-    fn on_update(&self, n: s::SessionNotification) {
+    /// Queue an update for its thread's task; never drops it: while the thread has
+    /// [`MAX_PENDING_UPDATE_BYTES`] waiting, this waits (and so does the agent's pipe).
+    async fn on_update(&self, n: s::SessionNotification) {
         let Some(route) = self.route(&n.session_id) else {
             return;
         };
         let Ok(update) = serde_json::to_value(&n.update) else {
             return;
         };
-        if route.tx.try_send(ThreadEvent::Update(update)).is_err() {
-            tracing::warn!(peer = route.peer, "thread queue full; agent update dropped");
-        }
+        route.pending.push(update).await;
     }
 
     fn on_permission(
@@ -671,6 +723,8 @@ struct ThreadActor {
     /// A permission question waiting for the peer: its options and where the answer goes.
     pending: Option<(Vec<Value>, oneshot::Sender<Option<String>>)>,
     coalescer: Coalescer,
+    /// Agent updates of our session not yet handled.
+    updates: Arc<Pending>,
     /// The msg our progress answers.
     re: Option<String>,
     closing: bool,
@@ -681,11 +735,17 @@ impl ThreadActor {
         let mut tick = tokio::time::interval(bridge::COALESCE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let updates = self.updates.clone();
             tokio::select! {
                 ev = rx.recv() => match ev {
-                    Some(ev) => self.on_event(ev).await,
+                    Some(ev) => {
+                        // Updates the agent sent before this event go first.
+                        self.on_updates().await;
+                        self.on_event(ev).await
+                    }
                     None => break,
                 },
+                _ = updates.ready.notified() => self.on_updates().await,
                 _ = tick.tick() => {
                     if let Some(t) = self.coalescer.poll(Instant::now()) {
                         self.send_text(t).await;
@@ -710,6 +770,29 @@ impl ThreadActor {
         }
     }
 
+    /// Handle the agent updates waiting, in order.
+    async fn on_updates(&mut self) {
+        for u in self.updates.take() {
+            match bridge::progress_of(&u) {
+                Progress::Text(t) => {
+                    if let Some(t) = self.coalescer.push(&t, Instant::now()) {
+                        self.send_text(t).await;
+                    }
+                }
+                Progress::Line(l) => {
+                    self.flush().await;
+                    self.send_text(l).await;
+                }
+                Progress::Data(mime, data) => {
+                    self.flush().await;
+                    self.send(vec![json!({"k": "data", "mime": mime, "data": data})])
+                        .await;
+                }
+                Progress::None => {}
+            }
+        }
+    }
+
     async fn on_event(&mut self, ev: ThreadEvent) {
         match ev {
             ThreadEvent::PeerMsg { id, parts } => self.on_peer_msg(id, parts).await,
@@ -731,23 +814,6 @@ impl ThreadActor {
                     }
                 }
             }
-            ThreadEvent::Update(u) => match bridge::progress_of(&u) {
-                Progress::Text(t) => {
-                    if let Some(t) = self.coalescer.push(&t, Instant::now()) {
-                        self.send_text(t).await;
-                    }
-                }
-                Progress::Line(l) => {
-                    self.flush().await;
-                    self.send_text(l).await;
-                }
-                Progress::Data(mime, data) => {
-                    self.flush().await;
-                    self.send(vec![json!({"k": "data", "mime": mime, "data": data})])
-                        .await;
-                }
-                Progress::None => {}
-            },
             ThreadEvent::Permission { req, reply } => self.on_permission(req, reply).await,
             ThreadEvent::PromptDone { generation, result } => {
                 if self.busy != Some(generation) {
@@ -855,6 +921,7 @@ impl ThreadActor {
                             Route {
                                 peer: self.peer.clone(),
                                 tx: self.tx.clone(),
+                                pending: self.updates.clone(),
                             },
                         );
                     self.session = Some((generation, sid.clone()));
@@ -1042,7 +1109,26 @@ impl ThreadActor {
 
 #[cfg(test)]
 mod tests {
-    use super::select_lines;
+    use super::*;
+
+    #[tokio::test]
+    async fn pending_updates_wait_beyond_the_cap_and_keep_order() {
+        let p = Arc::new(Pending::default());
+        let big = json!("x".repeat(MAX_PENDING_UPDATE_BYTES / 2 - 10));
+        p.push(big.clone()).await;
+        p.push(big.clone()).await;
+        // A third does not fit: it waits until the thread takes the first two.
+        let p2 = p.clone();
+        let third = tokio::spawn(async move { p2.push(json!([3, "x".repeat(64)])).await });
+        tokio::task::yield_now().await;
+        assert!(!third.is_finished());
+        assert_eq!(p.take().len(), 2);
+        tokio::time::timeout(Duration::from_secs(10), third)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.take()[0][0], 3);
+    }
 
     #[test]
     fn read_text_file_line_and_limit() {
