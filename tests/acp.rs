@@ -915,3 +915,33 @@ async fn a_burst_of_agent_chunks_reaches_the_peer_whole_and_in_order() {
     );
     assert_eq!(got, want);
 }
+
+/// SIGTERM on `serve-agent` fails the running prompt's thread with a note naming the node
+/// (before, it stayed `working` forever), then the process exits.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_serve_agent_fails_the_running_prompt() {
+    let mut s = setup().await;
+    let th = say(&s.a, &s.b, None, "wait").await;
+    wait_state(&s.a, &th, 0, "working").await;
+    eventually(10, || async {
+        text(&s.a, &th)
+            .await
+            .contains("waiting for cancel")
+            .then_some(())
+    })
+    .await;
+    let pid = s._serve.id().expect("serve-agent runs").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let failed = wait_state(&s.a, &th, 1, "failed").await;
+    assert_eq!(failed["note"], "bob stopped serving the agent");
+    let st = tokio::time::timeout(std::time::Duration::from_secs(20), s._serve.wait())
+        .await
+        .expect("serve-agent exits")
+        .unwrap();
+    assert!(st.success(), "{st}");
+}

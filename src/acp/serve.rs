@@ -28,6 +28,9 @@
 //!   agent waits for the next start, and ends `failed` with the last cause (e.g. `cannot
 //!   start the agent …`) when that start fails too. Every request to the agent has a
 //!   timeout.
+//! - SIGINT/SIGTERM: every thread with a running or queued prompt gets our state `failed`
+//!   with the note `NAME stopped serving the agent` (within [`STOP_TIMEOUT`]), then the
+//!   process exits.
 
 use super::bridge::{self, Coalescer, Progress};
 pub use super::linecap::LineCap;
@@ -172,6 +175,64 @@ enum ThreadEvent {
         generation: u64,
         note: String,
     },
+    /// `serve-agent` is stopping: fail the running and queued prompts with `note`, then
+    /// end; `done` is answered once the state went out.
+    Stop {
+        note: String,
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// How long stopping (SIGINT/SIGTERM) may take to fail the running prompts' threads.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Fail every running or queued prompt with "NAME stopped serving the agent", within
+/// [`STOP_TIMEOUT`] in all.
+async fn stop_threads(
+    shared: &Arc<Shared>,
+    threads: &HashMap<(String, String), mpsc::Sender<ThreadEvent>>,
+) {
+    let _ = tokio::time::timeout(STOP_TIMEOUT, async {
+        let name = match control::request(&shared.socket, &Request::Whoami).await {
+            Ok(r) if r.ok => r.body["name"].as_str().map(str::to_string),
+            _ => None,
+        };
+        let note = format!(
+            "{} stopped serving the agent",
+            name.as_deref().unwrap_or("the node")
+        );
+        let mut waits = Vec::new();
+        for tx in threads.values().filter(|tx| !tx.is_closed()) {
+            let (done, wait) = oneshot::channel();
+            let stop = ThreadEvent::Stop {
+                note: note.clone(),
+                done,
+            };
+            if tx.send(stop).await.is_ok() {
+                waits.push(wait);
+            }
+        }
+        for w in waits {
+            let _ = w.await;
+        }
+    })
+    .await;
 }
 
 /// Run until the node closes the event stream (an error) or the process is interrupted.
@@ -207,6 +268,8 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     let supervisor = tokio::spawn(supervise(shared.clone(), conn_tx, down_tx));
     let mut threads: HashMap<(String, String), mpsc::Sender<ThreadEvent>> = HashMap::new();
     let mut ours = std::collections::HashSet::new();
+    let stop = stop_signal();
+    tokio::pin!(stop);
     let result = loop {
         tokio::select! {
             ev = sub.next_event() => match ev {
@@ -222,7 +285,10 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
                     let _ = tx.try_send(ev);
                 }
             }
-            _ = tokio::signal::ctrl_c() => break Ok(()),
+            _ = &mut stop => {
+                stop_threads(&shared, &threads).await;
+                break Ok(());
+            }
         }
     };
     supervisor.abort();
@@ -831,6 +897,19 @@ impl ThreadActor {
                 };
                 self.state(state, Some(note)).await;
                 self.next_prompt().await;
+            }
+            ThreadEvent::Stop { note, done } => {
+                if self.busy.is_some() || !self.queue.is_empty() {
+                    self.busy = None;
+                    self.queue.clear();
+                    if let Some((_, reply)) = self.pending.take() {
+                        let _ = reply.send(None);
+                    }
+                    self.flush().await;
+                    self.state("failed", Some(note)).await;
+                }
+                self.closing = true;
+                let _ = done.send(());
             }
             ThreadEvent::AgentDied { generation, note } => {
                 if self.session.as_ref().is_some_and(|(g, _)| *g == generation) {
