@@ -945,3 +945,78 @@ async fn sigterm_on_serve_agent_fails_the_running_prompt() {
         .unwrap();
     assert!(st.success(), "{st}");
 }
+
+/// The editor closes `awp acp`'s stdin mid-prompt: the peer's thread gets our `failed`
+/// (`cancelled`), as after `session/cancel` (before: the prompt was left open at the peer),
+/// and `awp acp` exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_cancels_prompts_in_flight_when_the_editor_closes_stdin() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let a = TestNode::start("alice").await;
+    let b = TestNode::start("bob").await;
+    a.connect(&b).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(a.path())
+        .args(["acp", "--peer", &b.key()])
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let step = std::time::Duration::from_secs(20);
+    let mut answer = async |id: u64| -> Value {
+        for _ in 0..100 {
+            let l = tokio::time::timeout(step, out.next_line())
+                .await
+                .expect("awp acp answers in time")
+                .unwrap()
+                .expect("a line");
+            let v: Value = serde_json::from_str(&l).unwrap();
+            if v["id"] == id {
+                return v;
+            }
+        }
+        panic!("no answer to {id}");
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}});
+    stdin
+        .write_all(format!("{init}\n").as_bytes())
+        .await
+        .unwrap();
+    answer(1).await;
+    let new = json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                     "params": {"cwd": std::env::temp_dir(), "mcpServers": []}});
+    stdin
+        .write_all(format!("{new}\n").as_bytes())
+        .await
+        .unwrap();
+    let sid = answer(2).await["result"]["sessionId"].clone();
+    let prompt = json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]}});
+    stdin
+        .write_all(format!("{prompt}\n").as_bytes())
+        .await
+        .unwrap();
+    eventually(20, || async {
+        (!b.inbound().await.is_empty()).then_some(())
+    })
+    .await;
+    drop(stdin);
+    let th = b.inbound().await[0]["th"].as_str().unwrap().to_string();
+    let states = eventually(10, || async {
+        let st = received_states(&b, &th).await;
+        (!st.is_empty()).then_some(st)
+    })
+    .await;
+    assert_eq!(states[0]["state"], "failed", "{states:?}");
+    assert_eq!(states[0]["note"], "cancelled", "{states:?}");
+    tokio::time::timeout(step, child.wait())
+        .await
+        .expect("awp acp exits")
+        .unwrap();
+}
