@@ -1020,3 +1020,37 @@ async fn awp_acp_cancels_prompts_in_flight_when_the_editor_closes_stdin() {
         .expect("awp acp exits")
         .unwrap();
 }
+
+/// A second `serve-agent` for the same node home exits 2 naming the first one's pid
+/// (before, both served and both answered every prompt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_serve_agent_for_the_home_exits_2() {
+    let s = setup().await;
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+            .arg("--home")
+            .arg(s.b.path())
+            .args(["serve-agent", "--acp", "--root"])
+            .arg(s.root.path())
+            .arg("--")
+            .arg(fake_agent())
+            .env_remove("AWP_HOME")
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the second serve-agent exits")
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let pid = s._serve.id().unwrap();
+    assert!(
+        err.contains(&format!(
+            "another `awp serve-agent` (pid {pid}) already serves"
+        )),
+        "{err}"
+    );
+}
