@@ -1054,3 +1054,51 @@ async fn a_second_serve_agent_for_the_home_exits_2() {
         "{err}"
     );
 }
+
+/// A prompt queued behind a running one and cleared by the peer's `failed` gets a msg in
+/// reply to it, `cancelled before it ran` (before: it vanished without a word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_prompt_cleared_by_a_cancel_gets_a_note() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "wait").await;
+    wait_state(&s.a, &th, 0, "working").await;
+    eventually(10, || async {
+        text(&s.a, &th)
+            .await
+            .contains("waiting for cancel")
+            .then_some(())
+    })
+    .await;
+    let queued = s.a.send(Some(&s.b.key()), Some(&th), "later").await;
+    let queued_id = queued["id"].as_str().expect("the msg id").to_string();
+    // The queued msg reached B before the cancel does.
+    eventually(10, || async {
+        inbound(&s.b, &th)
+            .await
+            .iter()
+            .any(|l| l["id"] == queued_id.as_str())
+            .then_some(())
+    })
+    .await;
+    let r =
+        s.a.ctl(Request::State {
+            peer: Some(s.b.key()),
+            th: th.clone(),
+            state: "failed".into(),
+            note: Some("cancelled".into()),
+            wait_ack_ms: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    let note = eventually(20, || async {
+        inbound(&s.a, &th)
+            .await
+            .into_iter()
+            .find(|l| l["t"] == "msg" && l["re"] == queued_id.as_str())
+    })
+    .await;
+    assert_eq!(
+        note["parts"][0]["text"], "cancelled before it ran",
+        "{note}"
+    );
+}

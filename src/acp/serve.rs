@@ -865,7 +865,10 @@ impl ThreadActor {
             ThreadEvent::PeerState { state } => {
                 if state == "closed" || state == "failed" {
                     self.closing = true;
-                    self.queue.clear();
+                    // Each queued prompt that will never run gets a word, as a reply to it.
+                    for (id, _) in std::mem::take(&mut self.queue) {
+                        self.reply(&id, "cancelled before it ran").await;
+                    }
                     if let Some((_, reply)) = self.pending.take() {
                         let _ = reply.send(None);
                     }
@@ -1146,6 +1149,24 @@ impl ThreadActor {
     async fn flush(&mut self) {
         if let Some(t) = self.coalescer.flush(Instant::now()) {
             self.send_text(t).await;
+        }
+    }
+
+    /// A text msg in reply to the peer's msg `id`.
+    async fn reply(&self, id: &str, text: &str) {
+        let req = Request::Send {
+            peer: Some(self.peer.clone()),
+            th: Some(self.th.clone()),
+            subject: None,
+            re: Some(id.to_string()),
+            parts: vec![json!({"k": "text", "text": text})],
+            files: vec![],
+            wait_ack_ms: None,
+        };
+        match control::request(&self.shared.socket, &req).await {
+            Ok(r) if r.ok => {}
+            Ok(r) => tracing::warn!(th = self.th, "send refused: {:?}", r.error),
+            Err(e) => tracing::warn!(th = self.th, "send failed: {e}"),
         }
     }
 
