@@ -12,6 +12,7 @@
 //!   `permission: cancelled`) and ends the turn.
 //! - `read PATH` / `write PATH TEXT`: calls `fs/read_text_file` / `fs/write_text_file` and
 //!   says `read: CONTENT`, `wrote` or `fs error: MESSAGE`.
+//! - `burst N`: N text chunks `<0>`, `<1>`, … back to back, then `end_turn`.
 //! - `refuse`: ends with `refusal`.
 //! - anything else: a plan, a tool call and its update, then `echo: TEXT` in three chunks,
 //!   one `link: URI` per resource link, and `end_turn`.

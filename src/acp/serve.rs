@@ -481,7 +481,11 @@ async fn run_agent(
         .spawn()
     {
         Ok(c) => c,
-        Err(e) => return format!("cannot start the agent {:?}: {e}", shared.cmd[0]),
+        Err(e) => {
+            // The path stays in our log; the peer's note names only the cause.
+            tracing::warn!("cannot start the agent {:?}: {e}", shared.cmd[0]);
+            return format!("the agent could not be started ({e})");
+        }
     };
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return "the agent's stdio is not available".into();
@@ -546,15 +550,27 @@ async fn run_agent(
             cx.incoming_closed().await;
             Ok(())
         });
+    let exited = |st: std::io::Result<std::process::ExitStatus>| match st {
+        Ok(st) => format!("the agent exited ({st})"),
+        Err(e) => format!("the agent process is lost: {e}"),
+    };
     let ended = tokio::select! {
-        r = connection => match r {
-            Ok(()) => "the agent closed its output".to_string(),
-            Err(e) => format!("the agent connection failed: {e}"),
-        },
-        st = child.wait() => match st {
-            Ok(st) => format!("the agent process exited ({st})"),
-            Err(e) => format!("the agent process is lost: {e}"),
-        },
+        r = connection => {
+            // Its exit status says more than a closed pipe: wait a little for it.
+            match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+                Ok(st) => exited(st),
+                Err(_) => match r {
+                    Ok(()) => "the agent closed its output".to_string(),
+                    Err(e) => {
+                        // One line, bounded: the error may hold pretty-printed JSON.
+                        let one = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+                        let one: String = one.chars().take(300).collect();
+                        format!("the agent's connection failed: {one}")
+                    }
+                },
+            }
+        }
+        st = child.wait() => exited(st),
     };
     let _ = child.start_kill();
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -922,11 +938,8 @@ impl ThreadActor {
                     self.busy = None;
                     self.pending = None;
                     self.flush().await;
-                    self.state(
-                        "failed",
-                        Some(format!("{note}; the agent is being restarted")),
-                    )
-                    .await;
+                    self.state("failed", Some(format!("{note}; restarted with backoff")))
+                        .await;
                     self.next_prompt().await;
                 }
             }
