@@ -12,6 +12,7 @@
 //!   `permission: cancelled`) and ends the turn.
 //! - `read PATH` / `write PATH TEXT`: calls `fs/read_text_file` / `fs/write_text_file` and
 //!   says `read: CONTENT`, `wrote` or `fs error: MESSAGE`.
+//! - `burst N`: N text chunks `<0>`, `<1>`, … back to back, then `end_turn`.
 //! - `refuse`: ends with `refusal`.
 //! - anything else: a plan, a tool call and its update, then `echo: TEXT` in three chunks,
 //!   one `link: URI` per resource link, and `end_turn`.
@@ -170,6 +171,14 @@ fn prompt(io: &mut Io, session: &str, text: &str, blocks: &[Value]) -> &'static 
             drop(out);
             std::thread::sleep(std::time::Duration::from_secs(600));
             std::process::exit(0)
+        }
+        "burst" => {
+            // `burst N`: N text chunks back to back, then end_turn.
+            let n: usize = words.get(1).and_then(|w| w.parse().ok()).unwrap_or(0);
+            for i in 0..n.min(100_000) {
+                say(session, &format!("<{i}>"));
+            }
+            "end_turn"
         }
         "refuse" => "refusal",
         "perm" | "perm-exec" => {

@@ -329,8 +329,10 @@ async fn agent_crash_fails_the_prompt_and_the_agent_restarts() {
     let th = say(&s.a, &s.b, None, "crash").await;
     let failed = wait_state(&s.a, &th, 0, "failed").await;
     let note = failed["note"].as_str().unwrap();
-    assert!(note.contains("exited") || note.contains("closed"), "{note}");
-    assert!(note.contains("restarted"), "{note}");
+    assert_eq!(
+        note, "the agent exited (exit status: 3); restarted with backoff",
+        "one line with the exit status"
+    );
     // The next prompt in the same thread gets a new session of the restarted agent.
     say(&s.a, &s.b, Some(&th), "again").await;
     wait_state(&s.a, &th, 1, "done").await;
@@ -364,8 +366,12 @@ async fn an_agent_that_cannot_start_fails_the_thread_with_a_note() {
     let th = say(&s.a, &s.b, None, "hello").await;
     let failed = wait_state(&s.a, &th, 0, "failed").await;
     let note = failed["note"].as_str().unwrap();
-    assert!(note.contains("cannot start the agent"), "{note}");
+    assert!(note.contains("the agent could not be started"), "{note}");
     assert!(note.contains("No such file"), "{note}");
+    assert!(
+        !note.contains("/nonexistent"),
+        "no local path to the peer: {note}"
+    );
     assert!(note.contains("restarted with backoff"), "{note}");
     eprintln!("failed {} ms after the msg", asked.elapsed().as_millis());
     // The restarts back off: 0.5 s, 1 s, 2 s, … (bounded by BACKOFF_MAX).
@@ -889,4 +895,216 @@ async fn awp_acp_reports_a_crash_of_the_served_agent() {
     assert!(text.contains("[failed: "), "{text}");
     assert!(text.contains("exited") || text.contains("closed"), "{text}");
     assert!(text.contains("restarted"), "{text}");
+}
+
+/// A burst of agent output far larger than the thread queue (2,000 chunks back to back)
+/// reaches the peer whole and in order (before, chunks beyond the queue were dropped with
+/// a WARN each and the thread still ended `done`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_agent_chunks_reaches_the_peer_whole_and_in_order() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "burst 2000").await;
+    wait_state(&s.a, &th, 0, "done").await;
+    let got: String = inbound(&s.a, &th)
+        .await
+        .iter()
+        .filter(|l| l["t"] == "msg")
+        .flat_map(|l| l["parts"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["text"].as_str().map(str::to_string))
+        .collect();
+    let want: String = (0..2000).map(|i| format!("<{i}>")).collect();
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "lost output: {}",
+        s.stderr.lock().unwrap()
+    );
+    assert_eq!(got, want);
+}
+
+/// SIGTERM on `serve-agent` fails the running prompt's thread with a note naming the node
+/// (before, it stayed `working` forever), then the process exits.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_serve_agent_fails_the_running_prompt() {
+    let mut s = setup().await;
+    let th = say(&s.a, &s.b, None, "wait").await;
+    wait_state(&s.a, &th, 0, "working").await;
+    eventually(10, || async {
+        text(&s.a, &th)
+            .await
+            .contains("waiting for cancel")
+            .then_some(())
+    })
+    .await;
+    let pid = s._serve.id().expect("serve-agent runs").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let failed = wait_state(&s.a, &th, 1, "failed").await;
+    assert_eq!(failed["note"], "bob stopped serving the agent");
+    let st = tokio::time::timeout(std::time::Duration::from_secs(20), s._serve.wait())
+        .await
+        .expect("serve-agent exits")
+        .unwrap();
+    assert!(st.success(), "{st}");
+}
+
+/// The editor closes `awp acp`'s stdin mid-prompt: the peer's thread gets our `failed`
+/// (`cancelled`), as after `session/cancel` (before: the prompt was left open at the peer),
+/// and `awp acp` exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_cancels_prompts_in_flight_when_the_editor_closes_stdin() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let a = TestNode::start("alice").await;
+    let b = TestNode::start("bob").await;
+    a.connect(&b).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+        .arg("--home")
+        .arg(a.path())
+        .args(["acp", "--peer", &b.key()])
+        .env_remove("AWP_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let step = std::time::Duration::from_secs(20);
+    let mut answer = async |id: u64| -> Value {
+        for _ in 0..100 {
+            let l = tokio::time::timeout(step, out.next_line())
+                .await
+                .expect("awp acp answers in time")
+                .unwrap()
+                .expect("a line");
+            let v: Value = serde_json::from_str(&l).unwrap();
+            if v["id"] == id {
+                return v;
+            }
+        }
+        panic!("no answer to {id}");
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}});
+    stdin
+        .write_all(format!("{init}\n").as_bytes())
+        .await
+        .unwrap();
+    answer(1).await;
+    let new = json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                     "params": {"cwd": std::env::temp_dir(), "mcpServers": []}});
+    stdin
+        .write_all(format!("{new}\n").as_bytes())
+        .await
+        .unwrap();
+    let sid = answer(2).await["result"]["sessionId"].clone();
+    let prompt = json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]}});
+    stdin
+        .write_all(format!("{prompt}\n").as_bytes())
+        .await
+        .unwrap();
+    eventually(20, || async {
+        (!b.inbound().await.is_empty()).then_some(())
+    })
+    .await;
+    drop(stdin);
+    let th = b.inbound().await[0]["th"].as_str().unwrap().to_string();
+    let states = eventually(10, || async {
+        let st = received_states(&b, &th).await;
+        (!st.is_empty()).then_some(st)
+    })
+    .await;
+    assert_eq!(states[0]["state"], "failed", "{states:?}");
+    assert_eq!(states[0]["note"], "cancelled", "{states:?}");
+    tokio::time::timeout(step, child.wait())
+        .await
+        .expect("awp acp exits")
+        .unwrap();
+}
+
+/// A second `serve-agent` for the same node home exits 2 naming the first one's pid
+/// (before, both served and both answered every prompt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_serve_agent_for_the_home_exits_2() {
+    let s = setup().await;
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
+            .arg("--home")
+            .arg(s.b.path())
+            .args(["serve-agent", "--acp", "--root"])
+            .arg(s.root.path())
+            .arg("--")
+            .arg(fake_agent())
+            .env_remove("AWP_HOME")
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the second serve-agent exits")
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let pid = s._serve.id().unwrap();
+    assert!(
+        err.contains(&format!(
+            "another `awp serve-agent` (pid {pid}) already serves"
+        )),
+        "{err}"
+    );
+}
+
+/// A prompt queued behind a running one and cleared by the peer's `failed` gets a msg in
+/// reply to it, `cancelled before it ran` (before: it vanished without a word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_prompt_cleared_by_a_cancel_gets_a_note() {
+    let s = setup().await;
+    let th = say(&s.a, &s.b, None, "wait").await;
+    wait_state(&s.a, &th, 0, "working").await;
+    eventually(10, || async {
+        text(&s.a, &th)
+            .await
+            .contains("waiting for cancel")
+            .then_some(())
+    })
+    .await;
+    let queued = s.a.send(Some(&s.b.key()), Some(&th), "later").await;
+    let queued_id = queued["id"].as_str().expect("the msg id").to_string();
+    // The queued msg reached B before the cancel does.
+    eventually(10, || async {
+        inbound(&s.b, &th)
+            .await
+            .iter()
+            .any(|l| l["id"] == queued_id.as_str())
+            .then_some(())
+    })
+    .await;
+    let r =
+        s.a.ctl(Request::State {
+            peer: Some(s.b.key()),
+            th: th.clone(),
+            state: "failed".into(),
+            note: Some("cancelled".into()),
+            wait_ack_ms: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    let note = eventually(20, || async {
+        inbound(&s.a, &th)
+            .await
+            .into_iter()
+            .find(|l| l["t"] == "msg" && l["re"] == queued_id.as_str())
+    })
+    .await;
+    assert_eq!(
+        note["parts"][0]["text"], "cancelled before it ran",
+        "{note}"
+    );
 }

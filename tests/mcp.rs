@@ -23,14 +23,23 @@ type Client = RunningService<RoleClient, ()>;
 const STEP: Duration = Duration::from_secs(40);
 
 async fn mcp(home: &Path) -> Client {
+    mcp_in(home, None, &[]).await
+}
+
+/// `awp mcp` for `home`, started in `cwd` (default: the test's) with `extra` arguments.
+async fn mcp_in(home: &Path, cwd: Option<&Path>, extra: &[&str]) -> Client {
     let home = home.to_path_buf();
     let transport = TokioChildProcess::builder(
         tokio::process::Command::new(env!("CARGO_BIN_EXE_awp")).configure(|c| {
             c.arg("--home")
                 .arg(&home)
                 .arg("mcp")
+                .args(extra)
                 .env_remove("RUST_LOG")
                 .env_remove("AWP_HOME");
+            if let Some(d) = cwd {
+                c.current_dir(d);
+            }
         }),
     )
     .stderr(Stdio::null())
@@ -588,4 +597,87 @@ async fn a_line_that_is_no_json_is_logged_on_stderr() {
     assert_eq!(dropped.len(), 2, "{err}");
     assert!(dropped[0].contains("input line 1 (16 bytes)"), "{err}");
     assert!(dropped[1].contains("input line 3 (8 bytes)"), "{err}");
+}
+
+/// Security: `files` of `awp_send` come only from the allowed roots (default the server's
+/// working directory, or `--files-root`), never from the node home, and a symlink counts
+/// where it points.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_files_are_confined_to_the_roots_and_never_the_home() {
+    let (a, b) = two_connected().await;
+    let work = tempfile::tempdir().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(work.path().join("notes.txt"), "inside").unwrap();
+    std::fs::write(other.path().join("secret.txt"), "outside").unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(
+        a.path().join("identity.json"),
+        work.path().join("innocent.txt"),
+    )
+    .unwrap();
+    assert!(a.path().join("identity.json").is_file());
+    let c = mcp_in(&a.path(), Some(work.path()), &[]).await;
+    let send =
+        |f: String| json!({"peer": b.key(), "text": "here", "files": [f], "wait_ack_seconds": 10});
+
+    let r = call(
+        &c,
+        "awp_send",
+        send(a.path().join("identity.json").display().to_string()),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(text(&r).contains("inside the node home"), "{}", text(&r));
+    let r = call(
+        &c,
+        "awp_send",
+        send(other.path().join("secret.txt").display().to_string()),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(
+        text(&r).contains("outside the allowed file roots"),
+        "{}",
+        text(&r)
+    );
+    #[cfg(unix)]
+    {
+        let r = call(&c, "awp_send", send("innocent.txt".into())).await;
+        assert_eq!(r.is_error, Some(true), "{}", text(&r));
+        assert!(text(&r).contains("inside the node home"), "{}", text(&r));
+    }
+    let r = call(&c, "awp_send", send("notes.txt".into())).await;
+    assert!(
+        ok_text(&r, "awp_send").starts_with("delivered "),
+        "{}",
+        text(&r)
+    );
+    c.cancel().await.unwrap();
+
+    // An extra root admits its files; the home stays refused.
+    let c = mcp_in(
+        &a.path(),
+        Some(work.path()),
+        &["--files-root", other.path().to_str().unwrap()],
+    )
+    .await;
+    let r = call(
+        &c,
+        "awp_send",
+        send(other.path().join("secret.txt").display().to_string()),
+    )
+    .await;
+    assert!(
+        ok_text(&r, "awp_send").starts_with("delivered "),
+        "{}",
+        text(&r)
+    );
+    let r = call(
+        &c,
+        "awp_send",
+        send(a.path().join("identity.json").display().to_string()),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    c.cancel().await.unwrap();
 }

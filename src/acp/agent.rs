@@ -67,17 +67,59 @@ struct State {
     cfg: AgentConfig,
     sessions: Mutex<HashMap<String, Session>>,
     next: Mutex<u64>,
+    /// Threads of the prompts in flight (sent, no end yet), with how many prompts each.
+    in_flight: Mutex<HashMap<String, usize>>,
 }
 
-/// Serve ACP on stdin/stdout until the editor closes it.
+/// How long `awp acp` may take, once the editor closed stdin, to end the prompts in
+/// flight.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A prompt in flight in a thread, until dropped.
+struct InFlight<'a> {
+    st: &'a State,
+    th: String,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(st: &'a State, th: &str) -> InFlight<'a> {
+        *st.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(th.to_string())
+            .or_default() += 1;
+        InFlight {
+            st,
+            th: th.to_string(),
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut m = self.st.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.th) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.th);
+            }
+        }
+    }
+}
+
+/// Serve ACP on stdin/stdout until the editor closes it; then every prompt still in
+/// flight ends at the peer as after `session/cancel` (our state `failed`, note
+/// `cancelled`), within [`CLOSE_TIMEOUT`].
 pub async fn run(cfg: AgentConfig) -> Result<(), String> {
     let st = Arc::new(State {
         cfg,
         sessions: Mutex::new(HashMap::new()),
         next: Mutex::new(0),
+        in_flight: Mutex::new(HashMap::new()),
     });
+    let st_end = st.clone();
     let (s1, s2, s3) = (st.clone(), st.clone(), st.clone());
-    acp::Agent
+    let ended = acp::Agent
         .v1()
         .name("awp acp")
         .on_receive_request(
@@ -141,7 +183,22 @@ pub async fn run(cfg: AgentConfig) -> Result<(), String> {
         )
         .connect_to(acp::Stdio::new())
         .await
-        .map_err(|e| format!("ACP connection: {e}"))
+        .map_err(|e| format!("ACP connection: {e}"));
+    // The editor is gone: end every prompt in flight as `session/cancel` would.
+    let open: Vec<String> = st_end
+        .in_flight
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .keys()
+        .cloned()
+        .collect();
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+        for th in open {
+            st_end.end_thread(&th, "cancelled").await;
+        }
+    })
+    .await;
+    ended
 }
 
 /// The AWP parts of an ACP prompt.
@@ -268,6 +325,7 @@ impl State {
         {
             s.th = Some(th.clone());
         }
+        let _in_flight = InFlight::new(self, &th);
         let start = tokio::time::Instant::now();
         let deadline = start + self.cfg.prompt_timeout;
         let answer_deadline = start + self.cfg.answer_timeout;

@@ -44,7 +44,7 @@ pub struct AcpArgs {
 }
 
 /// Run `awp serve-agent` until interrupted or the node goes away (exit 1, or 3 when no
-/// node runs at start).
+/// node runs at start, or 2 when another serve-agent serves this node home).
 pub async fn serve_agent(ctx: &Ctx, args: ServeAgentArgs) -> Result<(), Failure> {
     let root = match args.root {
         Some(r) => r,
@@ -60,6 +60,8 @@ pub async fn serve_agent(ctx: &Ctx, args: ServeAgentArgs) -> Result<(), Failure>
     }
     let socket = crate::daemon::socket_path(&ctx.home);
     check_node(ctx, &socket).await?;
+    // Held until we return: a second serve-agent for this home exits 2.
+    let _lock = super::lock::lock(&ctx.home)?;
     let cfg = super::serve::ServeConfig {
         socket,
         root,

@@ -9,7 +9,10 @@
 //! - An inbound msg becomes a `session/prompt` ([`bridge::prompt_blocks`]); msgs that come
 //!   while a prompt runs wait (at most [`MAX_QUEUED_PROMPTS`]).
 //! - `session/update`s become progress msgs ([`bridge::progress_of`], coalesced by
-//!   [`bridge::Coalescer`]); the `stopReason` becomes our state `done` or `failed`.
+//!   [`bridge::Coalescer`]); the `stopReason` becomes our state `done` or `failed`. No
+//!   update is dropped: each thread holds its session's updates outside its bounded inbox,
+//!   up to [`MAX_PENDING_UPDATE_BYTES`], and beyond that the agent connection waits
+//!   (backpressure to the agent's pipe).
 //! - `session/request_permission`: approved at once when the peer holds the grant the tool
 //!   kind needs ([`bridge::auto_approval`]), else our state `waiting` and a msg asking the
 //!   peer, whose next msg answers it (`allow`, `deny` or an option id).
@@ -25,6 +28,9 @@
 //!   agent waits for the next start, and ends `failed` with the last cause (e.g. `cannot
 //!   start the agent …`) when that start fails too. Every request to the agent has a
 //!   timeout.
+//! - SIGINT/SIGTERM: every thread with a running or queued prompt gets our state `failed`
+//!   with the note `NAME stopped serving the agent` (within [`STOP_TIMEOUT`]), then the
+//!   process exits.
 
 use super::bridge::{self, Coalescer, Progress};
 pub use super::linecap::LineCap;
@@ -78,10 +84,59 @@ pub struct ServeConfig {
 
 type Conn = (u64, ConnectionTo<acp::Agent>);
 
+/// Most bytes of agent updates (JSON) waiting for one thread's task; beyond it the agent
+/// connection waits (backpressure to the agent's pipe) instead of dropping output.
+pub const MAX_PENDING_UPDATE_BYTES: usize = 1024 * 1024;
+
 #[derive(Clone)]
 struct Route {
     peer: String,
     tx: mpsc::Sender<ThreadEvent>,
+    /// Agent updates of the session, outside the bounded event queue.
+    pending: Arc<Pending>,
+}
+
+/// A thread's agent updates not yet taken by its task, in order, with their size.
+#[derive(Default)]
+struct Pending {
+    q: Mutex<(VecDeque<Value>, usize)>,
+    /// Updates were added.
+    ready: tokio::sync::Notify,
+    /// Updates were taken.
+    drained: tokio::sync::Notify,
+}
+
+impl Pending {
+    /// Queue `u`, waiting while [`MAX_PENDING_UPDATE_BYTES`] are already waiting.
+    async fn push(&self, u: Value) {
+        let size = u.to_string().len();
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            {
+                let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+                if q.0.is_empty() || q.1 + size <= MAX_PENDING_UPDATE_BYTES {
+                    q.0.push_back(u);
+                    q.1 += size;
+                    self.ready.notify_one();
+                    return;
+                }
+            }
+            drained.await;
+        }
+    }
+
+    /// Everything waiting, oldest first.
+    fn take(&self) -> VecDeque<Value> {
+        let taken = {
+            let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+            q.1 = 0;
+            std::mem::take(&mut q.0)
+        };
+        self.drained.notify_waiters();
+        taken
+    }
 }
 
 struct Shared {
@@ -108,7 +163,6 @@ enum ThreadEvent {
     PeerState {
         state: String,
     },
-    Update(Value),
     Permission {
         req: Value,
         reply: oneshot::Sender<Option<String>>,
@@ -121,6 +175,64 @@ enum ThreadEvent {
         generation: u64,
         note: String,
     },
+    /// `serve-agent` is stopping: fail the running and queued prompts with `note`, then
+    /// end; `done` is answered once the state went out.
+    Stop {
+        note: String,
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// How long stopping (SIGINT/SIGTERM) may take to fail the running prompts' threads.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Fail every running or queued prompt with "NAME stopped serving the agent", within
+/// [`STOP_TIMEOUT`] in all.
+async fn stop_threads(
+    shared: &Arc<Shared>,
+    threads: &HashMap<(String, String), mpsc::Sender<ThreadEvent>>,
+) {
+    let _ = tokio::time::timeout(STOP_TIMEOUT, async {
+        let name = match control::request(&shared.socket, &Request::Whoami).await {
+            Ok(r) if r.ok => r.body["name"].as_str().map(str::to_string),
+            _ => None,
+        };
+        let note = format!(
+            "{} stopped serving the agent",
+            name.as_deref().unwrap_or("the node")
+        );
+        let mut waits = Vec::new();
+        for tx in threads.values().filter(|tx| !tx.is_closed()) {
+            let (done, wait) = oneshot::channel();
+            let stop = ThreadEvent::Stop {
+                note: note.clone(),
+                done,
+            };
+            if tx.send(stop).await.is_ok() {
+                waits.push(wait);
+            }
+        }
+        for w in waits {
+            let _ = w.await;
+        }
+    })
+    .await;
 }
 
 /// Run until the node closes the event stream (an error) or the process is interrupted.
@@ -156,6 +268,8 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     let supervisor = tokio::spawn(supervise(shared.clone(), conn_tx, down_tx));
     let mut threads: HashMap<(String, String), mpsc::Sender<ThreadEvent>> = HashMap::new();
     let mut ours = std::collections::HashSet::new();
+    let stop = stop_signal();
+    tokio::pin!(stop);
     let result = loop {
         tokio::select! {
             ev = sub.next_event() => match ev {
@@ -171,7 +285,10 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
                     let _ = tx.try_send(ev);
                 }
             }
-            _ = tokio::signal::ctrl_c() => break Ok(()),
+            _ = &mut stop => {
+                stop_threads(&shared, &threads).await;
+                break Ok(());
+            }
         }
     };
     supervisor.abort();
@@ -281,6 +398,7 @@ fn start_thread(
         queue: VecDeque::new(),
         pending: None,
         coalescer: Coalescer::new(),
+        updates: Arc::new(Pending::default()),
         re: None,
         closing: false,
     };
@@ -363,7 +481,11 @@ async fn run_agent(
         .spawn()
     {
         Ok(c) => c,
-        Err(e) => return format!("cannot start the agent {:?}: {e}", shared.cmd[0]),
+        Err(e) => {
+            // The path stays in our log; the peer's note names only the cause.
+            tracing::warn!("cannot start the agent {:?}: {e}", shared.cmd[0]);
+            return format!("the agent could not be started ({e})");
+        }
     };
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return "the agent's stdio is not available".into();
@@ -382,7 +504,7 @@ async fn run_agent(
         .name("awp serve-agent")
         .on_receive_notification(
             async move |n: s::SessionNotification, _cx| {
-                s1.on_update(n);
+                s1.on_update(n).await;
                 Ok(())
             },
             acp::on_receive_notification!(),
@@ -428,15 +550,27 @@ async fn run_agent(
             cx.incoming_closed().await;
             Ok(())
         });
+    let exited = |st: std::io::Result<std::process::ExitStatus>| match st {
+        Ok(st) => format!("the agent exited ({st})"),
+        Err(e) => format!("the agent process is lost: {e}"),
+    };
     let ended = tokio::select! {
-        r = connection => match r {
-            Ok(()) => "the agent closed its output".to_string(),
-            Err(e) => format!("the agent connection failed: {e}"),
-        },
-        st = child.wait() => match st {
-            Ok(st) => format!("the agent process exited ({st})"),
-            Err(e) => format!("the agent process is lost: {e}"),
-        },
+        r = connection => {
+            // Its exit status says more than a closed pipe: wait a little for it.
+            match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+                Ok(st) => exited(st),
+                Err(_) => match r {
+                    Ok(()) => "the agent closed its output".to_string(),
+                    Err(e) => {
+                        // One line, bounded: the error may hold pretty-printed JSON.
+                        let one = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+                        let one: String = one.chars().take(300).collect();
+                        format!("the agent's connection failed: {one}")
+                    }
+                },
+            }
+        }
+        st = child.wait() => exited(st),
     };
     let _ = child.start_kill();
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -477,16 +611,16 @@ impl Shared {
         }
     }
 
-    fn on_update(&self, n: s::SessionNotification) {
+    /// Queue an update for its thread's task; never drops it: while the thread has
+    /// [`MAX_PENDING_UPDATE_BYTES`] waiting, this waits (and so does the agent's pipe).
+    async fn on_update(&self, n: s::SessionNotification) {
         let Some(route) = self.route(&n.session_id) else {
             return;
         };
         let Ok(update) = serde_json::to_value(&n.update) else {
             return;
         };
-        if route.tx.try_send(ThreadEvent::Update(update)).is_err() {
-            tracing::warn!(peer = route.peer, "thread queue full; agent update dropped");
-        }
+        route.pending.push(update).await;
     }
 
     fn on_permission(
@@ -671,6 +805,8 @@ struct ThreadActor {
     /// A permission question waiting for the peer: its options and where the answer goes.
     pending: Option<(Vec<Value>, oneshot::Sender<Option<String>>)>,
     coalescer: Coalescer,
+    /// Agent updates of our session not yet handled.
+    updates: Arc<Pending>,
     /// The msg our progress answers.
     re: Option<String>,
     closing: bool,
@@ -681,11 +817,17 @@ impl ThreadActor {
         let mut tick = tokio::time::interval(bridge::COALESCE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let updates = self.updates.clone();
             tokio::select! {
                 ev = rx.recv() => match ev {
-                    Some(ev) => self.on_event(ev).await,
+                    Some(ev) => {
+                        // Updates the agent sent before this event go first.
+                        self.on_updates().await;
+                        self.on_event(ev).await
+                    }
                     None => break,
                 },
+                _ = updates.ready.notified() => self.on_updates().await,
                 _ = tick.tick() => {
                     if let Some(t) = self.coalescer.poll(Instant::now()) {
                         self.send_text(t).await;
@@ -710,28 +852,10 @@ impl ThreadActor {
         }
     }
 
-    async fn on_event(&mut self, ev: ThreadEvent) {
-        match ev {
-            ThreadEvent::PeerMsg { id, parts } => self.on_peer_msg(id, parts).await,
-            ThreadEvent::PeerState { state } => {
-                if state == "closed" || state == "failed" {
-                    self.closing = true;
-                    self.queue.clear();
-                    if let Some((_, reply)) = self.pending.take() {
-                        let _ = reply.send(None);
-                    }
-                    if let (Some(_), Some((generation, sid))) = (self.busy, &self.session) {
-                        if let Ok((g, cx)) = self.shared.connection().await {
-                            if g == *generation {
-                                let _ = cx.send_notification(s::CancelNotification::new(
-                                    s::SessionId::new(sid.as_str()),
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
-            ThreadEvent::Update(u) => match bridge::progress_of(&u) {
+    /// Handle the agent updates waiting, in order.
+    async fn on_updates(&mut self) {
+        for u in self.updates.take() {
+            match bridge::progress_of(&u) {
                 Progress::Text(t) => {
                     if let Some(t) = self.coalescer.push(&t, Instant::now()) {
                         self.send_text(t).await;
@@ -747,7 +871,34 @@ impl ThreadActor {
                         .await;
                 }
                 Progress::None => {}
-            },
+            }
+        }
+    }
+
+    async fn on_event(&mut self, ev: ThreadEvent) {
+        match ev {
+            ThreadEvent::PeerMsg { id, parts } => self.on_peer_msg(id, parts).await,
+            ThreadEvent::PeerState { state } => {
+                if state == "closed" || state == "failed" {
+                    self.closing = true;
+                    // Each queued prompt that will never run gets a word, as a reply to it.
+                    for (id, _) in std::mem::take(&mut self.queue) {
+                        self.reply(&id, "cancelled before it ran").await;
+                    }
+                    if let Some((_, reply)) = self.pending.take() {
+                        let _ = reply.send(None);
+                    }
+                    if let (Some(_), Some((generation, sid))) = (self.busy, &self.session) {
+                        if let Ok((g, cx)) = self.shared.connection().await {
+                            if g == *generation {
+                                let _ = cx.send_notification(s::CancelNotification::new(
+                                    s::SessionId::new(sid.as_str()),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
             ThreadEvent::Permission { req, reply } => self.on_permission(req, reply).await,
             ThreadEvent::PromptDone { generation, result } => {
                 if self.busy != Some(generation) {
@@ -766,6 +917,19 @@ impl ThreadActor {
                 self.state(state, Some(note)).await;
                 self.next_prompt().await;
             }
+            ThreadEvent::Stop { note, done } => {
+                if self.busy.is_some() || !self.queue.is_empty() {
+                    self.busy = None;
+                    self.queue.clear();
+                    if let Some((_, reply)) = self.pending.take() {
+                        let _ = reply.send(None);
+                    }
+                    self.flush().await;
+                    self.state("failed", Some(note)).await;
+                }
+                self.closing = true;
+                let _ = done.send(());
+            }
             ThreadEvent::AgentDied { generation, note } => {
                 if self.session.as_ref().is_some_and(|(g, _)| *g == generation) {
                     self.session = None;
@@ -774,11 +938,8 @@ impl ThreadActor {
                     self.busy = None;
                     self.pending = None;
                     self.flush().await;
-                    self.state(
-                        "failed",
-                        Some(format!("{note}; the agent is being restarted")),
-                    )
-                    .await;
+                    self.state("failed", Some(format!("{note}; restarted with backoff")))
+                        .await;
                     self.next_prompt().await;
                 }
             }
@@ -855,6 +1016,7 @@ impl ThreadActor {
                             Route {
                                 peer: self.peer.clone(),
                                 tx: self.tx.clone(),
+                                pending: self.updates.clone(),
                             },
                         );
                     self.session = Some((generation, sid.clone()));
@@ -1003,6 +1165,24 @@ impl ThreadActor {
         }
     }
 
+    /// A text msg in reply to the peer's msg `id`.
+    async fn reply(&self, id: &str, text: &str) {
+        let req = Request::Send {
+            peer: Some(self.peer.clone()),
+            th: Some(self.th.clone()),
+            subject: None,
+            re: Some(id.to_string()),
+            parts: vec![json!({"k": "text", "text": text})],
+            files: vec![],
+            wait_ack_ms: None,
+        };
+        match control::request(&self.shared.socket, &req).await {
+            Ok(r) if r.ok => {}
+            Ok(r) => tracing::warn!(th = self.th, "send refused: {:?}", r.error),
+            Err(e) => tracing::warn!(th = self.th, "send failed: {e}"),
+        }
+    }
+
     async fn send_text(&self, text: String) {
         self.send(vec![json!({"k": "text", "text": text})]).await;
     }
@@ -1042,7 +1222,26 @@ impl ThreadActor {
 
 #[cfg(test)]
 mod tests {
-    use super::select_lines;
+    use super::*;
+
+    #[tokio::test]
+    async fn pending_updates_wait_beyond_the_cap_and_keep_order() {
+        let p = Arc::new(Pending::default());
+        let big = json!("x".repeat(MAX_PENDING_UPDATE_BYTES / 2 - 10));
+        p.push(big.clone()).await;
+        p.push(big.clone()).await;
+        // A third does not fit: it waits until the thread takes the first two.
+        let p2 = p.clone();
+        let third = tokio::spawn(async move { p2.push(json!([3, "x".repeat(64)])).await });
+        tokio::task::yield_now().await;
+        assert!(!third.is_finished());
+        assert_eq!(p.take().len(), 2);
+        tokio::time::timeout(Duration::from_secs(10), third)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.take()[0][0], 3);
+    }
 
     #[test]
     fn read_text_file_line_and_limit() {

@@ -311,7 +311,7 @@ pub enum Command {
     Artifact(super::artifacts::ArtifactCmd),
     /// Serve the node's verbs as MCP tools on stdin/stdout (for agent harnesses; needs a
     /// running node, see the README's MCP section).
-    Mcp,
+    Mcp(crate::mcp::McpArgs),
     /// Revoke a grant by its hash (never honored here again).
     Revoke {
         /// The grant's hash (32 hex characters, from `awp grants`) or a unique prefix of

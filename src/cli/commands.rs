@@ -75,7 +75,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> Result<(), Failure> {
         Command::Grants => super::grants::grants(ctx).await,
         Command::Artifact(cmd) => super::artifacts::run(ctx, cmd).await,
         Command::Revoke { hash } => super::grants::revoke(ctx, hash).await,
-        Command::Mcp => crate::mcp::serve(ctx).await,
+        Command::Mcp(args) => crate::mcp::serve(ctx, &args).await,
         Command::Introduce {
             to,
             peer,

@@ -17,6 +17,7 @@
 //!   only while a wait runs, read as fast as the node writes (a stuck MCP client stalls
 //!   only its own stdout).
 
+pub mod files;
 pub mod input;
 pub mod render;
 
@@ -49,9 +50,22 @@ pub const READ_LIMIT: usize = 100;
 /// Most received-file paths looked up for one `awp_read` result.
 const MAX_BLOB_LOOKUPS: usize = 16;
 
+/// `awp mcp [--files-root DIR]…`.
+#[derive(Debug, Default, clap::Args)]
+pub struct McpArgs {
+    /// A directory the `files` of `awp_send` may come from (repeatable; default: the
+    /// current directory). Symlinks count where they point; files inside the node home
+    /// are refused whatever the roots ([`files`]).
+    #[arg(long = "files-root", value_name = "DIR")]
+    pub files_root: Vec<std::path::PathBuf>,
+}
+
 /// Serve MCP on stdin/stdout until the client closes stdin. Logs go to stderr.
-pub async fn serve(ctx: &Ctx) -> Result<(), Failure> {
-    let server = AwpMcp::new(ctx.clone());
+///
+/// Errors: a `--files-root` that is no directory (usage), MCP initialization.
+pub async fn serve(ctx: &Ctx, args: &McpArgs) -> Result<(), Failure> {
+    let roots = files::FileRoots::new(&args.files_root, &ctx.home)?;
+    let server = AwpMcp::new(ctx.clone(), roots);
     let (stdin, stdout) = rmcp::transport::stdio();
     let stdin = input::DroppedLineLog::new(stdin);
     let running = server.serve((stdin, stdout)).await.map_err(|e| {
@@ -75,6 +89,7 @@ pub async fn serve(ctx: &Ctx) -> Result<(), Failure> {
 #[derive(Clone)]
 pub struct AwpMcp {
     ctx: Ctx,
+    roots: files::FileRoots,
     tool_router: ToolRouter<Self>,
 }
 
@@ -167,7 +182,9 @@ pub struct SendArgs {
     /// The media type of the data part.
     pub mime: Option<String>,
     /// Files to send as blobs: paths on this host (relative ones from the server's
-    /// working directory), at most the node's blob limit each.
+    /// working directory), at most the node's blob limit each. Only files under the
+    /// server's `--files-root` directories (default: its working directory) and outside
+    /// the node home are sent; symlinks count where they point.
     #[serde(default)]
     pub files: Vec<String>,
     /// The subject of a new thread.
@@ -414,10 +431,11 @@ impl AwpMcp {
         })
     }
 
-    /// A server for the node of `ctx.home`.
-    pub fn new(ctx: Ctx) -> AwpMcp {
+    /// A server for the node of `ctx.home` whose `files` come from `roots` only.
+    pub fn new(ctx: Ctx, roots: files::FileRoots) -> AwpMcp {
         AwpMcp {
             ctx,
+            roots,
             tool_router: Self::tool_router(),
         }
     }
@@ -656,7 +674,11 @@ impl AwpMcp {
             };
             let code = a.code.clone().map(|c| (c, a.lang.clone()));
             let parts = cli_cmd::build_parts(a.text.as_deref().unwrap_or(""), code, data);
-            let paths: Vec<std::path::PathBuf> = a.files.iter().map(Into::into).collect();
+            let paths = a
+                .files
+                .iter()
+                .map(|f| self.roots.check(f))
+                .collect::<Result<Vec<_>, _>>()?;
             let files = crate::cli::blobs::resolve_files(&paths)?;
             if parts.is_empty() && files.is_empty() {
                 return Err(
