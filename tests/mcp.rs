@@ -514,9 +514,11 @@ async fn artifact_edit_and_propose_carry_their_summary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sent_file_is_read_with_its_local_path() {
     let (a, b) = two_connected().await;
-    let src = a.path().join("report.txt");
+    // A project directory of its own: files in the node home are never sent.
+    let project = tempfile::tempdir().unwrap();
+    let src = project.path().join("report.txt");
     std::fs::write(&src, b"the report").unwrap();
-    let ca = mcp(&a.path()).await;
+    let ca = mcp_in(&a.path(), Some(project.path()), &[]).await;
     let r = call(
         &ca,
         "awp_send",
