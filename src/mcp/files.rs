@@ -82,6 +82,8 @@ impl FileRoots {
                 "send only files of your project",
             ));
         }
+        #[cfg(unix)]
+        self.same_file_check(file, &canon)?;
         if !self.roots.iter().any(|r| canon.starts_with(r)) {
             let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
             return Err(Failure::usage(
@@ -95,6 +97,68 @@ impl FileRoots {
             ));
         }
         Ok(canon)
+    }
+}
+
+#[cfg(unix)]
+impl FileRoots {
+    /// Paths can hide a file of the home where `canonicalize` cannot see it: a hard link
+    /// (another name of the same inode) or a bind mount of the home. Refused: the same
+    /// inode as a file at the top of the home (`identity.json`, the config, the tokens),
+    /// a file with other hard links on the home's file system, and a path with the home
+    /// directory itself among its ancestors by inode.
+    fn same_file_check(&self, file: &str, canon: &Path) -> Result<(), Failure> {
+        use std::os::unix::fs::MetadataExt;
+        let refuse = |why: String| -> Result<(), Failure> {
+            Err(Failure::usage(
+                format!(
+                    "refused to send {file}: {why} (files from the node home, which holds its \
+                     private key, are never sent)"
+                ),
+                "copy the file into your project and send the copy",
+            ))
+        };
+        let meta = std::fs::metadata(canon).map_err(|e| {
+            Failure::usage(
+                format!("cannot read {file}: {e}"),
+                "check the path in `files`",
+            )
+        })?;
+        let id = (meta.dev(), meta.ino());
+        let Ok(home) = std::fs::metadata(&self.home) else {
+            return Ok(());
+        };
+        if let Ok(entries) = std::fs::read_dir(&self.home) {
+            // The top of the home holds a handful of files; the bound keeps a strange
+            // home from making each send slow (beyond it, fail closed).
+            for (n, e) in entries.flatten().enumerate() {
+                if n >= 4096 {
+                    return refuse("the node home is too large to check it against".into());
+                }
+                if let Ok(m) = e.metadata() {
+                    if m.is_file() && (m.dev(), m.ino()) == id {
+                        return refuse(format!(
+                            "it is the node home's `{}` under another name (a hard link)",
+                            e.file_name().to_string_lossy()
+                        ));
+                    }
+                }
+            }
+        }
+        if meta.is_file() && meta.nlink() > 1 && meta.dev() == home.dev() {
+            return refuse("it has other hard links on the node home's file system".into());
+        }
+        let home_id = (home.dev(), home.ino());
+        for a in canon.ancestors().skip(1) {
+            if let Ok(m) = std::fs::metadata(a) {
+                if (m.dev(), m.ino()) == home_id {
+                    return refuse(
+                        "it is inside the node home (mounted or linked elsewhere)".into(),
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -152,5 +216,48 @@ mod tests {
                 || e.message().unwrap().contains("cannot read")
         );
         assert!(FileRoots::new(&[root.path().join("nope")], &home).is_err());
+    }
+
+    /// A hard link in a root to the home's `identity.json` is the same file: refused,
+    /// though its path is in the root and no symlink is involved.
+    #[cfg(unix)]
+    #[test]
+    fn a_hard_link_to_a_home_file_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(home.path().join("identity.json"), "{\"seed\":1}").unwrap();
+        std::fs::write(home.path().join("other"), "x").unwrap();
+        std::fs::hard_link(
+            home.path().join("identity.json"),
+            root.path().join("innocent.txt"),
+        )
+        .unwrap();
+        std::fs::write(root.path().join("plain.txt"), "ok").unwrap();
+        let fr = FileRoots::new(&[root.path().to_path_buf()], home.path()).unwrap();
+        let e = fr
+            .check(root.path().join("innocent.txt").to_str().unwrap())
+            .unwrap_err();
+        let m = e.message().unwrap();
+        assert!(m.contains("`identity.json` under another name"), "{m}");
+        assert!(fr
+            .check(root.path().join("plain.txt").to_str().unwrap())
+            .is_ok());
+        // Other hard links on the home's file system: refused too (a link to a file
+        // the check cannot see, e.g. deeper in the home).
+        std::fs::hard_link(root.path().join("plain.txt"), root.path().join("twin.txt")).unwrap();
+        let same_fs = std::fs::metadata(root.path())
+            .map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.dev()
+            })
+            .unwrap()
+            == std::fs::metadata(home.path())
+                .map(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    m.dev()
+                })
+                .unwrap();
+        let r = fr.check(root.path().join("twin.txt").to_str().unwrap());
+        assert_eq!(r.is_err(), same_fs, "{r:?}");
     }
 }
