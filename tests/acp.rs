@@ -56,8 +56,8 @@ async fn setup_opts(agent: Vec<std::ffi::OsString>, logs: bool) -> Setup {
     a.connect(&b).await;
     let root = TempDir::new().unwrap();
     let log = root.path().join("agent.log");
-    let serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"))
-        .arg("--home")
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_awp"));
+    cmd.arg("--home")
         .arg(b.path())
         .args(["serve-agent", "--acp", "--root"])
         .arg(root.path())
@@ -69,9 +69,12 @@ async fn setup_opts(agent: Vec<std::ffi::OsString>, logs: bool) -> Setup {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("awp serve-agent starts");
+        .kill_on_drop(true);
+    // A process group of its own, as a shell gives a command it runs: a test can signal
+    // the group as a terminal's Ctrl-C does, without signalling the test itself.
+    #[cfg(unix)]
+    cmd.process_group(0);
+    let serve = cmd.spawn().expect("awp serve-agent starts");
     let mut serve = serve;
     let stderr = Arc::new(Mutex::new(String::new()));
     let (mut pipe, sink) = (serve.stderr.take().unwrap(), stderr.clone());
@@ -927,6 +930,20 @@ async fn a_burst_of_agent_chunks_reaches_the_peer_whole_and_in_order() {
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_on_serve_agent_fails_the_running_prompt() {
+    stop_signal_fails_the_running_prompt(&["-TERM"]).await;
+}
+
+/// A terminal's Ctrl-C reaches the whole foreground process group. The agent runs in a
+/// group of its own, so `serve-agent` sees the SIGINT, fails the prompt with its own note
+/// and stops the agent (before, the agent died of the SIGINT first and the note said so).
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_to_the_process_group_fails_the_running_prompt_with_the_stop_note() {
+    stop_signal_fails_the_running_prompt(&["-INT", "--"]).await;
+}
+
+#[cfg(unix)]
+async fn stop_signal_fails_the_running_prompt(signal: &[&str]) {
     let mut s = setup().await;
     let th = say(&s.a, &s.b, None, "wait").await;
     wait_state(&s.a, &th, 0, "working").await;
@@ -937,9 +954,16 @@ async fn sigterm_on_serve_agent_fails_the_running_prompt() {
             .then_some(())
     })
     .await;
-    let pid = s._serve.id().expect("serve-agent runs").to_string();
+    let pid = s._serve.id().expect("serve-agent runs");
+    // `kill -INT -- -PID` signals the group PID leads (a terminal's Ctrl-C).
+    let target = if signal.contains(&"--") {
+        format!("-{pid}")
+    } else {
+        pid.to_string()
+    };
     let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
+        .args(signal)
+        .arg(&target)
         .status()
         .unwrap();
     assert!(killed.success());

@@ -471,15 +471,19 @@ async fn run_agent(
     generation: u64,
     conn_tx: &watch::Sender<Option<Conn>>,
 ) -> String {
-    let mut child = match tokio::process::Command::new(&shared.cmd[0])
-        .args(&shared.cmd[1..])
+    let mut cmd = tokio::process::Command::new(&shared.cmd[0]);
+    cmd.args(&shared.cmd[1..])
         .current_dir(&shared.root.path)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-    {
+        .kill_on_drop(true);
+    // A process group of its own: a terminal's Ctrl-C (SIGINT to the foreground group)
+    // reaches `serve-agent`, which fails the running prompts with its stop note and then
+    // stops the agent, instead of the agent dying of the signal first.
+    #[cfg(unix)]
+    cmd.process_group(0);
+    let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             // The path stays in our log; the peer's note names only the cause.
