@@ -981,6 +981,18 @@ async fn stop_signal_fails_the_running_prompt(signal: &[&str]) {
 /// and `awp acp` exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn awp_acp_cancels_prompts_in_flight_when_the_editor_closes_stdin() {
+    editor_closes_stdin(false).await;
+}
+
+/// The same when stdin closes right after the prompt line, before the prompt's msg has
+/// even been queued (before: the msg could still reach the peer with no end state, or be
+/// lost): `awp acp` lets the prompt start, then ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awp_acp_ends_a_prompt_whose_editor_closed_stdin_at_once() {
+    editor_closes_stdin(true).await;
+}
+
+async fn editor_closes_stdin(at_once: bool) {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let a = TestNode::start("alice").await;
     let b = TestNode::start("bob").await;
@@ -1032,6 +1044,11 @@ async fn awp_acp_cancels_prompts_in_flight_when_the_editor_closes_stdin() {
         .write_all(format!("{prompt}\n").as_bytes())
         .await
         .unwrap();
+    stdin.flush().await.unwrap();
+    let mut stdin = Some(stdin);
+    if at_once {
+        stdin = None;
+    }
     eventually(20, || async {
         (!b.inbound().await.is_empty()).then_some(())
     })

@@ -69,6 +69,20 @@ struct State {
     next: Mutex<u64>,
     /// Threads of the prompts in flight (sent, no end yet), with how many prompts each.
     in_flight: Mutex<HashMap<String, usize>>,
+    /// Prompts taken from the editor whose msg is not in `in_flight` yet (being sent).
+    starting: std::sync::atomic::AtomicUsize,
+}
+
+/// A prompt counted in [`State::starting`] until dropped (once it is in flight, or failed
+/// before).
+struct Starting<'a>(&'a State);
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        self.0
+            .starting
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// How long `awp acp` may take, once the editor closed stdin, to end the prompts in
@@ -116,6 +130,7 @@ pub async fn run(cfg: AgentConfig) -> Result<(), String> {
         sessions: Mutex::new(HashMap::new()),
         next: Mutex::new(0),
         in_flight: Mutex::new(HashMap::new()),
+        starting: std::sync::atomic::AtomicUsize::new(0),
     });
     let st_end = st.clone();
     let (s1, s2, s3) = (st.clone(), st.clone(), st.clone());
@@ -158,6 +173,9 @@ pub async fn run(cfg: AgentConfig) -> Result<(), String> {
         .on_receive_request(
             async move |r: s::PromptRequest, responder, cx: ConnectionTo<acp::Client>| {
                 let st = s2.clone();
+                // Counted before the task runs, so that a stdin closed right after this
+                // line still waits for the prompt to be sent and then ends it.
+                st.starting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::spawn(async move {
                     let result = st.prompt(r, &cx).await;
                     let _ = match result {
@@ -184,15 +202,19 @@ pub async fn run(cfg: AgentConfig) -> Result<(), String> {
         .connect_to(acp::Stdio::new())
         .await
         .map_err(|e| format!("ACP connection: {e}"));
-    // The editor is gone: end every prompt in flight as `session/cancel` would.
-    let open: Vec<String> = st_end
-        .in_flight
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .keys()
-        .cloned()
-        .collect();
+    // The editor is gone: end every prompt in flight as `session/cancel` would, once the
+    // prompts still being sent are in flight (polled, within the same bound).
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+        while st_end.starting.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let open: Vec<String> = st_end
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
         for th in open {
             st_end.end_thread(&th, "cancelled").await;
         }
@@ -262,6 +284,7 @@ impl State {
         r: s::PromptRequest,
         cx: &ConnectionTo<acp::Client>,
     ) -> Result<String, acp::Error> {
+        let starting = Starting(self);
         let sid = r.session_id.0.to_string();
         let (cancel_tx, mut cancel_rx) = watch::channel(false);
         let (th, mut stale_end) = {
@@ -326,6 +349,7 @@ impl State {
             s.th = Some(th.clone());
         }
         let _in_flight = InFlight::new(self, &th);
+        drop(starting);
         let start = tokio::time::Instant::now();
         let deadline = start + self.cfg.prompt_timeout;
         let answer_deadline = start + self.cfg.answer_timeout;
