@@ -470,7 +470,7 @@ impl Store {
         for id in ids_to_drop {
             let k = pkey(peer, id.as_bytes());
             if let Some(v) = tx.get(T::Outbox, &k)? {
-                bytes += v.len();
+                bytes += queued_len(&v)?;
                 tx.del(T::Outbox, k);
                 msg_queued |= msg_id.as_deref() == Some(id.as_str());
                 dropped.push(id);
@@ -595,7 +595,7 @@ impl Store {
                 for id in &r.chunk_ids {
                     let k = pkey(peer, id.as_bytes());
                     if let Some(v) = tx.get(T::Outbox, &k)? {
-                        bytes += v.len();
+                        bytes += queued_len(&v)?;
                         drop.push(k);
                     }
                 }
@@ -609,7 +609,7 @@ impl Store {
                     }
                     if let Ok(Line::Chunk(c)) = crate::wire::parse_line(&line.get("outbox")?) {
                         if c.blob_ref == blob_ref {
-                            bytes += v.len();
+                            bytes += rec.queued_len(v.len());
                             drop.push(k.to_vec());
                         }
                     }
@@ -632,6 +632,12 @@ impl Store {
         tx.commit()?;
         drop.into_iter().map(|k| utf8("outbox", &k[32..])).collect()
     }
+}
+
+/// The queued bytes an outbox record `v` stands for ([`OutRec::queued_len`]).
+fn queued_len(v: &[u8]) -> Result<usize, StoreError> {
+    let (rec, _): (OutRec, Payload) = unpack("outbox", v)?;
+    Ok(rec.queued_len(v.len()))
 }
 
 #[cfg(test)]

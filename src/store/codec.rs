@@ -20,6 +20,20 @@ pub(crate) struct OutRec {
     pub th: Option<String>,
     pub kind: String,
     pub seq: u64,
+    /// Set when the line is stored once, as the payload of out log entry `seq` (this
+    /// record's own payload is then empty): the line's length in bytes, counted in the
+    /// peer's queued bytes. None for chunk lines (their log entry is a stub without the
+    /// data) and records written before lines were stored once (the line is the payload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_len: Option<u64>,
+}
+
+impl OutRec {
+    /// Bytes this outbox record stands for in the peer's queued-bytes count: the record
+    /// (`stored`, its length) plus the line kept in the log for it.
+    pub fn queued_len(&self, stored: usize) -> usize {
+        stored.saturating_add(self.log_len.unwrap_or(0) as usize)
+    }
 }
 
 /// Log value (payload = the line).

@@ -80,6 +80,7 @@ impl Store {
             let (l, _): (LogRec, Payload) = unpack("log", &v)?;
             if l.peer == peer_hex {
                 tx.del(T::Log, k.to_vec());
+                tx.del(T::LogAcked, k.to_vec());
                 out.log += 1;
             }
         }

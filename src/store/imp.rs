@@ -345,13 +345,18 @@ impl Store {
             let th = line.th().map(str::to_owned);
             let kind = line.kind().to_owned();
             *seq += 1;
+            // Chunk data is kept once: in the outbox (or the source file), not in the log.
+            // Every other line is kept once too: in the log, which the outbox points at.
+            let logged = super::blobs::log_form(&kind, &bytes);
+            let once = kind != "chunk" && matches!(logged, std::borrow::Cow::Borrowed(_));
             let orec = OutRec {
                 th: th.clone(),
                 kind: kind.clone(),
                 seq: *seq,
+                log_len: once.then_some(bytes.len() as u64),
             };
-            let packed = pack(&orec, &bytes)?;
-            queued_bytes += packed.len() as u64;
+            let packed = pack(&orec, if once { &[] } else { &bytes })?;
+            queued_bytes += orec.queued_len(packed.len()) as u64;
             tx.put(T::Outbox, pkey(peer, id.as_bytes()), packed);
             let lrec = LogRec {
                 dir: Dir::Out,
@@ -363,8 +368,6 @@ impl Store {
                 read: true,
                 acked: false,
             };
-            // Chunk data is kept once: in the outbox (or the source file), not here.
-            let logged = super::blobs::log_form(&kind, &bytes);
             tx.put(T::Log, u64_be(*seq), pack(&lrec, &logged)?);
             if let Some(th) = &th {
                 if tx.get(T::Threads, &tkey(th, peer))?.is_none() {
@@ -508,7 +511,8 @@ impl Store {
         for kv in self.trees.t(T::Outbox).iter() {
             let (k, v) = kv.map_err(db_err)?;
             let (peer, _) = split_pkey("outbox", &k)?;
-            *per_peer.entry(peer).or_default() += v.len() as i64;
+            let (rec, _): (OutRec, Payload) = unpack("outbox", &v)?;
+            *per_peer.entry(peer).or_default() += rec.queued_len(v.len()) as i64;
         }
         let mut tx = Tx::new(&self.trees);
         for (peer, n) in per_peer {
@@ -546,7 +550,7 @@ impl Store {
             if !k.starts_with(&prefix) {
                 break;
             }
-            out.push(outbox_entry(&k, &v)?);
+            out.push(outbox_entry(&self.trees, &k, &v)?);
         }
         Ok(out)
     }
@@ -575,7 +579,7 @@ impl Store {
     }
 
     /// Remove outbox lines (known to be delivered) and mark their out log entries acked.
-    /// `lines`: (outbox key, out-log seq, stored record length).
+    /// `lines`: (outbox key, out-log seq, queued length: [`OutRec::queued_len`]).
     pub(super) fn retire(
         &self,
         tx: &mut Tx<'_>,
@@ -586,13 +590,8 @@ impl Store {
         self.adjust_bytes(tx, peer, -(bytes as i64))?;
         for (key, seq, _) in lines {
             tx.del(T::Outbox, key.clone());
-            if let Some(v) = tx.get(T::Log, &u64_be(*seq))? {
-                let (mut l, line): (LogRec, Payload) = unpack("log", &v)?;
-                if !l.acked {
-                    l.acked = true;
-                    tx.put(T::Log, u64_be(*seq).to_vec(), repack(&l, line)?);
-                }
-            }
+            // The mark, not a rewrite of the entry (which holds the whole line).
+            tx.put(T::LogAcked, u64_be(*seq).to_vec(), Vec::new());
         }
         self.adjust_count(tx, peer, -(lines.len() as i64))
     }
@@ -619,7 +618,7 @@ impl Store {
             let Some(th) = &rec.th else { continue };
             if let Some(s) = seen.get(th) {
                 if id <= s.as_bytes() {
-                    drop.push((k.to_vec(), rec.seq, v.len()));
+                    drop.push((k.to_vec(), rec.seq, rec.queued_len(v.len())));
                 }
             }
         }
@@ -672,7 +671,7 @@ impl Store {
             };
             let (rec, _): (OutRec, Payload) = unpack("outbox", &v)?;
             if acked_kind(&rec.kind) {
-                let th = rec.th.unwrap_or_else(|| th.to_string());
+                let th = rec.th.clone().unwrap_or_else(|| th.to_string());
                 match upto.get_mut(&th) {
                     Some(m) if *m >= key => {}
                     Some(m) => *m = key.clone(),
@@ -681,7 +680,7 @@ impl Store {
                     }
                 }
             }
-            retire.push((key.clone(), rec.seq, v.len()));
+            retire.push((key.clone(), rec.seq, rec.queued_len(v.len())));
             retired.insert(key);
             found.push(true);
         }
@@ -701,7 +700,7 @@ impl Store {
                         .and_then(|t| upto.get(t))
                         .is_some_and(|m| k.as_ref() < m.as_slice());
                 if covered {
-                    retire.push((k.to_vec(), r.seq, v.len()));
+                    retire.push((k.to_vec(), r.seq, r.queued_len(v.len())));
                     retired.insert(k.to_vec());
                 }
             }
@@ -907,7 +906,7 @@ impl Store {
                 break;
             }
             let (k, v) = kv.map_err(db_err)?;
-            let e = log_entry(&k, &v)?;
+            let e = log_entry(&self.trees, &k, &v)?;
             if th.is_some() && e.th.as_deref() != th {
                 continue;
             }
@@ -1271,6 +1270,8 @@ impl Store {
         let mut tx = Tx::new(&self.trees);
         let mut removed = 0usize;
         let mut per_peer: BTreeMap<PeerKey, (i64, i64)> = BTreeMap::new();
+        // Log entries holding the line of a queued outbox record stay while it does.
+        let mut keep: HashSet<u64> = HashSet::new();
         for kv in self.trees.t(T::Outbox).iter() {
             let (k, v) = kv.map_err(db_err)?;
             let (peer, id) = split_pkey("outbox", &k)?;
@@ -1278,12 +1279,15 @@ impl Store {
             let ts = ulid::Ulid::from_string(&id)
                 .map_err(|e| corrupt("outbox", e))?
                 .timestamp_ms();
+            let (rec, _): (OutRec, Payload) = unpack("outbox", &v)?;
             if ts < cutoff {
                 tx.del(T::Outbox, k.to_vec());
                 let e = per_peer.entry(peer).or_default();
                 e.0 -= 1;
-                e.1 -= v.len() as i64;
+                e.1 -= rec.queued_len(v.len()) as i64;
                 removed += 1;
+            } else if rec.log_len.is_some() {
+                keep.insert(rec.seq);
             }
         }
         for (peer, (lines, bytes)) in per_peer {
@@ -1293,8 +1297,9 @@ impl Store {
         for kv in self.trees.t(T::Log).iter() {
             let (k, v) = kv.map_err(db_err)?;
             let (l, _): (LogRec, Payload) = unpack("log", &v)?;
-            if l.at < cutoff {
+            if l.at < cutoff && !keep.contains(&read_u64("log", &k)?) {
                 tx.del(T::Log, k.to_vec());
+                tx.del(T::LogAcked, k.to_vec());
                 removed += 1;
             }
         }
@@ -1395,25 +1400,49 @@ fn restrict(dir: &Path) {
 /// An outbox record as an entry. The key's peer part is not decoded: callers scan one
 /// peer's prefix, and decoding a key (an Ed25519 point decompression) per line was most of
 /// the cost of a resume replay.
-fn outbox_entry(k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
+/// An outbox record as an entry, with its line: its own payload, or (a line stored once,
+/// [`OutRec::log_len`]) the payload of its out log entry. A missing or different-length
+/// log entry is [`StoreError::Corrupt`].
+fn outbox_entry(trees: &Trees, k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
     let id = k
         .get(32..)
         .ok_or_else(|| corrupt("outbox", "key shorter than a peer key"))?;
     let (rec, line): (OutRec, Payload) = unpack("outbox", v)?;
-    let line = line.get("outbox")?;
+    let line = match rec.log_len {
+        None => line.get("outbox")?.into_owned(),
+        Some(len) => {
+            let lv = trees
+                .t(T::Log)
+                .get(u64_be(rec.seq))
+                .map_err(db_err)?
+                .ok_or_else(|| corrupt("outbox", format!("line {} is not in the log", rec.seq)))?;
+            let (_, line): (LogRec, Payload) = unpack("log", &lv)?;
+            let line = line.get("log")?.into_owned();
+            if line.len() as u64 != len {
+                return Err(corrupt(
+                    "outbox",
+                    format!("log entry {} is not the queued line", rec.seq),
+                ));
+            }
+            line
+        }
+    };
     Ok(OutboxEntry {
         id: utf8("outbox", id)?,
         th: rec.th,
         kind: rec.kind,
-        line: line.to_vec(),
+        line,
         seq: rec.seq,
     })
 }
 
-fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
+/// A log entry; `acked` from its record or the separate mark ([`T::LogAcked`]).
+fn log_entry(trees: &Trees, k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
     let seq = read_u64("log", k)?;
     let (l, line): (LogRec, Payload) = unpack("log", v)?;
     let line = line.get("log")?;
+    let acked =
+        l.acked || (l.dir == Dir::Out && trees.t(T::LogAcked).contains_key(k).map_err(db_err)?);
     Ok(LogEntry {
         seq,
         dir: l.dir,
@@ -1424,7 +1453,7 @@ fn log_entry(k: &[u8], v: &[u8]) -> Result<LogEntry, StoreError> {
         line: line.to_vec(),
         at_ms: l.at,
         read: l.read,
-        acked: l.acked,
+        acked,
     })
 }
 

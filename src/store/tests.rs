@@ -1022,12 +1022,18 @@ fn each_introducer_has_a_quota_of_keys() {
     );
 }
 
-/// The sum of the stored outbox records of `p`, the slow way.
+/// The sum of the stored outbox records of `p` and the lines kept for them in the log,
+/// the slow way.
 fn outbox_bytes_scanned(s: &Store, p: &PeerKey) -> u64 {
     s.trees
         .t(super::tx::T::Outbox)
         .scan_prefix(p.as_bytes())
-        .map(|kv| kv.unwrap().1.len() as u64)
+        .map(|kv| {
+            let v = kv.unwrap().1;
+            let (rec, _): (super::codec::OutRec, super::codec::Payload) =
+                super::codec::unpack("outbox", &v).unwrap();
+            rec.queued_len(v.len()) as u64
+        })
         .sum()
 }
 
@@ -1143,7 +1149,8 @@ fn long_lines_are_stored_compressed_and_old_records_still_read() {
     let b = |id: &str, ts: &str| msg("T", Some("subj"), &text, id, ts);
     let e = s.enqueue(&p, &[&b]).unwrap().pop().unwrap();
     assert!(e.line.len() > 1000);
-    let raw = s.trees.t(tx::T::Outbox).iter().next().unwrap().unwrap().1;
+    // The line is kept once, in the log (the outbox record points at it).
+    let raw = s.trees.t(tx::T::Log).iter().next().unwrap().unwrap().1;
     assert_ne!(
         u32::from_be_bytes(raw[..4].try_into().unwrap()) & DEFLATED,
         0,
@@ -1151,8 +1158,12 @@ fn long_lines_are_stored_compressed_and_old_records_still_read() {
     );
     assert!(raw.len() < e.line.len() / 2, "{} bytes stored", raw.len());
     assert_eq!(outbox_ids(&s, &p), vec![e.id.clone()]);
+    assert_eq!(s.outbox_after(&p, None, 1).unwrap()[0].line, e.line);
     let (stored, logical) = s.data_bytes().unwrap();
-    assert!(logical > stored + e.line.len() as u64, "{stored} {logical}");
+    assert!(
+        logical > stored + e.line.len() as u64 / 2,
+        "{stored} {logical}"
+    );
     // Log entry reads back byte-exact, also after a read-mark rewrite of its header.
     assert!(s.ack(&p, "T", &e.id).unwrap());
     let log = s.log(0, None, false, 10).unwrap();
@@ -1366,5 +1377,95 @@ fn acks_of_a_batch_and_its_lines_are_one_transaction_with_the_effect_of_single_a
         s.transaction_count(),
         before,
         "nothing to write, nothing committed"
+    );
+}
+
+/// A queued line (other than a chunk) is stored once: the outbox record holds no copy and
+/// reads its line from the out log; the peer's queued bytes still count the line; an ack
+/// marks the log entry without rewriting it; pruning keeps the log entry of a line still
+/// queued; an outbox record in the older layout (the line as its payload) still reads.
+#[test]
+fn a_queued_line_is_stored_once_and_read_from_the_log() {
+    use super::codec::{pack, unpack, OutRec, Payload};
+    let (_d, s) = open();
+    let p = key(1);
+    let text = "x".repeat(40_000);
+    let b = |id: &str, ts: &str| msg("T", None, &text, id, ts);
+    let e = s.enqueue(&p, &[&b]).unwrap().pop().unwrap();
+    let raw = s.trees.t(tx::T::Outbox).iter().next().unwrap().unwrap().1;
+    assert!(raw.len() < 200, "outbox record of {} bytes", raw.len());
+    let (rec, payload): (OutRec, Payload) = unpack("outbox", &raw).unwrap();
+    assert_eq!(rec.log_len, Some(e.line.len() as u64));
+    assert_eq!(payload.stored_len(), 0);
+    assert_eq!(s.outbox_after(&p, None, 10).unwrap()[0].line, e.line);
+    let (n, bytes) = s.outbox_usage(&p).unwrap();
+    assert_eq!(n, 1);
+    assert!(bytes >= e.line.len() as u64, "{bytes} queued bytes");
+    assert_eq!(bytes, outbox_bytes_scanned(&s, &p));
+
+    // Prune long after: the queued line's log entry stays with its outbox record.
+    let far = crate::wire::time::now_ms() + 30 * 24 * 3600 * 1000;
+    let kept_seq = rec.seq;
+    s.trees
+        .t(tx::T::Outbox)
+        .insert(
+            super::codec::pkey(&p, b"7ZZZZZZZZZZZZZZZZZZZZZZZZZ"),
+            pack(&rec, b"").unwrap(),
+        )
+        .unwrap();
+    s.trees
+        .t(tx::T::Outbox)
+        .remove(super::codec::pkey(&p, e.id.as_bytes()))
+        .unwrap();
+    s.prune(far).unwrap();
+    assert!(s
+        .trees
+        .t(tx::T::Log)
+        .get(super::codec::u64_be(kept_seq))
+        .unwrap()
+        .is_some());
+    assert_eq!(s.outbox_after(&p, None, 10).unwrap()[0].line, e.line);
+    s.trees.t(tx::T::Outbox).clear().unwrap();
+
+    // The ack marks the entry apart; the entry itself is not rewritten.
+    let usage = s.outbox_usage(&p).unwrap();
+    let e2 = s.enqueue(&p, &[&b]).unwrap().pop().unwrap();
+    let queued = s.outbox_usage(&p).unwrap();
+    assert_eq!(queued.0, usage.0 + 1);
+    assert!(queued.1 >= usage.1 + e2.line.len() as u64);
+    let before = s
+        .trees
+        .t(tx::T::Log)
+        .get(super::codec::u64_be(e2.seq))
+        .unwrap();
+    assert!(s.ack(&p, "T", &e2.id).unwrap());
+    let after = s
+        .trees
+        .t(tx::T::Log)
+        .get(super::codec::u64_be(e2.seq))
+        .unwrap();
+    assert_eq!(before, after);
+    let log = s.log(e2.seq - 1, None, false, 10).unwrap();
+    assert!(log[0].acked);
+    assert_eq!(log[0].line, e2.line);
+    assert_eq!(s.outbox_usage(&p).unwrap(), usage);
+
+    // Older layout: the line in the outbox record itself.
+    let old = OutRec {
+        th: Some("T".into()),
+        kind: "msg".into(),
+        seq: 999_999,
+        log_len: None,
+    };
+    s.trees
+        .t(tx::T::Outbox)
+        .insert(
+            super::codec::pkey(&p, b"01JOLD0000000000000000000A"),
+            pack(&old, b"{\"t\":\"ping\"}").unwrap(),
+        )
+        .unwrap();
+    assert_eq!(
+        s.outbox_after(&p, None, 10).unwrap()[0].line,
+        b"{\"t\":\"ping\"}"
     );
 }

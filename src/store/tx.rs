@@ -28,9 +28,12 @@ pub(crate) enum T {
     ArtDedup,
     ArtHold,
     ArtSnap,
+    /// Out log entries the peer acknowledged (key: the entry's seq, empty value), kept apart
+    /// so that an ack writes a few bytes instead of rewriting the entry with its line.
+    LogAcked,
 }
 
-pub(crate) const NAMES: [&str; 19] = [
+pub(crate) const NAMES: [&str; 20] = [
     "outbox",
     "log",
     "received",
@@ -50,6 +53,7 @@ pub(crate) const NAMES: [&str; 19] = [
     "art_dedup",
     "art_hold",
     "art_snap",
+    "log_acked",
 ];
 
 pub(crate) struct Trees {
