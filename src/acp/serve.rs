@@ -33,7 +33,7 @@
 //!   process exits.
 
 use super::bridge::{self, Coalescer, Progress};
-pub use super::linecap::LineCap;
+pub use super::linecap::{line_cap, LineCap};
 use crate::control::{self, Request};
 use crate::node::served_fs;
 use acp::v1::schema as s;
@@ -494,7 +494,7 @@ async fn run_agent(
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return "the agent's stdio is not available".into();
     };
-    let stdout = LineCap::new(stdout, MAX_AGENT_LINE);
+    let stdout = line_cap(stdout, MAX_AGENT_LINE);
     let transport = acp::ByteStreams::new(stdin.compat_write(), stdout.compat());
     let (s1, s2, s3, s4) = (
         shared.clone(),

@@ -67,7 +67,7 @@ pub async fn serve(ctx: &Ctx, args: &McpArgs) -> Result<(), Failure> {
     let roots = files::FileRoots::new(&args.files_root, &ctx.home)?;
     let server = AwpMcp::new(ctx.clone(), roots);
     let (stdin, stdout) = rmcp::transport::stdio();
-    let stdin = input::DroppedLineLog::new(stdin);
+    let stdin = input::dropped_line_log(stdin);
     let running = server.serve((stdin, stdout)).await.map_err(|e| {
         Failure::new(
             Exit::Failed,
