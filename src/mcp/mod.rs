@@ -674,12 +674,11 @@ impl AwpMcp {
             };
             let code = a.code.clone().map(|c| (c, a.lang.clone()));
             let parts = cli_cmd::build_parts(a.text.as_deref().unwrap_or(""), code, data);
-            let paths = a
+            let files = a
                 .files
                 .iter()
                 .map(|f| self.roots.check(f))
                 .collect::<Result<Vec<_>, _>>()?;
-            let files = crate::cli::blobs::resolve_files(&paths)?;
             if parts.is_empty() && files.is_empty() {
                 return Err(
                     cli_cmd::nothing_to_send(a.peer.as_deref(), a.thread.as_deref()).into(),
