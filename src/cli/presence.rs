@@ -5,6 +5,8 @@ use super::args::{RelayAction, RelayArgs};
 use super::format::{clip, field, format_age, short_key, str_field, table, timestamp_ms};
 use super::{client_failure, out, out_json, Ctx, Failure};
 use crate::control::{self, Request};
+use crate::node::ViaStatus;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 /// `awp presence [PEER]`.
@@ -203,6 +205,17 @@ async fn relay_status(ctx: &Ctx) -> Result<(), Failure> {
 
 /// The circuit part of `awp relay status` (spec/relay-circuits.md): the relay's circuits
 /// with their bytes, and this node's standing connections (`via`).
+/// The `via` array of a control-socket body ([`ViaStatus`] items; one that is no such
+/// item is skipped).
+pub(crate) fn vias(body: &serde_json::Map<String, Value>) -> Vec<ViaStatus> {
+    body.get("via")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| ViaStatus::deserialize(v).ok())
+        .collect()
+}
+
 fn circuit_lines(body: &serde_json::Map<String, Value>) -> Vec<String> {
     let mut lines = Vec::new();
     if let Some(Value::Object(c)) = body.get("circuits") {
@@ -231,24 +244,14 @@ fn circuit_lines(body: &serde_json::Map<String, Value>) -> Vec<String> {
             ));
         }
     }
-    for v in body
-        .get("via")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let up = v.get("up").and_then(Value::as_bool) == Some(true);
+    for v in vias(body) {
         lines.push(format!(
             "via:         {} {}{}",
-            v.get("relay").and_then(Value::as_str).unwrap_or("-"),
-            if up { "up" } else { "down" },
-            v.get("observed")
-                .and_then(Value::as_str)
+            v.relay,
+            if v.up { "up" } else { "down" },
+            v.observed
                 .map(|o| format!(" (seen as {o})"))
-                .or_else(|| v
-                    .get("error")
-                    .and_then(Value::as_str)
-                    .map(|e| format!(": {e}")))
+                .or_else(|| v.error.map(|e| format!(": {e}")))
                 .unwrap_or_default()
         ));
     }
