@@ -25,8 +25,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// One `via` relay's standing connection, as the control socket reports it: an item of
-/// the `via` array of `presence_status` (`awp relay status`),
-/// `{"relay", "up", "observed"?, "error"?}`.
+/// the `via` array of `presence_status` (`awp relay status`), `status` and `address`
+/// (`awp up`, `awp address`), `{"relay", "up", "observed"?, "error"?}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ViaStatus {
     /// The relay's address, as configured (`tls:HOST:PORT#ed25519:KEY`).
@@ -142,6 +142,41 @@ pub(super) fn live_addresses(inner: &Inner) -> Vec<Address> {
         .iter()
         .filter(|v| vias.get(&v.to_string()).is_some_and(|s| s.up))
         .filter_map(|v| Address::circuit(v, me))
+        .collect()
+}
+
+/// Our addresses as the control socket's `status` and `address` report them (`awp up`,
+/// `awp address`): the direct ones, then the circuit address of each `via` relay whose
+/// standing connection is up now ([`live_addresses`]). A via that is down is left out (a
+/// dialer would only fail on it); [`via_report`] says which and why.
+pub(super) fn reported_addresses(inner: &Inner) -> Vec<Address> {
+    let mut out: Vec<Address> = inner
+        .addresses()
+        .into_iter()
+        .filter(|a| !matches!(a, Address::Relay { .. }))
+        .collect();
+    out.extend(live_addresses(inner));
+    out
+}
+
+/// Every configured `via` relay, in the order of `settings.via`: its standing
+/// connection's state, or down without an `error` while its first attempt runs (the
+/// `via` array of `status` and `address`).
+pub(super) fn via_report(inner: &Inner) -> Vec<ViaStatus> {
+    let vias = inner
+        .circuits
+        .vias
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    inner
+        .settings
+        .via
+        .iter()
+        .map(|v| {
+            vias.get(&v.to_string())
+                .cloned()
+                .unwrap_or_else(|| ViaStatus::down(v, None))
+        })
         .collect()
 }
 
