@@ -203,8 +203,6 @@ async fn relay_status(ctx: &Ctx) -> Result<(), Failure> {
     out(&lines.join("\n"))
 }
 
-/// The circuit part of `awp relay status` (spec/relay-circuits.md): the relay's circuits
-/// with their bytes, and this node's standing connections (`via`).
 /// How long `awp up` waits for the first attempt of each `via` relay's standing
 /// connection to end, so that a relay that answers at once has its circuit address
 /// printed (polling `status` every [`VIA_POLL`]).
@@ -261,6 +259,8 @@ pub(crate) fn vias(body: &serde_json::Map<String, Value>) -> Vec<ViaStatus> {
         .collect()
 }
 
+/// The circuit part of `awp relay status` (spec/relay-circuits.md): the relay's circuits
+/// with their bytes, and this node's standing connections (`via`).
 fn circuit_lines(body: &serde_json::Map<String, Value>) -> Vec<String> {
     let mut lines = Vec::new();
     if let Some(Value::Object(c)) = body.get("circuits") {
