@@ -18,11 +18,14 @@ pub const MAX_CONTROL_LINE: usize = 8 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Node status: key, name, addresses, pid, uptime, peers up, outbox size.
+    /// Node status: key, name, addresses, pid, uptime, peers up, outbox size; `via`: each
+    /// configured relay's standing connection ([`crate::node::ViaStatus`]). `addresses`
+    /// holds a circuit address only while its relay's standing connection is up.
     Status,
     /// Key, name, fingerprint.
     Whoami,
-    /// Addresses another host can dial.
+    /// Addresses another host can dial: `{address, addresses, via}` (a circuit address
+    /// only while its relay's standing connection is up; `via` as in [`Request::Status`]).
     Address,
     /// Dial an address now and wait for the handshake (or failure) up to `timeout_ms`.
     Connect {

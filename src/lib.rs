@@ -35,6 +35,8 @@
 //! - [`daemon`]: the home, the single-node lock, the control socket path, background start.
 //! - [`doctor`]: `awp doctor`, checks of a home (store files, identity, config, modes) and
 //!   their safe fixes.
+//! - [`linescan`]: the newline scanner over a reader that the stdio fronts ([`acp`],
+//!   [`mcp`]) use to judge the lines their JSON-RPC crates read.
 //! - [`acp`]: Agent Client Protocol bridges: `awp serve-agent --acp` (a local ACP agent
 //!   served to peers) and `awp acp` (an ACP agent for an editor, backed by a peer).
 #![forbid(unsafe_code)]
@@ -51,6 +53,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod grant;
 pub mod identity;
+pub mod linescan;
 pub mod mcp;
 pub mod net;
 pub mod node;

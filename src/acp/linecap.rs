@@ -9,26 +9,44 @@
 /// before the stream fails.
 pub const MAX_BAD_LINES: usize = 64;
 
+use crate::linescan::{Line, LinePolicy, LineScan};
+
 /// A reader that fails with `InvalidData` once more than `max` bytes come without a `\n`,
 /// or once more than [`MAX_BAD_LINES`] lines in a row are malformed JSON-RPC (judged by
-/// the ACP crate's own frame parser, on a copy of the line).
-pub struct LineCap<R> {
-    inner: R,
-    max: usize,
-    /// The current line so far (at most `max` bytes).
-    line: Vec<u8>,
+/// the ACP crate's own frame parser, on a copy of the line). The scanning is
+/// [`crate::linescan`]'s; the rules are [`AgentLines`].
+pub type LineCap<R> = LineScan<R, AgentLines>;
+
+/// Cap the lines of `inner` at `max` bytes (without the newline): a [`LineCap`].
+pub fn line_cap<R>(inner: R, max: usize) -> LineCap<R> {
+    LineScan::new(inner, max, AgentLines::default())
+}
+
+/// The agent's stdout rules: a line over the cap fails the stream, and so does the
+/// line after [`MAX_BAD_LINES`] malformed ones in a row.
+#[derive(Debug, Default)]
+pub struct AgentLines {
     /// Malformed lines in a row.
     bad: usize,
 }
 
-impl<R> LineCap<R> {
-    /// Cap the lines of `inner` at `max` bytes (without the newline).
-    pub fn new(inner: R, max: usize) -> LineCap<R> {
-        LineCap {
-            inner,
-            max,
-            line: Vec::new(),
-            bad: 0,
+impl LinePolicy for AgentLines {
+    fn line(&mut self, line: Line<'_>) -> Result<(), String> {
+        match line {
+            Line::Over(max) => Err(format!("the agent wrote a line over {max} bytes")),
+            Line::Whole(line) if is_message(line) => {
+                self.bad = 0;
+                Ok(())
+            }
+            Line::Whole(_) => {
+                self.bad += 1;
+                if self.bad > MAX_BAD_LINES {
+                    return Err(format!(
+                        "the agent wrote over {MAX_BAD_LINES} lines in a row that are no JSON-RPC messages"
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -45,63 +63,18 @@ fn is_message(line: &[u8]) -> bool {
     }
 }
 
-impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LineCap<R> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let me = &mut *self;
-        let r = std::pin::Pin::new(&mut me.inner).poll_read(cx, buf);
-        if let std::task::Poll::Ready(Ok(())) = &r {
-            let mut why = None;
-            for &b in &buf.filled()[before..] {
-                if b == b'\n' {
-                    if is_message(&me.line) {
-                        me.bad = 0;
-                    } else {
-                        me.bad += 1;
-                        if me.bad > MAX_BAD_LINES {
-                            why = Some(format!(
-                                "the agent wrote over {MAX_BAD_LINES} lines in a row that are no JSON-RPC messages"
-                            ));
-                            break;
-                        }
-                    }
-                    me.line.clear();
-                } else if me.line.len() >= me.max {
-                    why = Some(format!("the agent wrote a line over {} bytes", me.max));
-                    break;
-                } else {
-                    me.line.push(b);
-                }
-            }
-            if let Some(why) = why {
-                // A failed read hands out nothing.
-                buf.set_filled(before);
-                return std::task::Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    why,
-                )));
-            }
-        }
-        r
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{LineCap, MAX_BAD_LINES};
+    use super::{line_cap, MAX_BAD_LINES};
     use tokio::io::AsyncReadExt;
 
     #[tokio::test]
     async fn agent_lines_over_the_cap_end_the_stream() {
-        let mut ok = LineCap::new(&b"12345\n12345\n"[..], 5);
+        let mut ok = line_cap(&b"12345\n12345\n"[..], 5);
         let mut out = Vec::new();
         ok.read_to_end(&mut out).await.unwrap();
         assert_eq!(out.len(), 12);
-        let mut long = LineCap::new(&b"12345\n123456\n"[..], 5);
+        let mut long = line_cap(&b"12345\n123456\n"[..], 5);
         let err = long.read_to_end(&mut Vec::new()).await.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
     }
@@ -115,7 +88,7 @@ mod tests {
         ok.push_str(&"\n".repeat(MAX_BAD_LINES));
         ok.push_str(&format!("{msg}\n"));
         let mut out = Vec::new();
-        LineCap::new(ok.as_bytes(), 1000)
+        line_cap(ok.as_bytes(), 1000)
             .read_to_end(&mut out)
             .await
             .unwrap();
@@ -136,7 +109,7 @@ mod tests {
             if line == "\u{fffd}" {
                 flood = b"\xff\n".repeat(MAX_BAD_LINES + 1);
             }
-            let err = LineCap::new(&flood[..], 1000)
+            let err = line_cap(&flood[..], 1000)
                 .read_to_end(&mut Vec::new())
                 .await
                 .unwrap_err();

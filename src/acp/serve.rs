@@ -33,7 +33,7 @@
 //!   process exits.
 
 use super::bridge::{self, Coalescer, Progress};
-pub use super::linecap::LineCap;
+pub use super::linecap::{line_cap, LineCap};
 use crate::control::{self, Request};
 use crate::node::served_fs;
 use acp::v1::schema as s;
@@ -494,7 +494,7 @@ async fn run_agent(
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return "the agent's stdio is not available".into();
     };
-    let stdout = LineCap::new(stdout, MAX_AGENT_LINE);
+    let stdout = line_cap(stdout, MAX_AGENT_LINE);
     let transport = acp::ByteStreams::new(stdin.compat_write(), stdout.compat());
     let (s1, s2, s3, s4) = (
         shared.clone(),
@@ -1171,32 +1171,30 @@ impl ThreadActor {
 
     /// A text msg in reply to the peer's msg `id`.
     async fn reply(&self, id: &str, text: &str) {
-        let req = Request::Send {
-            peer: Some(self.peer.clone()),
-            th: Some(self.th.clone()),
-            subject: None,
-            re: Some(id.to_string()),
-            parts: vec![json!({"k": "text", "text": text})],
-            files: vec![],
-            wait_ack_ms: None,
-        };
-        match control::request(&self.shared.socket, &req).await {
-            Ok(r) if r.ok => {}
-            Ok(r) => tracing::warn!(th = self.th, "send refused: {:?}", r.error),
-            Err(e) => tracing::warn!(th = self.th, "send failed: {e}"),
-        }
+        self.send_re(
+            Some(id.to_string()),
+            vec![json!({"k": "text", "text": text})],
+        )
+        .await;
     }
 
     async fn send_text(&self, text: String) {
         self.send(vec![json!({"k": "text", "text": text})]).await;
     }
 
+    /// A msg in reply to the prompt being answered (`self.re`).
     async fn send(&self, parts: Vec<Value>) {
+        self.send_re(self.re.clone(), parts).await;
+    }
+
+    /// A msg with `parts` in this thread, in reply to `re`; a refusal or failure is
+    /// logged.
+    async fn send_re(&self, re: Option<String>, parts: Vec<Value>) {
         let req = Request::Send {
             peer: Some(self.peer.clone()),
             th: Some(self.th.clone()),
             subject: None,
-            re: self.re.clone(),
+            re,
             parts,
             files: vec![],
             wait_ack_ms: None,

@@ -5,7 +5,7 @@ use super::{Ctx, Failure};
 use crate::control::Request;
 use serde_json::{Map, Value};
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Transfers over this many bytes get a progress bar (on a terminal, without `--json`).
@@ -18,33 +18,74 @@ const POLL: Duration = Duration::from_millis(200);
 const STALL: Duration = Duration::from_secs(5);
 
 /// Absolute paths of the files to send; a missing file or a directory is a usage error
-/// (exit 2) before anything is sent.
+/// (exit 2) before anything is sent ([`local_file`], paths kept as given: not canonical).
 pub fn resolve_files(files: &[PathBuf]) -> Result<Vec<String>, Failure> {
+    const ARG: FileArg = FileArg {
+        read_hint: "check the -f FILE path",
+        not_file_hint: "-f takes files, not directories",
+    };
     files
         .iter()
-        .map(|f| {
-            let meta = std::fs::metadata(f).map_err(|e| {
-                Failure::usage(
-                    format!("cannot read {}: {e}", f.display()),
-                    "check the -f FILE path",
-                )
-            })?;
-            if !meta.is_file() {
-                return Err(Failure::usage(
-                    format!("{} is not a regular file", f.display()),
-                    "-f takes files, not directories",
-                ));
-            }
-            let abs = std::path::absolute(f)
-                .map_err(|e| Failure::usage(format!("cannot resolve {}: {e}", f.display()), ""))?;
-            abs.into_os_string().into_string().map_err(|p| {
-                Failure::usage(
-                    format!("{} is not a UTF-8 path", PathBuf::from(p).display()),
-                    "rename the file",
-                )
-            })
-        })
+        .map(|f| local_file(f, false, &ARG).map(|l| l.path))
         .collect()
+}
+
+/// How the caller names a file argument in its usage errors (the hints of
+/// [`local_file`]'s failures).
+#[derive(Debug, Clone, Copy)]
+pub struct FileArg {
+    /// The hint when the path cannot be read (missing, unreadable, a broken link).
+    pub read_hint: &'static str,
+    /// The hint when the path is no regular file (a directory, a device…).
+    pub not_file_hint: &'static str,
+}
+
+/// A local file to send, as checked by [`local_file`].
+#[derive(Debug)]
+pub struct LocalFile {
+    /// The absolute path, UTF-8 (canonical, every symlink resolved, when asked).
+    pub path: String,
+    /// The file's metadata (symlinks followed), read once.
+    pub meta: std::fs::Metadata,
+}
+
+/// The checks every front makes of a file it is asked to send (`awp send -f`, MCP
+/// `awp_send` `files`): the path resolves (`canonical`: every symlink resolved, else
+/// made absolute as given), names a regular file (symlinks followed), and is UTF-8 (the
+/// control socket speaks JSON). The caller's own rules (MCP: its roots, never the node
+/// home) come after, on the returned path and metadata.
+///
+/// Errors (usage, exit 2): `cannot read PATH: …` (missing, unreadable), `PATH is not a
+/// regular file`, `PATH is not a UTF-8 path`, `cannot resolve PATH: …`.
+pub fn local_file(f: &Path, canonical: bool, arg: &FileArg) -> Result<LocalFile, Failure> {
+    let unreadable = |e: std::io::Error| {
+        Failure::usage(format!("cannot read {}: {e}", f.display()), arg.read_hint)
+    };
+    let path = if canonical {
+        f.canonicalize().map_err(unreadable)?
+    } else {
+        f.to_path_buf()
+    };
+    let meta = std::fs::metadata(&path).map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(Failure::usage(
+            format!("{} is not a regular file", f.display()),
+            arg.not_file_hint,
+        ));
+    }
+    let abs = if canonical {
+        path
+    } else {
+        std::path::absolute(f)
+            .map_err(|e| Failure::usage(format!("cannot resolve {}: {e}", f.display()), ""))?
+    };
+    let path = abs.into_os_string().into_string().map_err(|p| {
+        Failure::usage(
+            format!("{} is not a UTF-8 path", PathBuf::from(p).display()),
+            "rename the file",
+        )
+    })?;
+    Ok(LocalFile { path, meta })
 }
 
 /// After `send`: follow the blobs of the reply with a progress bar when they total more

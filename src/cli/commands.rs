@@ -200,6 +200,9 @@ fn millis(d: Option<Duration>) -> Option<u64> {
 async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
     let running = ctx.ensure_node(args).await?;
     let status = ctx.call_running(&Request::Status).await?;
+    // A relay's circuit address is listed only while it is up: give the standing
+    // connections of a node just started a moment to come up.
+    let status = super::presence::settle_vias(ctx, status).await?;
     let who = ctx.call_running(&Request::Whoami).await.unwrap_or_default();
     let addresses = format::listening_addresses(&status);
     let key = str_field(&who, &["key"])
@@ -218,7 +221,7 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
                 .collect()
         })
         .unwrap_or_default();
-    for n in &notices {
+    for n in notices.iter().chain(&super::presence::via_notes(&status)) {
         eprintln!("awp: note: {}", format::printable(n));
     }
     // The local artifactr endpoint (`--artifactr`), when on.
@@ -241,6 +244,7 @@ async fn up(ctx: &Ctx, args: &StartArgs) -> Result<(), Failure> {
             "options_ignored": already && *args != StartArgs::default(),
             "notices": notices,
             "artifactr": artifactr,
+            "via": status.get("via"),
         }));
     }
     match running {
@@ -337,6 +341,9 @@ async fn address(ctx: &Ctx) -> Result<(), Failure> {
     let body = ctx.call(&Request::Address).await?;
     if ctx.json {
         return out_json(&Value::Object(body));
+    }
+    for n in super::presence::via_notes(&body) {
+        eprintln!("awp: note: {}", format::printable(&n));
     }
     for a in format::listening_addresses(&body) {
         out(&a)?;

@@ -5,6 +5,8 @@ use super::args::{RelayAction, RelayArgs};
 use super::format::{clip, field, format_age, short_key, str_field, table, timestamp_ms};
 use super::{client_failure, out, out_json, Ctx, Failure};
 use crate::control::{self, Request};
+use crate::node::ViaStatus;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 /// `awp presence [PEER]`.
@@ -201,6 +203,62 @@ async fn relay_status(ctx: &Ctx) -> Result<(), Failure> {
     out(&lines.join("\n"))
 }
 
+/// How long `awp up` waits for the first attempt of each `via` relay's standing
+/// connection to end, so that a relay that answers at once has its circuit address
+/// printed (polling `status` every [`VIA_POLL`]).
+pub const VIA_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How often `awp up` asks while it waits for the `via` relays ([`VIA_WAIT`]).
+pub const VIA_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// `status` (the body `status` answered) asked again until no `via` relay is still at
+/// its first attempt (up, or down with an `error`), for at most [`VIA_WAIT`].
+///
+/// Errors: the node stopped answering (as any request).
+pub(crate) async fn settle_vias(
+    ctx: &Ctx,
+    mut status: Map<String, Value>,
+) -> Result<Map<String, Value>, Failure> {
+    let deadline = tokio::time::Instant::now() + VIA_WAIT;
+    while vias(&status).iter().any(|v| !v.up && v.error.is_none())
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(VIA_POLL).await;
+        status = ctx.call(&Request::Status).await?;
+    }
+    Ok(status)
+}
+
+/// One line for stderr per `via` relay of `body` (`status`, `address`) that is not up:
+/// its circuit address is not among the addresses (issue 14).
+pub(crate) fn via_notes(body: &Map<String, Value>) -> Vec<String> {
+    vias(body)
+        .into_iter()
+        .filter(|v| !v.up)
+        .map(|v| match v.error {
+            Some(e) => format!(
+                "via {} is down ({e}): its circuit address is left out until it is up",
+                v.relay
+            ),
+            None => format!(
+                "via {} is not up yet: its circuit address is left out until it is up",
+                v.relay
+            ),
+        })
+        .collect()
+}
+
+/// The `via` array of a control-socket body ([`ViaStatus`] items; one that is no such
+/// item is skipped).
+pub(crate) fn vias(body: &serde_json::Map<String, Value>) -> Vec<ViaStatus> {
+    body.get("via")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| ViaStatus::deserialize(v).ok())
+        .collect()
+}
+
 /// The circuit part of `awp relay status` (spec/relay-circuits.md): the relay's circuits
 /// with their bytes, and this node's standing connections (`via`).
 fn circuit_lines(body: &serde_json::Map<String, Value>) -> Vec<String> {
@@ -231,24 +289,14 @@ fn circuit_lines(body: &serde_json::Map<String, Value>) -> Vec<String> {
             ));
         }
     }
-    for v in body
-        .get("via")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let up = v.get("up").and_then(Value::as_bool) == Some(true);
+    for v in vias(body) {
         lines.push(format!(
             "via:         {} {}{}",
-            v.get("relay").and_then(Value::as_str).unwrap_or("-"),
-            if up { "up" } else { "down" },
-            v.get("observed")
-                .and_then(Value::as_str)
+            v.relay,
+            if v.up { "up" } else { "down" },
+            v.observed
                 .map(|o| format!(" (seen as {o})"))
-                .or_else(|| v
-                    .get("error")
-                    .and_then(Value::as_str)
-                    .map(|e| format!(": {e}")))
+                .or_else(|| v.error.map(|e| format!(": {e}")))
                 .unwrap_or_default()
         ));
     }

@@ -11,26 +11,40 @@
 /// Longest line copied to be checked, in bytes (`rmcp`'s own line cap).
 pub const MAX_CHECKED_LINE: usize = 16 * 1024 * 1024;
 
+use crate::linescan::{Line, LinePolicy, LineScan};
+
 /// A reader that logs (tracing `warn`, so stderr) each complete line that is not blank
-/// and is no JSON (after an optional UTF-8 BOM and `\r`), the way `rmcp` parses it.
-pub struct DroppedLineLog<R> {
-    inner: R,
-    line: Vec<u8>,
-    /// The current line went over [`MAX_CHECKED_LINE`] (left to `rmcp`).
-    over: bool,
-    /// Lines seen so far (for the log: the 1-based number of the dropped line).
+/// and is no JSON (after an optional UTF-8 BOM and `\r`), the way `rmcp` parses it. The
+/// scanning is [`crate::linescan`]'s; the rules are [`DroppedLines`].
+pub type DroppedLineLog<R> = LineScan<R, DroppedLines>;
+
+/// Watch `inner`: a [`DroppedLineLog`].
+pub fn dropped_line_log<R>(inner: R) -> DroppedLineLog<R> {
+    LineScan::new(inner, MAX_CHECKED_LINE, DroppedLines::default())
+}
+
+/// `awp mcp`'s input rules: log each line [`dropped_why`] names; lines over
+/// [`MAX_CHECKED_LINE`] are left to `rmcp`. Never fails the stream.
+#[derive(Debug, Default)]
+pub struct DroppedLines {
+    /// Lines seen so far (for the log: the 1-based number of the dropped line). A line
+    /// over the cap counts when it goes over it.
     lines: u64,
 }
 
-impl<R> DroppedLineLog<R> {
-    /// Watch `inner`.
-    pub fn new(inner: R) -> DroppedLineLog<R> {
-        DroppedLineLog {
-            inner,
-            line: Vec::new(),
-            over: false,
-            lines: 0,
+impl LinePolicy for DroppedLines {
+    fn line(&mut self, line: Line<'_>) -> Result<(), String> {
+        self.lines += 1;
+        if let Line::Whole(line) = line {
+            if let Some(why) = dropped_why(line) {
+                tracing::warn!(
+                    "awp mcp: input line {} ({} bytes) dropped without an answer: {why}",
+                    self.lines,
+                    line.len()
+                );
+            }
         }
+        Ok(())
     }
 }
 
@@ -45,43 +59,6 @@ pub fn dropped_why(line: &[u8]) -> Option<String> {
     match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
         Ok(_) => None,
         Err(e) => Some(format!("not JSON ({e})")),
-    }
-}
-
-impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for DroppedLineLog<R> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let me = &mut *self;
-        let r = std::pin::Pin::new(&mut me.inner).poll_read(cx, buf);
-        if let std::task::Poll::Ready(Ok(())) = &r {
-            for &b in &buf.filled()[before..] {
-                if b == b'\n' {
-                    me.lines += 1;
-                    if !me.over {
-                        if let Some(why) = dropped_why(&me.line) {
-                            tracing::warn!(
-                                "awp mcp: input line {} ({} bytes) dropped without an answer: {why}",
-                                me.lines,
-                                me.line.len()
-                            );
-                        }
-                    }
-                    me.line.clear();
-                    me.over = false;
-                } else if me.over {
-                } else if me.line.len() >= MAX_CHECKED_LINE {
-                    me.over = true;
-                    me.line = Vec::new();
-                } else {
-                    me.line.push(b);
-                }
-            }
-        }
-        r
     }
 }
 

@@ -67,7 +67,7 @@ pub async fn serve(ctx: &Ctx, args: &McpArgs) -> Result<(), Failure> {
     let roots = files::FileRoots::new(&args.files_root, &ctx.home)?;
     let server = AwpMcp::new(ctx.clone(), roots);
     let (stdin, stdout) = rmcp::transport::stdio();
-    let stdin = input::DroppedLineLog::new(stdin);
+    let stdin = input::dropped_line_log(stdin);
     let running = server.serve((stdin, stdout)).await.map_err(|e| {
         Failure::new(
             Exit::Failed,
@@ -674,12 +674,11 @@ impl AwpMcp {
             };
             let code = a.code.clone().map(|c| (c, a.lang.clone()));
             let parts = cli_cmd::build_parts(a.text.as_deref().unwrap_or(""), code, data);
-            let paths = a
+            let files = a
                 .files
                 .iter()
                 .map(|f| self.roots.check(f))
                 .collect::<Result<Vec<_>, _>>()?;
-            let files = crate::cli::blobs::resolve_files(&paths)?;
             if parts.is_empty() && files.is_empty() {
                 return Err(
                     cli_cmd::nothing_to_send(a.peer.as_deref(), a.thread.as_deref()).into(),

@@ -19,16 +19,59 @@ use crate::net::circuit::{self, RelayCircuits, Routed};
 use crate::net::{self, Address};
 use crate::store::{AddrSource, AddressRecord};
 use crate::wire::PeerKey;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// One `via` relay's standing connection, as the control socket reports it: an item of
+/// the `via` array of `presence_status` (`awp relay status`), `status` and `address`
+/// (`awp up`, `awp address`), `{"relay", "up", "observed"?, "error"?}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViaStatus {
+    /// The relay's address, as configured (`tls:HOST:PORT#ed25519:KEY`).
+    pub relay: String,
+    /// The standing connection is up: the relay answered `circuit_ready`
+    /// (spec/relay-circuits.md).
+    pub up: bool,
+    /// While up: our address as the relay saw it (`IP:PORT`), when it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<String>,
+    /// While down: why the last attempt ended (absent before the first one ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ViaStatus {
+    /// The standing connection to `relay` is up; the relay saw us at `observed`.
+    pub fn up(relay: &Address, observed: Option<String>) -> ViaStatus {
+        ViaStatus {
+            relay: relay.to_string(),
+            up: true,
+            observed,
+            error: None,
+        }
+    }
+
+    /// The standing connection to `relay` is down, for the reason `error` (`None`: no
+    /// attempt ended yet).
+    pub fn down(relay: &Address, error: Option<String>) -> ViaStatus {
+        ViaStatus {
+            relay: relay.to_string(),
+            up: false,
+            observed: None,
+            error,
+        }
+    }
+}
 
 /// Circuit state of a node.
 pub(crate) struct Circuits {
     /// The relay side, when this node serves circuits.
     pub relay: Option<Arc<RelayCircuits>>,
-    /// Standing connections by relay address: up, and our address as the relay saw it.
-    pub vias: Mutex<HashMap<String, Value>>,
+    /// Standing connections by relay address: up, and our address as the relay saw it
+    /// (or why it is down). A relay appears once its first attempt ended.
+    pub vias: Mutex<HashMap<String, ViaStatus>>,
     /// Try the direct upgrade of circuits (on unless `NodeConfig::no_direct_upgrade`).
     pub upgrade: bool,
 }
@@ -55,7 +98,7 @@ impl Circuits {
 
     /// `awp relay status` / `awp status` fields: `circuits` (relay side) and `via`.
     pub fn status(&self) -> Value {
-        let vias: Vec<Value> = self
+        let vias: Vec<ViaStatus> = self
             .vias
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -97,13 +140,43 @@ pub(super) fn live_addresses(inner: &Inner) -> Vec<Address> {
         .settings
         .via
         .iter()
-        .filter(|v| {
-            vias.get(&v.to_string())
-                .and_then(|s| s.get("up"))
-                .and_then(Value::as_bool)
-                == Some(true)
-        })
+        .filter(|v| vias.get(&v.to_string()).is_some_and(|s| s.up))
         .filter_map(|v| Address::circuit(v, me))
+        .collect()
+}
+
+/// Our addresses as the control socket's `status` and `address` report them (`awp up`,
+/// `awp address`): the direct ones, then the circuit address of each `via` relay whose
+/// standing connection is up now ([`live_addresses`]). A via that is down is left out (a
+/// dialer would only fail on it); [`via_report`] says which and why.
+pub(super) fn reported_addresses(inner: &Inner) -> Vec<Address> {
+    let mut out: Vec<Address> = inner
+        .addresses()
+        .into_iter()
+        .filter(|a| !matches!(a, Address::Relay { .. }))
+        .collect();
+    out.extend(live_addresses(inner));
+    out
+}
+
+/// Every configured `via` relay, in the order of `settings.via`: its standing
+/// connection's state, or down without an `error` while its first attempt runs (the
+/// `via` array of `status` and `address`).
+pub(super) fn via_report(inner: &Inner) -> Vec<ViaStatus> {
+    let vias = inner
+        .circuits
+        .vias
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    inner
+        .settings
+        .via
+        .iter()
+        .map(|v| {
+            vias.get(&v.to_string())
+                .cloned()
+                .unwrap_or_else(|| ViaStatus::down(v, None))
+        })
         .collect()
 }
 
@@ -208,7 +281,7 @@ async fn upgrade(
     conn::run(inner, conn, dial, deadline).await;
 }
 
-fn set_via(inner: &Inner, via: &Address, v: Value) {
+fn set_via(inner: &Inner, via: &Address, v: ViaStatus) {
     inner
         .circuits
         .vias
@@ -232,11 +305,7 @@ async fn standing(inner: Arc<Inner>, via: Address) {
                 backoff = timing.backoff_min;
                 let observed = s.observed.map(|a| a.to_string());
                 tracing::info!(relay = %via, observed = ?observed, "standing connection to the relay is up");
-                set_via(
-                    &inner,
-                    &via,
-                    json!({"relay": via.to_string(), "up": true, "observed": observed}),
-                );
+                set_via(&inner, &via, ViaStatus::up(&via, observed.clone()));
                 inner.emit(json!({"event":"via_up","relay":via.to_string(),"observed":observed}));
                 loop {
                     let offer = tokio::select! {
@@ -265,14 +334,8 @@ async fn standing(inner: Arc<Inner>, via: Address) {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&via.to_string())
-            .and_then(|s| s.get("up"))
-            .and_then(Value::as_bool)
-            == Some(true);
-        set_via(
-            &inner,
-            &via,
-            json!({"relay": via.to_string(), "up": false, "error": why}),
-        );
+            .is_some_and(|s| s.up);
+        set_via(&inner, &via, ViaStatus::down(&via, Some(why)));
         if was_up {
             inner.emit(json!({"event":"via_down","relay":via.to_string()}));
         }
@@ -443,5 +506,25 @@ mod tests {
         let mut d = vec![rec("tls:10.0.0.1:1", None), rec("tls:10.0.0.2:1", Some(5))];
         order(&mut d);
         assert_eq!(d[0].address, "tls:10.0.0.1:1");
+    }
+
+    /// The `via` items keep the control socket's field names (an interface).
+    #[test]
+    fn via_status_json_keeps_its_field_names() {
+        let key = crate::identity::Identity::from_seed(&[7; 32]).key();
+        let relay: Address = format!("tls:127.0.0.1:1#{key}").parse().unwrap();
+        let up = ViaStatus::up(&relay, Some("203.0.113.7:4000".into()));
+        assert_eq!(
+            serde_json::to_value(&up).unwrap(),
+            json!({"relay": relay.to_string(), "up": true, "observed": "203.0.113.7:4000"})
+        );
+        let down = ViaStatus::down(&relay, Some("refused".into()));
+        assert_eq!(
+            serde_json::to_value(&down).unwrap(),
+            json!({"relay": relay.to_string(), "up": false, "error": "refused"})
+        );
+        let back: ViaStatus = serde_json::from_value(json!({"relay": "r", "up": false})).unwrap();
+        assert_eq!((back.up, back.error), (false, None));
+        assert!(serde_json::from_value::<ViaStatus>(json!({"up": true})).is_err());
     }
 }

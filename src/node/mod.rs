@@ -33,6 +33,7 @@ mod thread_ref;
 pub mod workers;
 
 pub use artifacts::http::TOKEN_FILE as ARTIFACTR_TOKEN_FILE;
+pub use circuits::ViaStatus;
 pub use dialer::{DestLimiter, DialFacts, DialReason, DialTiming, Redial, MAX_DIAL_FAILURES};
 pub use disconnect::MAX_BYE_REASON;
 pub use grants::MAX_INTRODUCED_PER_INTRODUCER;

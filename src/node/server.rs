@@ -203,7 +203,8 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 "pid": std::process::id(),
                 "home": inner.home.display().to_string(),
                 "uptime_s": inner.started.elapsed().as_secs(),
-                "addresses": inner.addresses().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "addresses": super::circuits::reported_addresses(inner).iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "via": super::circuits::via_report(inner),
                 "connections": conns,
                 "outbox": outbox,
                 "artifactr": inner.artifactr.get().map(|a| a.to_string()),
@@ -218,10 +219,14 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 json!({"key": key.to_string(), "name": inner.name, "fingerprint": key.fingerprint()}),
             )
         }
-        Request::Address => Ok(json!({
-            "address": inner.addresses().first().map(|a| a.to_string()),
-            "addresses": inner.addresses().iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-        })),
+        Request::Address => {
+            let addresses = super::circuits::reported_addresses(inner);
+            Ok(json!({
+                "address": addresses.first().map(|a| a.to_string()),
+                "addresses": addresses.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "via": super::circuits::via_report(inner),
+            }))
+        }
         Request::Connect {
             address,
             timeout_ms,
