@@ -7,16 +7,21 @@
 
 //!
 //! Layout (keys → values; records are `u32 header length ‖ header JSON ‖ line bytes`):
-//! - `outbox`: peer (32 raw bytes) ‖ id → thread, kind, out-log seq, encoded line.
+//! - `outbox`: peer (32 raw bytes) ‖ id → thread, kind, out-log seq, and the encoded line
+//!   only for chunk lines (and records written before lines were stored once): any other
+//!   line is the payload of its out log entry, and the record gives its length (`log_len`).
 //! - `log`: seq (u64 big-endian) → direction, peer, id, thread, kind, at, read, acked, line.
+//!   `log_acked`: seq → empty, an out entry the peer acknowledged (an ack writes this mark
+//!   instead of rewriting the entry; `acked` in the entry itself is from older stores and
+//!   error lines).
 //! - `received`: peer ‖ id → log seq (permanent dedup index, never pruned). A new line's
 //!   id above the largest received from its peer is known new from memory (`received.rs`).
 //! - `seen`: peer ‖ th → largest content id received (byte-string order).
 //! - `threads`: th ‖ peer → summary (see `threads.rs`; older stores keyed by th are re-keyed
 //!   on open). `peers`: peer → record. `addresses`: peer ‖ address → record.
 //! - `outbox_n`: peer → number of queued lines (u64 BE; absent when zero).
-//! - `outbox_b`: peer → bytes of its queued outbox records (u64 BE; absent when zero), the
-//!   per-peer quota's measure ([`Store::outbox_usage`]).
+//! - `outbox_b`: peer → bytes of its queued outbox records and the log lines they point at
+//!   (u64 BE; absent when zero), the per-peer quota's measure ([`Store::outbox_usage`]).
 //! - `meta`: `last_id`, `log_seq`, `thread_n/` ‖ peer and `seen_n/` ‖ peer (threads and
 //!   seen entries per peer, see `threads.rs`), and `x/<key>` for [`Store::meta_get`] / [`Store::meta_put`].
 //! - `blobs_in`, `blobs_out`: peer ‖ ref → blob records (see `blobs.rs`).
