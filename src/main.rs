@@ -12,13 +12,15 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// `mi_option_purge_delay` in mimalloc 3's `mi_option_e` (`mimalloc.h`; the crate names
-/// the options around it, 14 and 16, not this one).
+/// the option after it, 16, and the one before it, 14, only with its `v2` feature).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// How long (ms) mimalloc keeps freed memory before giving it back to the OS. Its default,
-/// 10 ms, returned pages between two batches of a busy connection, and faulting them in
-/// again (zeroing transparent huge pages) took a quarter of the node's CPU in an
-/// artifact-thread run. A second keeps memory a burst used for a second after it.
+/// How long (ms) mimalloc keeps freed memory before giving it back to the OS. mimalloc 2's
+/// default, 10 ms, returned pages between two batches of a busy connection, and faulting
+/// them in again (zeroing transparent huge pages) took a quarter of the node's CPU in an
+/// artifact-thread run. A second keeps memory a burst used for a second after it. The
+/// vendored mimalloc 3 (`libmimalloc-sys` without its `v2` feature) already defaults to
+/// 1000 (`src/options.c`, arena multiplier 1): the setting pins it should that change.
 const PURGE_DELAY_MS: std::os::raw::c_long = 1000;
 
 /// Keep freed memory [`PURGE_DELAY_MS`], and (Linux) no transparent huge pages for this
@@ -61,6 +63,13 @@ fn main() {
 mod tests {
     #[test]
     fn the_purge_delay_option_is_the_one_set() {
+        // mimalloc.h: `mi_option_purge_delay` comes just before `mi_option_use_numa_nodes`
+        // (mimalloc 3's default is already the value set, so reading it back alone could
+        // not tell a wrong id).
+        assert_eq!(
+            super::MI_OPTION_PURGE_DELAY + 1,
+            libmimalloc_sys::mi_option_use_numa_nodes
+        );
         super::tune_allocator();
         // SAFETY: reads an option; no other thread sets options in this test binary.
         let got = unsafe { libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY) };

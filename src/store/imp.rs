@@ -550,7 +550,9 @@ impl Store {
             if !k.starts_with(&prefix) {
                 break;
             }
-            out.push(outbox_entry(&self.trees, &k, &v)?);
+            if let Some(e) = outbox_entry(&self.trees, &k, &v)? {
+                out.push(e);
+            }
         }
         Ok(out)
     }
@@ -1401,9 +1403,11 @@ fn restrict(dir: &Path) {
 /// peer's prefix, and decoding a key (an Ed25519 point decompression) per line was most of
 /// the cost of a resume replay.
 /// An outbox record as an entry, with its line: its own payload, or (a line stored once,
-/// [`OutRec::log_len`]) the payload of its out log entry. A missing or different-length
-/// log entry is [`StoreError::Corrupt`].
-fn outbox_entry(trees: &Trees, k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreError> {
+/// [`OutRec::log_len`]) the payload of its out log entry. None when the log entry is
+/// missing because the record left the outbox after the caller read it (a prune or forget
+/// removes both in one transaction while a scan runs without the writer lock); a missing
+/// entry of a record still queued, or one of another length, is [`StoreError::Corrupt`].
+fn outbox_entry(trees: &Trees, k: &[u8], v: &[u8]) -> Result<Option<OutboxEntry>, StoreError> {
     let id = k
         .get(32..)
         .ok_or_else(|| corrupt("outbox", "key shorter than a peer key"))?;
@@ -1411,11 +1415,15 @@ fn outbox_entry(trees: &Trees, k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreE
     let line = match rec.log_len {
         None => line.get("outbox")?.into_owned(),
         Some(len) => {
-            let lv = trees
-                .t(T::Log)
-                .get(u64_be(rec.seq))
-                .map_err(db_err)?
-                .ok_or_else(|| corrupt("outbox", format!("line {} is not in the log", rec.seq)))?;
+            let Some(lv) = trees.t(T::Log).get(u64_be(rec.seq)).map_err(db_err)? else {
+                if !trees.t(T::Outbox).contains_key(k).map_err(db_err)? {
+                    return Ok(None);
+                }
+                return Err(corrupt(
+                    "outbox",
+                    format!("line {} is not in the log", rec.seq),
+                ));
+            };
             let (_, line): (LogRec, Payload) = unpack("log", &lv)?;
             let line = line.get("log")?.into_owned();
             if line.len() as u64 != len {
@@ -1427,13 +1435,13 @@ fn outbox_entry(trees: &Trees, k: &[u8], v: &[u8]) -> Result<OutboxEntry, StoreE
             line
         }
     };
-    Ok(OutboxEntry {
+    Ok(Some(OutboxEntry {
         id: utf8("outbox", id)?,
         th: rec.th,
         kind: rec.kind,
         line,
         seq: rec.seq,
-    })
+    }))
 }
 
 /// A log entry; `acked` from its record or the separate mark ([`T::LogAcked`]).

@@ -1469,3 +1469,36 @@ fn a_queued_line_is_stored_once_and_read_from_the_log() {
         b"{\"t\":\"ping\"}"
     );
 }
+
+/// A replay reading the outbox while a prune (or a forget) removes old lines with their
+/// log entries in one transaction: a record the scan saw before that commit and whose log
+/// entry is gone after it has left the outbox, so it is skipped, not a corrupt store (which
+/// closed the peer's session with `err internal`). Bounded: 12 rounds of 300 lines, each
+/// read at most 40 times while the prune runs.
+#[test]
+fn a_replay_racing_a_prune_skips_the_lines_pruned_meanwhile() {
+    for _ in 0..12 {
+        let (_d, s) = open();
+        let s = Arc::new(s);
+        let p = key(1);
+        let b = |id: &str, ts: &str| msg("T", None, "hello there", id, ts);
+        let builders: Vec<LineBuilder<'_>> = (0..300).map(|_| &b as LineBuilder<'_>).collect();
+        s.enqueue(&p, &builders).unwrap();
+        let pruner = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                s.prune(crate::wire::time::now_ms() + 30 * 24 * 3600 * 1000)
+                    .unwrap()
+            })
+        };
+        for _ in 0..40 {
+            let lines = s.outbox_after(&p, None, usize::MAX).unwrap();
+            assert!(lines.iter().all(|e| !e.line.is_empty()));
+            if pruner.is_finished() {
+                break;
+            }
+        }
+        assert_eq!(pruner.join().unwrap(), 600);
+        assert!(s.outbox_after(&p, None, usize::MAX).unwrap().is_empty());
+    }
+}
