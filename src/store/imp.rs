@@ -1399,11 +1399,10 @@ fn restrict(dir: &Path) {
     }
 }
 
-/// An outbox record as an entry. The key's peer part is not decoded: callers scan one
-/// peer's prefix, and decoding a key (an Ed25519 point decompression) per line was most of
-/// the cost of a resume replay.
 /// An outbox record as an entry, with its line: its own payload, or (a line stored once,
-/// [`OutRec::log_len`]) the payload of its out log entry. None when the log entry is
+/// [`OutRec::log_len`]) the payload of its out log entry. The key's peer part is not
+/// decoded: callers scan one peer's prefix, and decoding a key (an Ed25519 point
+/// decompression) per line was most of the cost of a resume replay. None when the log entry is
 /// missing because the record left the outbox after the caller read it (a prune or forget
 /// removes both in one transaction while a scan runs without the writer lock); a missing
 /// entry of a record still queued, or one of another length, is [`StoreError::Corrupt`].
