@@ -131,17 +131,13 @@ pub(super) fn addresses(inner: &Inner) -> Vec<Address> {
 /// (node events `via_up`, `via_down`).
 pub(super) fn live_addresses(inner: &Inner) -> Vec<Address> {
     let me = inner.identity.key();
-    let vias = inner
-        .circuits
-        .vias
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
     inner
         .settings
         .via
         .iter()
-        .filter(|v| vias.get(&v.to_string()).is_some_and(|s| s.up))
-        .filter_map(|v| Address::circuit(v, me))
+        .zip(via_report(inner))
+        .filter(|(_, s)| s.up)
+        .filter_map(|(v, _)| Address::circuit(v, me))
         .collect()
 }
 
