@@ -779,8 +779,11 @@ fn prefill_child(args: &[String]) -> Result<()> {
         .parent()
         .ok_or_else(|| anyhow!("{db} has no parent"))?;
     std::fs::create_dir_all(home)?;
-    Identity::load_or_create(home).map_err(|e| anyhow!("identity: {e}"))?;
+    let identity = Identity::load_or_create(home).map_err(|e| anyhow!("identity: {e}"))?;
     let store = Store::open(Path::new(db))?;
+    // Queued as the node queues them: signed with the home's key (signing is on by
+    // default), so the replay resends stored bytes instead of signing each line on the way.
+    store.set_line_signer(Arc::new(identity));
     let th = "thr_bench_replay";
     let text = filler(th);
     let b = |id: &str, ts: &str| msg_line(id, ts, th, &text);

@@ -451,10 +451,10 @@ impl Store {
                 // Every blob of the same msg: without the msg none of them can complete.
                 for kv in self.trees.t(T::BlobsOut).scan_prefix(peer.as_bytes()) {
                     let (k, v) = kv.map_err(db_err)?;
-                    let (_, other) = split_pkey("blobs_out", &k)?;
+                    let other = super::codec::after_pkey("blobs_out", &k)?;
                     let st: OutBlobState = dec("blobs_out", &v)?;
                     if st.msg_id == r.msg_id {
-                        refs.push((utf8("blobs_out", &other)?, st));
+                        refs.push((utf8("blobs_out", other)?, st));
                     }
                 }
                 for (_, st) in &refs {

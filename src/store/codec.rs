@@ -2,12 +2,17 @@
 //! where the payload is an encoded line kept byte-exact (no JSON escaping of the line).
 //! Every decoding failure is [`StoreError::Corrupt`]; nothing here panics on disk data.
 //!
-//! Payloads of [`COMPRESS_MIN`] to [`COMPRESS_MAX`] bytes are stored raw-DEFLATE compressed
-//! (RFC 1951, level 1) when that saves at least a sixteenth; the top bit of the length word marks
-//! them ([`DEFLATED`]). Records written before compression existed have the bit clear and
-//! read as they are. This keeps the database within 1.5 × the lines it holds: sled 0.34
-//! rewrites a log segment only once half of it is dead, so its files are up to about twice
-//! what they hold (see `scripts/bench-disk.sh`).
+//! Payloads of [`COMPRESS_MIN`] to [`COMPRESS_MAX`] bytes are stored LZ4-compressed (the
+//! LZ4 block format, prefixed with the decompressed length as a little-endian `u32`) when
+//! that saves at least a sixteenth; bit 30 of the length word marks them ([`LZ4`]). Records
+//! written by earlier versions may be raw-DEFLATE compressed (RFC 1951), marked by the top
+//! bit ([`DEFLATED`]); they still read, and records from before compression existed have
+//! both bits clear and read as they are. Compression keeps the database within 1.5 × the
+//! lines it holds: sled 0.34 rewrites a log segment only once half of it is dead, so its
+//! files are up to about twice what they hold (see `scripts/bench-disk.sh`). LZ4 replaced
+//! DEFLATE because a DEFLATE round trip of a 300-byte line cost about 17 µs (most of it
+//! building Huffman tables and compressor state per line) against under 1 µs for LZ4: it was
+//! two thirds of a resume replay's CPU and a large part of receiving signed lines.
 
 use super::{AddrSource, Dir, StoreError};
 use crate::wire::PeerKey;
@@ -105,22 +110,44 @@ pub(crate) fn corrupt(tree: &'static str, detail: impl std::fmt::Display) -> Sto
     }
 }
 
-/// Bit of the length word marking a DEFLATE-compressed payload.
+/// Bit of the length word marking a raw-DEFLATE-compressed payload (RFC 1951; written by
+/// earlier versions, read only).
 pub(crate) const DEFLATED: u32 = 1 << 31;
+/// Bit of the length word marking an LZ4-compressed payload (decompressed length as a
+/// little-endian `u32`, then one LZ4 block).
+pub(crate) const LZ4: u32 = 1 << 30;
+/// The length word's bits that give the header length.
+const LEN_MASK: u32 = LZ4 - 1;
 /// Shorter payloads are stored as they are.
 pub(crate) const COMPRESS_MIN: usize = 256;
-/// Longer payloads too: blob chunk lines (up to 1 MiB of base64 of file data, which DEFLATE
-/// shrinks by a quarter at most) are stored as they are, so sending and receiving files
-/// costs no compression time.
+/// Longer payloads too: blob chunk lines (up to 1 MiB of base64 of file data, which
+/// compression shrinks by a quarter at most) are stored as they are, so sending and
+/// receiving files costs no compression time.
 pub(crate) const COMPRESS_MAX: usize = 16 * 1024;
-/// DEFLATE level (1: fastest; a 1.5 KB line takes some tens of microseconds).
-const LEVEL: u8 = 1;
+
+/// How a record's payload is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Codec {
+    Raw,
+    Deflate,
+    Lz4,
+}
+
+impl Codec {
+    fn flag(self) -> u32 {
+        match self {
+            Codec::Raw => 0,
+            Codec::Deflate => DEFLATED,
+            Codec::Lz4 => LZ4,
+        }
+    }
+}
 
 /// A record's payload as stored: raw, or compressed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Payload<'b> {
     bytes: &'b [u8],
-    deflated: bool,
+    codec: Codec,
 }
 
 impl<'b> Payload<'b> {
@@ -132,20 +159,52 @@ impl<'b> Payload<'b> {
     /// The payload's bytes (decompressed when stored compressed; at most
     /// [`crate::wire::MAX_LINE`] bytes, else corrupt).
     pub fn get(&self, tree: &'static str) -> Result<std::borrow::Cow<'b, [u8]>, StoreError> {
-        if !self.deflated {
-            return Ok(std::borrow::Cow::Borrowed(self.bytes));
-        }
-        miniz_oxide::inflate::decompress_to_vec_with_limit(self.bytes, crate::wire::MAX_LINE)
+        let bad = |e: &dyn std::fmt::Display| corrupt(tree, format!("compressed payload: {e}"));
+        match self.codec {
+            Codec::Raw => Ok(std::borrow::Cow::Borrowed(self.bytes)),
+            Codec::Deflate => miniz_oxide::inflate::decompress_to_vec_with_limit(
+                self.bytes,
+                crate::wire::MAX_LINE,
+            )
             .map(std::borrow::Cow::Owned)
-            .map_err(|e| corrupt(tree, format!("compressed payload: {e}")))
+            .map_err(|e| bad(&e)),
+            Codec::Lz4 => {
+                let (len, block) = self
+                    .bytes
+                    .split_first_chunk::<4>()
+                    .ok_or_else(|| bad(&"shorter than its length"))?;
+                let len = u32::from_le_bytes(*len) as usize;
+                if len > crate::wire::MAX_LINE {
+                    return Err(bad(&format!("length {len} over the line cap")));
+                }
+                let out = lz4_flex::block::decompress(block, len).map_err(|e| bad(&e))?;
+                if out.len() != len {
+                    return Err(bad(&format!("{} bytes, {len} expected", out.len())));
+                }
+                Ok(std::borrow::Cow::Owned(out))
+            }
+        }
     }
+}
+
+/// `payload` LZ4-compressed when that saves at least a sixteenth (see the module doc).
+fn compress(payload: &[u8]) -> Option<Vec<u8>> {
+    if !(COMPRESS_MIN..=COMPRESS_MAX).contains(&payload.len()) {
+        return None;
+    }
+    let len = u32::try_from(payload.len()).ok()?;
+    let mut out = vec![0u8; 4 + lz4_flex::block::get_maximum_output_size(payload.len())];
+    out[..4].copy_from_slice(&len.to_le_bytes());
+    let n = lz4_flex::block::compress_into(payload, &mut out[4..]).ok()?;
+    out.truncate(4 + n);
+    (out.len() + payload.len() / 16 <= payload.len()).then_some(out)
 }
 
 fn header_bytes<T: Serialize>(header: &T) -> Result<(Vec<u8>, u32), StoreError> {
     let h = serde_json::to_vec(header).map_err(|e| StoreError::Db(format!("encode: {e}")))?;
     let len = u32::try_from(h.len())
         .ok()
-        .filter(|l| l & DEFLATED == 0)
+        .filter(|l| l & !LEN_MASK == 0)
         .ok_or_else(|| StoreError::Db("record header too large".into()))?;
     Ok((h, len))
 }
@@ -161,13 +220,10 @@ fn assemble(h: &[u8], len: u32, payload: &[u8]) -> Vec<u8> {
 /// Header plus payload (compressed when that pays, see the module doc).
 pub(crate) fn pack<T: Serialize>(header: &T, payload: &[u8]) -> Result<Vec<u8>, StoreError> {
     let (h, len) = header_bytes(header)?;
-    if (COMPRESS_MIN..=COMPRESS_MAX).contains(&payload.len()) {
-        let z = miniz_oxide::deflate::compress_to_vec(payload, LEVEL);
-        if z.len() + payload.len() / 16 <= payload.len() {
-            return Ok(assemble(&h, len | DEFLATED, &z));
-        }
+    match compress(payload) {
+        Some(z) => Ok(assemble(&h, len | LZ4, &z)),
+        None => Ok(assemble(&h, len, payload)),
     }
-    Ok(assemble(&h, len, payload))
 }
 
 /// A new header with a payload kept as it was stored (no recompression).
@@ -176,8 +232,7 @@ pub(crate) fn repack<T: Serialize>(
     payload: Payload<'_>,
 ) -> Result<Vec<u8>, StoreError> {
     let (h, len) = header_bytes(header)?;
-    let flag = if payload.deflated { DEFLATED } else { 0 };
-    Ok(assemble(&h, len | flag, payload.bytes))
+    Ok(assemble(&h, len | payload.codec.flag(), payload.bytes))
 }
 
 /// Split a packed record into its decoded header and its payload.
@@ -190,7 +245,13 @@ pub(crate) fn unpack<'b, T: DeserializeOwned>(
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| corrupt(tree, "record shorter than its length prefix"))?;
     let word = u32::from_be_bytes(len_bytes);
-    let len = (word & !DEFLATED) as usize;
+    let codec = match (word & DEFLATED != 0, word & LZ4 != 0) {
+        (false, false) => Codec::Raw,
+        (true, false) => Codec::Deflate,
+        (false, true) => Codec::Lz4,
+        (true, true) => return Err(corrupt(tree, "record marked with two codecs")),
+    };
+    let len = (word & LEN_MASK) as usize;
     let end = 4usize
         .checked_add(len)
         .filter(|&e| e <= bytes.len())
@@ -200,7 +261,7 @@ pub(crate) fn unpack<'b, T: DeserializeOwned>(
         header,
         Payload {
             bytes: &bytes[end..],
-            deflated: word & DEFLATED != 0,
+            codec,
         },
     ))
 }
@@ -247,7 +308,14 @@ pub(crate) fn peer_from_slice(tree: &'static str, b: &[u8]) -> Result<PeerKey, S
     let arr: [u8; 32] = b
         .try_into()
         .map_err(|_| corrupt(tree, "peer key is not 32 bytes"))?;
-    PeerKey::from_bytes(&arr).map_err(|e| corrupt(tree, e))
+    PeerKey::from_bytes_cached(&arr).map_err(|e| corrupt(tree, e))
+}
+
+/// What follows the 32-byte peer key that starts a record key from a prefix scan by that
+/// peer (`scan_prefix(peer)` guarantees the prefix; nothing to decode).
+pub(crate) fn after_pkey<'k>(tree: &'static str, key: &'k [u8]) -> Result<&'k [u8], StoreError> {
+    key.get(32..)
+        .ok_or_else(|| corrupt(tree, "key shorter than a peer key"))
 }
 
 pub(crate) fn utf8(tree: &'static str, b: &[u8]) -> Result<String, StoreError> {

@@ -884,8 +884,8 @@ impl Store {
         let mut out = BTreeMap::new();
         for kv in self.trees.t(T::Seen).scan_prefix(peer.as_bytes()) {
             let (k, v) = kv.map_err(db_err)?;
-            let (_, th) = split_pkey("seen", &k)?;
-            out.insert(utf8("seen", &th)?, utf8("seen", &v)?);
+            let th = super::codec::after_pkey("seen", &k)?;
+            out.insert(utf8("seen", th)?, utf8("seen", &v)?);
         }
         Ok(out)
     }
@@ -1161,11 +1161,11 @@ impl Store {
         let mut out = Vec::new();
         for kv in self.trees.t(T::Addresses).scan_prefix(peer.as_bytes()) {
             let (k, v) = kv.map_err(db_err)?;
-            let (_, addr) = split_pkey("addresses", &k)?;
+            let addr = super::codec::after_pkey("addresses", &k)?;
             let a: AddrRec = dec("addresses", &v)?;
             out.push(AddressRecord {
                 peer: *peer,
-                address: utf8("addresses", &addr)?,
+                address: utf8("addresses", addr)?,
                 source: a.source,
                 last_ok_ms: a.ok,
                 last_err_ms: a.err_at,

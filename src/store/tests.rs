@@ -1138,11 +1138,13 @@ fn leftover_generating_snapshot_is_quarantined() {
     assert!(q[0].ends_with("-snap.00000000FFFFFFFF.generating"), "{q:?}");
 }
 
-/// Lines of 256 bytes or more are stored compressed and read back byte-exact; records
-/// written before compression (length word without the flag) still read.
+/// Lines of 256 bytes or more are stored compressed (LZ4) and read back byte-exact;
+/// records written by earlier versions (raw-DEFLATE compressed, or from before
+/// compression) still read.
 #[test]
 fn long_lines_are_stored_compressed_and_old_records_still_read() {
-    use super::codec::{pack, unpack, Payload, DEFLATED};
+    use super::codec::{pack, unpack, Payload, DEFLATED, LZ4};
+    let word = |r: &[u8]| u32::from_be_bytes(r[..4].try_into().unwrap());
     let (_d, s) = open();
     let p = key(1);
     let text = "the quick brown fox jumps over the lazy dog; ".repeat(30);
@@ -1151,11 +1153,7 @@ fn long_lines_are_stored_compressed_and_old_records_still_read() {
     assert!(e.line.len() > 1000);
     // The line is kept once, in the log (the outbox record points at it).
     let raw = s.trees.t(tx::T::Log).iter().next().unwrap().unwrap().1;
-    assert_ne!(
-        u32::from_be_bytes(raw[..4].try_into().unwrap()) & DEFLATED,
-        0,
-        "stored compressed"
-    );
+    assert_eq!(word(&raw) & (LZ4 | DEFLATED), LZ4, "stored LZ4-compressed");
     assert!(raw.len() < e.line.len() / 2, "{} bytes stored", raw.len());
     assert_eq!(outbox_ids(&s, &p), vec![e.id.clone()]);
     assert_eq!(s.outbox_after(&p, None, 1).unwrap()[0].line, e.line);
@@ -1170,35 +1168,91 @@ fn long_lines_are_stored_compressed_and_old_records_still_read() {
     assert!(log[0].acked);
     assert_eq!(log[0].line, e.line);
 
-    // An uncompressed record in the old layout.
     let hdr = serde_json::json!({"a": 1});
     let h = serde_json::to_vec(&hdr).unwrap();
-    let mut old = (h.len() as u32).to_be_bytes().to_vec();
-    old.extend_from_slice(&h);
-    old.extend_from_slice(text.as_bytes());
-    let (got, payload): (serde_json::Value, Payload) = unpack("log", &old).unwrap();
+    let old = |flag: u32, payload: &[u8]| {
+        let mut r = (h.len() as u32 | flag).to_be_bytes().to_vec();
+        r.extend_from_slice(&h);
+        r.extend_from_slice(payload);
+        r
+    };
+    // An uncompressed record in the old layout.
+    let rec = old(0, text.as_bytes());
+    let (got, payload): (serde_json::Value, Payload) = unpack("log", &rec).unwrap();
     assert_eq!(got, hdr);
     assert_eq!(&*payload.get("log").unwrap(), text.as_bytes());
-    // Short payloads stay raw; damaged compressed ones are corrupt, not a panic.
+    // A raw-DEFLATE record as earlier versions wrote it.
+    let z = miniz_oxide::deflate::compress_to_vec(text.as_bytes(), 1);
+    let rec = old(DEFLATED, &z);
+    let (got, payload): (serde_json::Value, Payload) = unpack("log", &rec).unwrap();
+    assert_eq!(got, hdr);
+    assert_eq!(&*payload.get("log").unwrap(), text.as_bytes());
+    // Kept as stored when only the header changes.
+    let again = super::codec::repack(&hdr, payload).unwrap();
+    assert_eq!(word(&again) & (LZ4 | DEFLATED), DEFLATED);
+    // Short payloads stay raw.
     let short = pack(&hdr, b"short").unwrap();
-    assert_eq!(
-        u32::from_be_bytes(short[..4].try_into().unwrap()) & DEFLATED,
-        0
-    );
+    assert_eq!(word(&short) & (LZ4 | DEFLATED), 0);
     // Blob chunk sized payloads too (no compression time on file transfers).
     let chunk = pack(&hdr, &vec![b'A'; super::codec::COMPRESS_MAX + 1]).unwrap();
-    assert_eq!(
-        u32::from_be_bytes(chunk[..4].try_into().unwrap()) & DEFLATED,
-        0
-    );
-    let mut bad = pack(&hdr, text.as_bytes()).unwrap();
-    let n = bad.len();
-    bad.truncate(n - 10);
-    let (_, payload): (serde_json::Value, Payload) = unpack("log", &bad).unwrap();
-    assert!(matches!(
-        payload.get("log"),
-        Err(StoreError::Corrupt { .. })
-    ));
+    assert_eq!(word(&chunk) & (LZ4 | DEFLATED), 0);
+    // Payloads that do not shrink by a sixteenth stay raw.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let noise: Vec<u8> = (0..600)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect();
+    let n = pack(&hdr, &noise).unwrap();
+    assert_eq!(word(&n) & (LZ4 | DEFLATED), 0);
+    assert_eq!(&n[n.len() - noise.len()..], &noise[..]);
+}
+
+/// Damaged compressed payloads read as corrupt (never a panic or an allocation beyond the
+/// line cap), for each codec.
+#[test]
+fn damaged_compressed_payloads_are_corrupt() {
+    use super::codec::{pack, unpack, Payload, DEFLATED, LZ4};
+    let hdr = serde_json::json!({"a": 1});
+    let text = "the quick brown fox jumps over the lazy dog; ".repeat(30);
+    let corrupt = |rec: &[u8]| match unpack::<serde_json::Value>("log", rec) {
+        Err(StoreError::Corrupt { .. }) => true,
+        Ok((_, payload)) => matches!(payload.get("log"), Err(StoreError::Corrupt { .. })),
+        Err(e) => panic!("{e}"),
+    };
+    let good = pack(&hdr, text.as_bytes()).unwrap();
+    let (_, payload): (serde_json::Value, Payload) = unpack("log", &good).unwrap();
+    assert_eq!(&*payload.get("log").unwrap(), text.as_bytes());
+    // Truncated block.
+    assert!(corrupt(&good[..good.len() - 10]));
+    // Shorter than the length prefix of the block.
+    let h = serde_json::to_vec(&hdr).unwrap();
+    let payload_at = 4 + h.len();
+    assert!(corrupt(&good[..payload_at + 2]));
+    // A length prefix over the line cap, or one that does not match the block.
+    for len in [
+        u32::MAX,
+        (crate::wire::MAX_LINE + 1) as u32,
+        text.len() as u32 + 1,
+    ] {
+        let mut bad = good.clone();
+        bad[payload_at..payload_at + 4].copy_from_slice(&len.to_le_bytes());
+        assert!(corrupt(&bad), "length {len}");
+    }
+    // Both codec bits at once.
+    let mut both = good.clone();
+    let w = u32::from_be_bytes(both[..4].try_into().unwrap()) | DEFLATED | LZ4;
+    both[..4].copy_from_slice(&w.to_be_bytes());
+    assert!(corrupt(&both));
+    // Garbage marked as DEFLATE.
+    let mut bad = good[..payload_at].to_vec();
+    let w = (h.len() as u32) | DEFLATED;
+    bad[..4].copy_from_slice(&w.to_be_bytes());
+    bad.extend_from_slice(&[0xff; 40]);
+    assert!(corrupt(&bad));
 }
 
 #[test]

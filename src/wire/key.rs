@@ -70,6 +70,21 @@ impl PeerKey {
         }
         Ok(PeerKey(*bytes))
     }
+    /// [`PeerKey::from_bytes`], remembering the last key this thread accepted: a scan over
+    /// records keyed by peer (sorted, so runs of one key) decompresses each key once instead
+    /// of once per record (a point decompression and a small-order check cost tens of
+    /// microseconds). Same errors as `from_bytes`; only bytes that passed it are remembered.
+    pub fn from_bytes_cached(bytes: &[u8; 32]) -> Result<PeerKey, KeyError> {
+        thread_local! {
+            static LAST: std::cell::Cell<Option<[u8; 32]>> = const { std::cell::Cell::new(None) };
+        }
+        if LAST.with(|l| l.get().as_ref() == Some(bytes)) {
+            return Ok(PeerKey(*bytes));
+        }
+        let key = PeerKey::from_bytes(bytes)?;
+        LAST.with(|l| l.set(Some(*bytes)));
+        Ok(key)
+    }
     /// The 32 raw bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -194,6 +209,26 @@ mod tests {
         let mut b = [0u8; 32];
         b[0] = 2;
         assert_eq!(PeerKey::from_bytes(&b), Err(KeyError::Invalid));
+    }
+
+    /// The cache only skips the checks for the key it last accepted: refusals stay
+    /// refusals before and after a valid key is remembered.
+    #[test]
+    fn cached_decoding_refuses_what_from_bytes_refuses() {
+        let good = *PeerKey::parse(A).unwrap().as_bytes();
+        let mut not_point = [0u8; 32];
+        not_point[0] = 2;
+        let mut weak = [0u8; 32];
+        weak[0] = 1;
+        for _ in 0..2 {
+            assert_eq!(
+                PeerKey::from_bytes_cached(&not_point),
+                Err(KeyError::Invalid)
+            );
+            assert_eq!(PeerKey::from_bytes_cached(&weak), Err(KeyError::Weak));
+            assert_eq!(*PeerKey::from_bytes_cached(&good).unwrap().as_bytes(), good);
+            assert_eq!(*PeerKey::from_bytes_cached(&good).unwrap().as_bytes(), good);
+        }
     }
 
     #[test]
