@@ -54,8 +54,8 @@ const SPLICE_BUF: usize = 64 * 1024;
 /// Kernel pipe per direction while bytes flow (Linux, `splice(2)`): its capacity in bytes
 /// (the system's default, 64 KiB, where this size is not allowed).
 const PIPE_SIZE: usize = 1024 * 1024;
-/// A direction keeps its pipe this long after its last bytes (a new pipe costs three
-/// system calls); an idle circuit holds none.
+/// A direction keeps its pipe this long after its last bytes (a new pipe costs four
+/// system calls: `pipe2`, `F_SETPIPE_SZ` and two `close`); an idle circuit holds none.
 const PIPE_KEEP: Duration = Duration::from_secs(1);
 /// Offers waiting to be written to one standing connection.
 const OFFER_QUEUE: usize = 64;
@@ -1024,9 +1024,9 @@ pub struct LiveCircuit {
 /// pipe can be had (another system, or out of descriptors) a copy buffer of
 /// [`SPLICE_BUF`] bytes is used instead, held only while the reader has bytes.
 ///
-/// Each chunk read (at most a second of `rate`, a quarter when limited; see [`Bucket`])
-/// waits its turn of the byte rate before it is written; `count` and `last` (ms since
-/// `epoch`) are updated once it is written.
+/// With a `rate` (bytes per second, 0: unlimited) each chunk read is at most one burst of
+/// the [`Bucket`] and waits its turn of the rate before it is written; `count` and `last`
+/// (ms since `epoch`) are updated once a chunk is written.
 async fn pump(
     r: &TcpStream,
     w: &TcpStream,
