@@ -3,11 +3,15 @@
 //! relay`, spec/relay-circuits.md §Splicing) on loopback.
 //!
 //! Measures, for each path: throughput (lines of 16 KiB one way, acknowledged once at the
-//! end) and round-trip time of small lines (median and p99); then opens idle circuits and
-//! reports the relay's resident memory per circuit (VmRSS delta / circuits, from /proc).
+//! end) and round-trip time of small lines (median and p99), in ROUNDS rounds that
+//! alternate the two paths (so a busy neighbour on a shared machine slows both alike);
+//! the figures are the medians over the rounds. Also the relay's CPU time (user + system,
+//! from /proc) per GiB carried by the circuit, which the load of other processes changes
+//! far less than a rate; then opens idle circuits and reports the relay's resident memory
+//! per circuit (VmRSS delta / circuits, from /proc).
 //!
-//! Usage: `circuit_bench RELAY_ADDR RELAY_PID [MIB [CIRCUITS]]` where RELAY_ADDR is the
-//! relay's pinned `tls:` address. Prints one JSON object.
+//! Usage: `circuit_bench RELAY_ADDR RELAY_PID [MIB [CIRCUITS [ROUNDS]]]` where RELAY_ADDR
+//! is the relay's pinned `tls:` address (ROUNDS default 3). Prints one JSON object.
 
 use awp_node::identity::Identity;
 use awp_node::net::{self, circuit, Address, Conn, DialOptions, TlsConfig};
@@ -49,7 +53,29 @@ async fn serve(mut c: Conn) {
     }
 }
 
-async fn measure(mut c: Conn, bytes: usize) -> serde_json::Value {
+/// CPU time (user + system) of process `pid` so far, in seconds (0 if unknown).
+fn cpu_s(pid: u32) -> f64 {
+    // SAFETY: sysconf takes an integer and returns one.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which is in parentheses): utime is the 12th,
+            // stime the 13th.
+            let rest = &s[s.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .map_or(0.0, |t| t / tick)
+}
+
+/// The median of `v` (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+async fn measure(c: &mut Conn, bytes: usize) -> serde_json::Value {
     // Round trips.
     let mut rtts = Vec::new();
     for _ in 0..2000 {
@@ -88,6 +114,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let relay_pid: u32 = args.get(2).ok_or("RELAY_PID")?.parse()?;
     let mib: usize = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(256);
     let circuits: usize = args.get(4).map(|s| s.parse()).transpose()?.unwrap_or(200);
+    let rounds: usize = args
+        .get(5)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(3)
+        .max(1);
 
     let target = Arc::new(TlsConfig::new(&Identity::generate())?);
     let dialer = TlsConfig::new(&Identity::generate())?;
@@ -127,16 +159,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let circuit_addr = Address::circuit(&relay, target.key()).ok_or("relay address")?;
 
     let bytes = mib * 1024 * 1024;
-    let direct = measure(
-        net::dial(&direct_addr, &dialer, &DialOptions::default()).await?,
-        bytes,
-    )
-    .await;
-    let through = measure(
-        net::dial(&circuit_addr, &dialer, &DialOptions::default()).await?,
-        bytes,
-    )
-    .await;
+    let mut direct_conn = net::dial(&direct_addr, &dialer, &DialOptions::default()).await?;
+    let mut circuit_conn = net::dial(&circuit_addr, &dialer, &DialOptions::default()).await?;
+    let (mut direct, mut through) = (Vec::new(), Vec::new());
+    let mut relay_cpu = 0.0;
+    for _ in 0..rounds {
+        direct.push(measure(&mut direct_conn, bytes).await);
+        let cpu0 = cpu_s(relay_pid);
+        through.push(measure(&mut circuit_conn, bytes).await);
+        relay_cpu += cpu_s(relay_pid) - cpu0;
+    }
+    let med = |runs: &[serde_json::Value], k: &str| {
+        median(runs.iter().filter_map(|r| r[k].as_f64()).collect())
+    };
+    let summary = |runs: &[serde_json::Value]| {
+        json!({
+            "rtt_us_p50": med(runs, "rtt_us_p50"),
+            "rtt_us_p99": med(runs, "rtt_us_p99"),
+            "mib_per_s": med(runs, "mib_per_s"),
+            "rounds": runs,
+        })
+    };
+    let ratios: Vec<f64> = direct
+        .iter()
+        .zip(&through)
+        .map(|(d, t)| {
+            t["mib_per_s"].as_f64().unwrap_or(0.0) / d["mib_per_s"].as_f64().unwrap_or(1.0)
+        })
+        .collect();
+    let added: Vec<f64> = direct
+        .iter()
+        .zip(&through)
+        .map(|(d, t)| {
+            t["rtt_us_p50"].as_f64().unwrap_or(0.0) - d["rtt_us_p50"].as_f64().unwrap_or(0.0)
+        })
+        .collect();
+    let carried_gib = (rounds * (bytes / LINE) * LINE) as f64 / (1024.0 * 1024.0 * 1024.0);
+    let (direct, through) = (summary(&direct), summary(&through));
 
     // Relay memory per idle circuit.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -147,14 +206,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = rss_kib(relay_pid);
-    let ratio = |k: &str| through[k].as_f64().unwrap_or(0.0) / direct[k].as_f64().unwrap_or(1.0);
     println!(
         "{}",
         json!({
             "direct": direct,
             "circuit": through,
-            "throughput_ratio": ratio("mib_per_s"),
-            "added_rtt_us_p50": through["rtt_us_p50"].as_f64().unwrap_or(0.0) - direct["rtt_us_p50"].as_f64().unwrap_or(0.0),
+            "throughput_ratio": median(ratios.clone()),
+            "throughput_ratios": ratios,
+            "added_rtt_us_p50": median(added.clone()),
+            "added_rtt_us_p50_rounds": added,
+            "relay_cpu_s_per_gib": relay_cpu / carried_gib.max(f64::MIN_POSITIVE),
             "circuits": held.len(),
             "relay_kib_per_circuit": after.saturating_sub(before) as f64 / held.len().max(1) as f64,
         })

@@ -48,8 +48,15 @@ pub const LINE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// A standing connection silent this long (either side) is dead.
 pub const STANDING_SILENCE: Duration = Duration::from_secs(75);
-/// Splice buffer per direction while bytes flow; none is held while a direction is idle.
+/// Copy buffer per direction while bytes flow where no kernel pipe can be had; none is
+/// held while a direction is idle.
 const SPLICE_BUF: usize = 64 * 1024;
+/// Kernel pipe per direction while bytes flow (Linux, `splice(2)`): its capacity in bytes
+/// (the system's default, 64 KiB, where this size is not allowed).
+const PIPE_SIZE: usize = 1024 * 1024;
+/// A direction keeps its pipe this long after its last bytes (a new pipe costs four
+/// system calls: `pipe2`, `F_SETPIPE_SZ` and two `close`); an idle circuit holds none.
+const PIPE_KEEP: Duration = Duration::from_secs(1);
 /// Offers waiting to be written to one standing connection.
 const OFFER_QUEUE: usize = 64;
 /// Longest circuit id and nonce, in characters.
@@ -1007,43 +1014,160 @@ pub struct LiveCircuit {
     pub down: AtomicU64,
 }
 
-/// Copy one direction of a circuit until EOF (then shut the writer down) or an error.
-/// A buffer of [`SPLICE_BUF`] bytes is held only while bytes flow: it is taken when the
-/// reader becomes readable and given back as soon as the reader is drained, so an idle
-/// circuit holds no copy buffer.
+/// Copy one direction of a circuit, `r` to `w`, until EOF (then shut `w`'s write side
+/// down) or an error.
+///
+/// On Linux the bytes go through a kernel pipe with `splice(2)`: socket to pipe, pipe to
+/// socket, never copied into the relay's memory. The pipe (two descriptors, at most
+/// [`PIPE_SIZE`] bytes of kernel buffer) is taken when bytes arrive and given back once
+/// the direction was quiet for [`PIPE_KEEP`], so an idle circuit holds none. Where no
+/// pipe can be had (another system, or out of descriptors) a copy buffer of
+/// [`SPLICE_BUF`] bytes is used instead, held only while the reader has bytes.
+///
+/// With a `rate` (bytes per second, 0: unlimited) each chunk read is at most one burst of
+/// the [`Bucket`] and waits its turn of the rate before it is written; `count` and `last`
+/// (ms since `epoch`) are updated once a chunk is written.
 async fn pump(
-    r: tokio::net::tcp::OwnedReadHalf,
-    mut w: tokio::net::tcp::OwnedWriteHalf,
+    r: &TcpStream,
+    w: &TcpStream,
     count: &AtomicU64,
     rate: u64,
     last: &AtomicU64,
     epoch: Instant,
 ) -> std::io::Result<()> {
-    let mut buf: Vec<u8> = Vec::new();
     let mut bucket = Bucket::new(rate, Instant::now());
+    // A rate-limited direction reads at most one burst at a time, so one chunk never
+    // runs far ahead of the rate.
+    let limit = match rate {
+        0 => usize::MAX,
+        _ => Bucket::burst(rate) as usize,
+    };
+    let mut pipe: Option<pipe::Pipe> = None;
+    let mut buf: Vec<u8> = Vec::new();
     loop {
-        if buf.is_empty() {
-            r.readable().await?;
-            buf = vec![0u8; SPLICE_BUF];
+        match &pipe {
+            Some(_) => {
+                if tokio::time::timeout(PIPE_KEEP, r.readable()).await.is_err() {
+                    pipe = None;
+                    r.readable().await?;
+                }
+            }
+            None => r.readable().await?,
         }
-        let n = match r.try_read(&mut buf) {
+        if pipe.is_none() && buf.is_empty() {
+            pipe = pipe::Pipe::new();
+        }
+        let read = match &mut pipe {
+            Some(p) => r.try_io(tokio::io::Interest::READABLE, || p.fill(r, limit)),
+            None => {
+                if buf.is_empty() {
+                    buf = vec![0u8; SPLICE_BUF.min(limit)];
+                }
+                r.try_read(&mut buf)
+            }
+        };
+        let n = match read {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // Drained: an idle direction holds no copy buffer.
                 buf = Vec::new();
                 continue;
             }
             Err(e) => return Err(e),
         };
         if n == 0 {
-            let _ = w.shutdown().await;
+            let _ = rustix::net::shutdown(w, rustix::net::Shutdown::Write);
             return Ok(());
         }
         if let Some(wait) = bucket.take(n, Instant::now()) {
             tokio::time::sleep(wait).await;
         }
-        w.write_all(&buf[..n]).await?;
+        let mut done = 0;
+        while done < n {
+            w.writable().await?;
+            let wrote = match &mut pipe {
+                Some(p) => w.try_io(tokio::io::Interest::WRITABLE, || p.drain(w, n - done)),
+                None => w.try_write(&buf[done..n]),
+            };
+            match wrote {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(m) => done += m,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
         count.fetch_add(n as u64, Ordering::Relaxed);
         last.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The kernel pipe of [`pump`] (Linux), or none elsewhere.
+mod pipe {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    pub use linux::Pipe;
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    mod linux {
+        use rustix::fd::{AsFd, OwnedFd};
+        use rustix::pipe::{fcntl_setpipe_size, pipe_with, splice, PipeFlags, SpliceFlags};
+
+        /// A pipe and the bytes it holds.
+        pub struct Pipe {
+            read: OwnedFd,
+            write: OwnedFd,
+            /// Its capacity in bytes.
+            size: usize,
+        }
+
+        impl Pipe {
+            /// A non-blocking pipe of [`super::super::PIPE_SIZE`] bytes (or the system's
+            /// default where that size is not allowed); `None` when none can be made.
+            pub fn new() -> Option<Pipe> {
+                let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).ok()?;
+                let size = fcntl_setpipe_size(&write, super::super::PIPE_SIZE)
+                    .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))
+                    .ok()?;
+                Some(Pipe { read, write, size })
+            }
+
+            /// Move at most `max` bytes from the socket `from` into the (empty) pipe.
+            /// `WouldBlock` when the socket has none; 0 at its end.
+            pub fn fill(&mut self, from: impl AsFd, max: usize) -> std::io::Result<usize> {
+                let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
+                Ok(splice(
+                    from,
+                    None,
+                    &self.write,
+                    None,
+                    max.min(self.size),
+                    flags,
+                )?)
+            }
+
+            /// Move at most `max` of the bytes in the pipe to the socket `to`.
+            /// `WouldBlock` when the socket takes none now.
+            pub fn drain(&mut self, to: impl AsFd, max: usize) -> std::io::Result<usize> {
+                let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
+                Ok(splice(&self.read, None, to, None, max, flags)?)
+            }
+        }
+    }
+
+    /// No pipe here: [`super::pump`] copies.
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    pub enum Pipe {}
+
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    impl Pipe {
+        pub fn new() -> Option<Pipe> {
+            None
+        }
+        pub fn fill(&mut self, _: &tokio::net::TcpStream, _: usize) -> std::io::Result<usize> {
+            match *self {}
+        }
+        pub fn drain(&mut self, _: &tokio::net::TcpStream, _: usize) -> std::io::Result<usize> {
+            match *self {}
+        }
     }
 }
 
@@ -1061,10 +1185,8 @@ pub async fn splice(
 ) {
     let epoch = Instant::now();
     let last = AtomicU64::new(0);
-    let (ar, aw) = a.into_split();
-    let (br, bw) = b.into_split();
-    let up = pump(ar, bw, &live.up, rate, &last, epoch);
-    let down = pump(br, aw, &live.down, rate, &last, epoch);
+    let up = pump(&a, &b, &live.up, rate, &last, epoch);
+    let down = pump(&b, &a, &live.down, rate, &last, epoch);
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
     while !(up_done && down_done) {
@@ -1968,5 +2090,152 @@ mod tests {
         let bad: Policy = toml::from_str("allow = [\"nope\"]").unwrap();
         assert!(bad.allowed_keys().is_err());
         assert!(toml::from_str::<Policy>("max_circuitz = 1").is_err());
+    }
+
+    /// Two loopback TCP pairs: (dialer end, relay end) and (relay end, target end).
+    async fn two_pairs() -> ((TcpStream, TcpStream), (TcpStream, TcpStream)) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = l.local_addr().unwrap();
+        let mut pairs = Vec::new();
+        for _ in 0..2 {
+            let (c, s) = tokio::join!(TcpStream::connect(at), l.accept());
+            pairs.push((c.unwrap(), s.unwrap().0));
+        }
+        let b = pairs.pop().unwrap();
+        let a = pairs.pop().unwrap();
+        (a, b)
+    }
+
+    fn live() -> Arc<LiveCircuit> {
+        Arc::new(LiveCircuit {
+            id: "c".into(),
+            from: tls(1).key(),
+            to: tls(2).key(),
+            since: Instant::now(),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+        })
+    }
+
+    /// How long a test waits for what must happen soon (a hang guard, not a measurement).
+    const GUARD: Duration = Duration::from_secs(30);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_splice_carries_both_ways_counts_and_passes_the_end_on() {
+        let ((mut dialer, a), (b, mut target)) = two_pairs().await;
+        let live = live();
+        let (l2, stop) = (live.clone(), CancellationToken::new());
+        let relay = tokio::spawn(async move {
+            splice(a, b, &l2, 0, Duration::from_secs(300), &stop).await;
+        });
+        // More than a pipe and a copy buffer hold, in odd pieces.
+        let up: Vec<u8> = (0..3 * 1024 * 1024 + 17).map(|i| (i % 251) as u8).collect();
+        let sent = up.clone();
+        let writer = tokio::spawn(async move {
+            for piece in sent.chunks(70_001) {
+                dialer.write_all(piece).await.unwrap();
+            }
+            dialer
+        });
+        let mut got = vec![0u8; up.len()];
+        tokio::time::timeout(GUARD, target.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got == up, "the bytes arrive as sent");
+        let mut dialer = writer.await.unwrap();
+        target.write_all(b"and back").await.unwrap();
+        let mut back = [0u8; 8];
+        tokio::time::timeout(GUARD, dialer.read_exact(&mut back))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&back, b"and back");
+        // The dialer's end of stream reaches the target; then the target's ends the splice.
+        dialer.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        tokio::time::timeout(GUARD, target.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(rest.is_empty());
+        target.shutdown().await.unwrap();
+        tokio::time::timeout(GUARD, relay).await.unwrap().unwrap();
+        assert_eq!(live.up.load(Ordering::Relaxed), up.len() as u64);
+        assert_eq!(live.down.load(Ordering::Relaxed), 8);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rate_limited_splice_passes_no_more_than_its_rate() {
+        let ((mut dialer, a), (b, mut target)) = two_pairs().await;
+        let live = live();
+        let rate = 128 * 1024;
+        let (l2, stop) = (live.clone(), CancellationToken::new());
+        let stop2 = stop.clone();
+        let started = Instant::now();
+        let relay = tokio::spawn(async move {
+            splice(a, b, &l2, rate, Duration::from_secs(300), &stop2).await;
+        });
+        // The dialer sends far more than the rate allows in the time the test runs.
+        tokio::spawn(async move {
+            let chunk = vec![7u8; 64 * 1024];
+            while dialer.write_all(&chunk).await.is_ok() {}
+        });
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut n = 0u64;
+            while let Ok(k) = target.read(&mut buf).await {
+                if k == 0 {
+                    break;
+                }
+                n += k as u64;
+            }
+            n
+        });
+        // Something passes…
+        tokio::time::timeout(GUARD, async {
+            while live.up.load(Ordering::Relaxed) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        // …but never more than the burst, one more chunk of at most a burst, and the
+        // rate for the time that went by (a slower machine only passes less).
+        let passed = live.up.load(Ordering::Relaxed);
+        let elapsed = started.elapsed().as_secs_f64();
+        let burst = Bucket::burst(rate);
+        let bound = 2.0 * burst + rate as f64 * elapsed;
+        assert!(
+            (passed as f64) <= bound,
+            "{passed} bytes in {elapsed:.2} s at {rate} B/s (bound {bound})"
+        );
+        stop.cancel();
+        tokio::time::timeout(GUARD, relay).await.unwrap().unwrap();
+        let received = tokio::time::timeout(GUARD, reader).await.unwrap().unwrap();
+        assert!(received <= passed, "{received} > {passed}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_splice_closes_both_ends() {
+        let ((mut dialer, a), (b, mut target)) = two_pairs().await;
+        let live = live();
+        let (l2, stop) = (live.clone(), CancellationToken::new());
+        let relay = tokio::spawn(async move {
+            splice(a, b, &l2, 0, Duration::from_secs(1), &stop).await;
+        });
+        // One exchange, then silence: the relay closes the circuit on its own.
+        dialer.write_all(b"hello").await.unwrap();
+        let mut got = [0u8; 5];
+        target.read_exact(&mut got).await.unwrap();
+        tokio::time::timeout(GUARD, relay).await.unwrap().unwrap();
+        // Both ends see the end of their stream.
+        for end in [&mut target, &mut dialer] {
+            let mut rest = Vec::new();
+            let n = tokio::time::timeout(GUARD, end.read_to_end(&mut rest)).await;
+            assert!(matches!(n, Ok(Ok(0))), "{n:?}");
+        }
+        assert_eq!(live.up.load(Ordering::Relaxed), 5);
     }
 }

@@ -39,6 +39,66 @@ const ERROR_LINGER: Duration = Duration::from_millis(500);
 /// Lines that are not queued in the outbox, waiting to be written to one connection.
 const EPHEMERAL_QUEUE: usize = 256;
 
+/// Lines to write to one connection that are not in the outbox (presence, grants): at
+/// most [`EPHEMERAL_QUEUE`] lines, in order. It holds no storage while empty (and gives
+/// back what a burst grew), so an idle connection keeps no preallocated slots (issue 10).
+pub(crate) struct Ephemeral {
+    /// The lines, and whether the connection has ended.
+    lines: std::sync::Mutex<(std::collections::VecDeque<Vec<u8>>, bool)>,
+    ready: Notify,
+}
+
+impl Ephemeral {
+    fn new() -> Ephemeral {
+        Ephemeral {
+            lines: std::sync::Mutex::new((std::collections::VecDeque::new(), false)),
+            ready: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (std::collections::VecDeque<Vec<u8>>, bool)> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queue `line` after those waiting. False (the line is dropped) when
+    /// [`EPHEMERAL_QUEUE`] lines wait already or the connection has ended.
+    pub fn try_send(&self, line: Vec<u8>) -> bool {
+        {
+            let mut q = self.lock();
+            if q.1 || q.0.len() >= EPHEMERAL_QUEUE {
+                return false;
+            }
+            q.0.push_back(line);
+        }
+        self.ready.notify_one();
+        true
+    }
+
+    /// The next line, once there is one. Cancel safe: a line is taken only when returned.
+    async fn recv(&self) -> Vec<u8> {
+        loop {
+            let notified = self.ready.notified();
+            {
+                let mut q = self.lock();
+                if let Some(line) = q.0.pop_front() {
+                    if q.0.is_empty() && q.0.capacity() > 0 {
+                        q.0 = std::collections::VecDeque::new();
+                    }
+                    return line;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// The connection has ended: what waits is dropped, later sends fail.
+    fn close(&self) {
+        let mut q = self.lock();
+        q.0 = std::collections::VecDeque::new();
+        q.1 = true;
+    }
+}
+
 /// What other tasks use to reach a live connection.
 #[derive(Clone)]
 pub(crate) struct Handles {
@@ -54,7 +114,7 @@ pub(crate) struct Handles {
     /// Becomes true when the connection has ended.
     pub done: watch::Receiver<bool>,
     /// Lines to write that are not in the outbox (see [`super::Inner::send_ephemeral`]).
-    pub ephemeral: mpsc::Sender<Vec<u8>>,
+    pub ephemeral: Arc<Ephemeral>,
     /// Id of the last outbox line written to this connection (blob progress).
     pub cursor: Arc<std::sync::Mutex<Option<String>>>,
 }
@@ -234,7 +294,7 @@ pub async fn run_with(
     let bye = CancellationToken::new();
     let bye_reason = Arc::new(std::sync::Mutex::new(None::<String>));
     let (done_tx, done_rx) = watch::channel(false);
-    let (eph_tx, mut eph_rx) = mpsc::channel::<Vec<u8>>(EPHEMERAL_QUEUE);
+    let ephemeral = Arc::new(Ephemeral::new());
     let cursor = Arc::new(std::sync::Mutex::new(None::<String>));
     let handles = Handles {
         outbox: outbox.clone(),
@@ -242,7 +302,7 @@ pub async fn run_with(
         bye: bye.clone(),
         bye_reason: bye_reason.clone(),
         done: done_rx,
-        ephemeral: eph_tx,
+        ephemeral: ephemeral.clone(),
         cursor: cursor.clone(),
     };
     let conn_id = inner.conn_id();
@@ -280,8 +340,12 @@ pub async fn run_with(
                         continue;
                     }
                     let presence = hello.caps.iter().any(|c| c == super::presence::CAP);
-                    match register(&inner, key, conn_id, dialed, &remote, &handles, presence).await
-                    {
+                    // Boxed, as the rare awaits below: the connection's future holds
+                    // the state of its common awaits only (issue 10).
+                    let registering = Box::pin(register(
+                        &inner, key, conn_id, dialed, &remote, &handles, presence,
+                    ));
+                    match registering.await {
                         true => {
                             registered = Some(key);
                             // Admitted: now the grants of its auth line are worth storing.
@@ -363,7 +427,14 @@ pub async fn run_with(
                     inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
                     if let Some(key) = registered {
                         let name = peer_name.as_deref();
-                        super::refusals::on_peer_err(&inner, &key, name, &e, &mut err_misses).await;
+                        Box::pin(super::refusals::on_peer_err(
+                            &inner,
+                            &key,
+                            name,
+                            &e,
+                            &mut err_misses,
+                        ))
+                        .await;
                     }
                 }
                 SessionEvent::BlobReceived(b) => {
@@ -519,7 +590,7 @@ pub async fn run_with(
                 }
             }
             _ = outbox.notified(), if registered.is_some() => session.outbox_changed(),
-            Some(line) = eph_rx.recv() => session.send_ephemeral(line),
+            line = ephemeral.recv() => session.send_ephemeral(line),
             _ = sleep_until(wake) => session.handle_timeout(Instant::now()),
         }
     }
@@ -560,6 +631,7 @@ pub async fn run_with(
     if let Some(key) = registered {
         unregister(&inner, key, conn_id, &reason);
     }
+    ephemeral.close();
     let _ = done_tx.send(true);
     if let Some(tx) = up_tx.take() {
         let _ = tx.send(Err((reason.clone(), session.peer().or(expected))));
@@ -767,4 +839,37 @@ pub fn line_event(
         "line": line.to_value(),
         "at": wire::time::format_ms(wire::time::now_ms()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_ephemeral_queue_is_bounded_ordered_and_holds_nothing_when_empty() {
+        let q = Ephemeral::new();
+        assert_eq!(q.lock().0.capacity(), 0, "a new queue holds no storage");
+        for i in 0..EPHEMERAL_QUEUE {
+            assert!(q.try_send(vec![i as u8]));
+        }
+        // Full: the next line is dropped.
+        assert!(!q.try_send(vec![0xff]));
+        for i in 0..EPHEMERAL_QUEUE {
+            assert_eq!(q.recv().await, vec![i as u8]);
+        }
+        // Drained after a burst: the storage it grew is given back.
+        assert_eq!(q.lock().0.capacity(), 0);
+        // A waiting receiver gets a line sent later.
+        let q = Arc::new(q);
+        let q2 = q.clone();
+        let waiter = tokio::spawn(async move { q2.recv().await });
+        tokio::task::yield_now().await;
+        assert!(q.try_send(b"later".to_vec()));
+        assert_eq!(waiter.await.unwrap(), b"later");
+        // Once the connection has ended, sends fail and nothing is kept.
+        assert!(q.try_send(b"dropped".to_vec()));
+        q.close();
+        assert!(!q.try_send(b"refused".to_vec()));
+        assert!(q.lock().0.is_empty());
+    }
 }

@@ -706,6 +706,9 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
                     continue;
                 };
                 let inner2 = inner.clone();
+                // Each phase (transport handshake, circuit, session) is boxed: the task
+                // then holds only the phase it is in, not the largest of the three for
+                // its whole life (issue 10: an idle connection's memory).
                 inner.tasks.spawn(async move {
                     let _permit = permit;
                     let hs_slot = Arc::new(hs_slot);
@@ -716,12 +719,13 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
                         tracing::debug!(%remote, "inbound socket: {e}");
                         return;
                     }
-                    let routed = tokio::time::timeout_at(deadline, circuits::accept(&inner2, inc));
+                    let routed =
+                        tokio::time::timeout_at(deadline, Box::pin(circuits::accept(&inner2, inc)));
                     let conn = match routed.await {
                         Ok(Ok(net::circuit::Routed::Awp(c))) => c,
                         Ok(Ok(net::circuit::Routed::Circuit(io, key, remote))) => {
                             drop(hs_slot);
-                            circuits::serve(&inner2, io, key, remote).await;
+                            Box::pin(circuits::serve(&inner2, io, key, remote)).await;
                             return;
                         }
                         Ok(Err(e)) => {
@@ -733,7 +737,8 @@ async fn accept_loop(inner: Arc<Inner>, listener: net::Listener) {
                             return;
                         }
                     };
-                    conn::run(inner2, conn, conn::Dial::Inbound(Some(hs_slot)), deadline).await;
+                    let dial = conn::Dial::Inbound(Some(hs_slot));
+                    Box::pin(conn::run(inner2, conn, dial, deadline)).await;
                 });
             }
             Err(e) => {
@@ -819,7 +824,7 @@ impl Inner {
             .unwrap_or_else(|p| p.into_inner())
             .get(peer)
             .map(|c| c.handles.ephemeral.clone());
-        tx.is_some_and(|tx| tx.try_send(line.encode()).is_ok())
+        tx.is_some_and(|tx| tx.try_send(line.encode()))
     }
 
     /// A fresh connection id.

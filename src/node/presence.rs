@@ -124,7 +124,7 @@ fn broadcast(inner: &Inner, line: &[u8], except: &[PeerKey]) -> u64 {
     };
     let mut sent = 0;
     for tx in targets {
-        if tx.try_send(line.to_vec()).is_ok() {
+        if tx.try_send(line.to_vec()) {
             sent += 1;
         } else {
             inner
