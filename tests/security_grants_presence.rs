@@ -98,3 +98,61 @@ async fn presence_documents_are_forwarded_byte_for_byte() {
     };
     assert_eq!(p.hops, 1);
 }
+
+/// Forwarding never queues more than a peer's ephemeral queue holds: once writes to a
+/// presence peer that never reads back up, the node stops taking its queued lines, the
+/// queue fills and further documents are counted as `forward_dropped`. (The connection
+/// used to move every queued line into its unbounded control queue whether or not the
+/// peer read, so a peer that never reads held every document forwarded to it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_presence_peer_that_never_reads_misses_documents_instead_of_holding_them() {
+    let node = TestNode::start("relay").await;
+    // Presence peers that send documents and never read a byte.
+    let mut peers = Vec::new();
+    for seed in 0..8u8 {
+        peers.push(presence_peer(&node, 60 + seed).await);
+    }
+    eventually(10, || async {
+        let r = node.ctl(Request::PresenceStatus).await;
+        (r.body["presence_peers"] == 8).then_some(())
+    })
+    .await;
+    // Each forwards to the seven others: far more than a socket, a write batch and the
+    // ephemeral queue of each hold, within each connection's presence burst.
+    let pad = "p".repeat(16 * 1024);
+    for (i, peer) in peers.iter_mut().enumerate() {
+        for j in 0..110u8 {
+            let mut seed = [0x5a; 32];
+            (seed[0], seed[1]) = (i as u8, j);
+            let origin = Identity::from_seed(&seed);
+            let now = wire::time::now_ms();
+            let unsigned = format!(
+                r#"{{"origin":"{}","seq":{now},"ts":"{}","name":"o@test","x-pad":"{pad}"}}"#,
+                origin.key(),
+                wire::time::format_ms(now)
+            );
+            let map: Map<String, Value> = serde_json::from_str(&unsigned).unwrap();
+            let sig = sign_object(&origin, &map);
+            let doc = format!(r#"{},"sig":"{sig}"}}"#, &unsigned[..unsigned.len() - 1]);
+            let line = format!(
+                r#"{{"t":"presence","id":"01K{:023}","ts":"{}","doc":{doc},"hops":0}}"#,
+                i * 1000 + j as usize,
+                wire::time::format_ms(now)
+            );
+            peer.write(line.as_bytes()).await;
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = node.ctl(Request::PresenceStatus).await.body;
+        if status["forward_dropped"].as_u64() > Some(0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing dropped: {}",
+            serde_json::to_string(&status).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

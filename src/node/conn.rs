@@ -590,7 +590,10 @@ pub async fn run_with(
                 }
             }
             _ = outbox.notified(), if registered.is_some() => session.outbox_changed(),
-            line = ephemeral.recv() => session.send_ephemeral(line),
+            // Taken only while the write batch has room: a peer that does not read
+            // leaves its lines in the bounded queue (later ones are dropped) instead of
+            // the session's control queue, which has no bound.
+            line = ephemeral.recv(), if pending.len() < WRITE_BATCH => session.send_ephemeral(line),
             _ = sleep_until(wake) => session.handle_timeout(Instant::now()),
         }
     }
