@@ -120,7 +120,14 @@ async fn a_presence_peer_that_never_reads_misses_documents_instead_of_holding_th
     // Each forwards to the seven others: far more than a socket, a write batch and the
     // ephemeral queue of each hold, within each connection's presence burst.
     let pad = "p".repeat(16 * 1024);
+    let dropped = || async {
+        let status = node.ctl(Request::PresenceStatus).await.body;
+        (status["forward_dropped"].as_u64() > Some(0), status)
+    };
     for (i, peer) in peers.iter_mut().enumerate() {
+        if dropped().await.0 {
+            break;
+        }
         for j in 0..110u8 {
             let mut seed = [0x5a; 32];
             (seed[0], seed[1]) = (i as u8, j);
@@ -144,8 +151,8 @@ async fn a_presence_peer_that_never_reads_misses_documents_instead_of_holding_th
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let status = node.ctl(Request::PresenceStatus).await.body;
-        if status["forward_dropped"].as_u64() > Some(0) {
+        let (dropped, status) = dropped().await;
+        if dropped {
             break;
         }
         assert!(
