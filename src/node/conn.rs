@@ -40,8 +40,10 @@ const ERROR_LINGER: Duration = Duration::from_millis(500);
 const EPHEMERAL_QUEUE: usize = 256;
 
 /// Lines to write to one connection that are not in the outbox (presence, grants): at
-/// most [`EPHEMERAL_QUEUE`] lines, in order. It holds no storage while empty (and gives
-/// back what a burst grew), so an idle connection keeps no preallocated slots (issue 10).
+/// most [`EPHEMERAL_QUEUE`] lines, in order. The connection takes them only while its
+/// write batch has room, so for a peer that does not read they stay here and later ones
+/// are refused. It holds no storage while empty (and gives back what a burst grew), so
+/// an idle connection keeps no preallocated slots (issue 10).
 pub(crate) struct Ephemeral {
     /// The lines, and whether the connection has ended.
     lines: std::sync::Mutex<(std::collections::VecDeque<Vec<u8>>, bool)>,
