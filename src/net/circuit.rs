@@ -54,6 +54,13 @@ const SPLICE_BUF: usize = 64 * 1024;
 /// Kernel pipe per direction while bytes flow (Linux, `splice(2)`): its capacity in bytes
 /// (the system's default, 64 KiB, where this size is not allowed).
 const PIPE_SIZE: usize = 1024 * 1024;
+/// At most this many pipes of the process are enlarged to [`PIPE_SIZE`] at once; others
+/// keep the system's default size. The kernel counts pipe buffers per user
+/// (`/proc/sys/fs/pipe-user-pages-soft`, 64 MiB by default): past it, every new pipe of
+/// that user, in any of its processes, gets one page. 16 enlarged pipes hold at most
+/// 16 MiB, so a busy relay neither starves its user's other processes nor holds more
+/// than that in the kernel for circuits whose target does not read.
+const ENLARGED_PIPES: usize = 16;
 /// A direction keeps its pipe this long after its last bytes (a new pipe costs four
 /// system calls: `pipe2`, `F_SETPIPE_SZ` and two `close`); an idle circuit holds none.
 const PIPE_KEEP: Duration = Duration::from_secs(1);
@@ -1110,6 +1117,10 @@ mod pipe {
     mod linux {
         use rustix::fd::{AsFd, OwnedFd};
         use rustix::pipe::{fcntl_setpipe_size, pipe_with, splice, PipeFlags, SpliceFlags};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        /// Pipes of this process enlarged now (at most [`super::super::ENLARGED_PIPES`]).
+        static ENLARGED: AtomicUsize = AtomicUsize::new(0);
 
         /// A pipe and the bytes it holds.
         pub struct Pipe {
@@ -1117,17 +1128,45 @@ mod pipe {
             write: OwnedFd,
             /// Its capacity in bytes.
             size: usize,
+            /// Counted in [`ENLARGED`] (given back on drop).
+            enlarged: bool,
         }
 
         impl Pipe {
-            /// A non-blocking pipe of [`super::super::PIPE_SIZE`] bytes (or the system's
-            /// default where that size is not allowed); `None` when none can be made.
+            /// A non-blocking pipe of [`super::super::PIPE_SIZE`] bytes while fewer than
+            /// [`super::super::ENLARGED_PIPES`] are, else (or where that size is not
+            /// allowed) of the system's default size; `None` when none can be made.
             pub fn new() -> Option<Pipe> {
                 let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).ok()?;
-                let size = fcntl_setpipe_size(&write, super::super::PIPE_SIZE)
-                    .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))
-                    .ok()?;
-                Some(Pipe { read, write, size })
+                let slot = ENLARGED
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < super::super::ENLARGED_PIPES).then_some(n + 1)
+                    })
+                    .is_ok();
+                let grown = if slot {
+                    fcntl_setpipe_size(&write, super::super::PIPE_SIZE).ok()
+                } else {
+                    None
+                };
+                if slot && grown.is_none() {
+                    ENLARGED.fetch_sub(1, Ordering::AcqRel);
+                }
+                let size = match grown {
+                    Some(size) => size,
+                    None => rustix::pipe::fcntl_getpipe_size(&write).ok()?,
+                };
+                Some(Pipe {
+                    read,
+                    write,
+                    size,
+                    enlarged: grown.is_some(),
+                })
+            }
+
+            /// Its capacity in bytes.
+            #[cfg(test)]
+            pub fn size(&self) -> usize {
+                self.size
             }
 
             /// Move at most `max` bytes from the socket `from` into the (empty) pipe.
@@ -1144,12 +1183,26 @@ mod pipe {
                 )?)
             }
 
+            /// Give back its place among the enlarged pipes (on drop).
+            pub(super) fn release(&mut self) {
+                if std::mem::take(&mut self.enlarged) {
+                    ENLARGED.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+
             /// Move at most `max` of the bytes in the pipe to the socket `to`.
             /// `WouldBlock` when the socket takes none now.
             pub fn drain(&mut self, to: impl AsFd, max: usize) -> std::io::Result<usize> {
                 let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
                 Ok(splice(&self.read, None, to, None, max, flags)?)
             }
+        }
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    impl Drop for linux::Pipe {
+        fn drop(&mut self) {
+            self.release();
         }
     }
 
@@ -1653,6 +1706,23 @@ mod tests {
     }
 
     const NOW: u64 = 1_800_000_000_000;
+
+    /// However many circuits move bytes at once, at most [`ENLARGED_PIPES`] pipes of the
+    /// process are enlarged; the rest keep the system's default size (still usable).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn only_a_bounded_number_of_pipes_are_enlarged() {
+        let held: Vec<pipe::Pipe> = (0..ENLARGED_PIPES + 4)
+            .map(|_| pipe::Pipe::new().expect("a pipe"))
+            .collect();
+        let big = held.iter().filter(|p| p.size() == PIPE_SIZE).count();
+        assert!(big <= ENLARGED_PIPES, "{big} enlarged");
+        assert!(
+            held.iter().filter(|p| p.size() < PIPE_SIZE).count() >= 4,
+            "pipes past the bound keep the default size"
+        );
+        assert!(held.iter().all(|p| p.size() > 0));
+    }
 
     type Edit = Box<dyn Fn(&mut Map<String, Value>)>;
 

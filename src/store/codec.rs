@@ -2,17 +2,19 @@
 //! where the payload is an encoded line kept byte-exact (no JSON escaping of the line).
 //! Every decoding failure is [`StoreError::Corrupt`]; nothing here panics on disk data.
 //!
-//! Payloads of [`COMPRESS_MIN`] to [`COMPRESS_MAX`] bytes are stored LZ4-compressed (the
-//! LZ4 block format, prefixed with the decompressed length as a little-endian `u32`) when
-//! that saves at least a sixteenth; bit 30 of the length word marks them ([`LZ4`]). Records
-//! written by earlier versions may be raw-DEFLATE compressed (RFC 1951), marked by the top
-//! bit ([`DEFLATED`]); they still read, and records from before compression existed have
-//! both bits clear and read as they are. Compression keeps the database within 1.5 × the
-//! lines it holds: sled 0.34 rewrites a log segment only once half of it is dead, so its
-//! files are up to about twice what they hold (see `scripts/bench-disk.sh`). LZ4 replaced
-//! DEFLATE because a DEFLATE round trip of a 300-byte line cost about 17 µs (most of it
-//! building Huffman tables and compressor state per line) against under 1 µs for LZ4: it was
-//! two thirds of a resume replay's CPU and a large part of receiving signed lines.
+//! Payloads of [`COMPRESS_MIN`] to [`COMPRESS_MAX`] bytes are stored compressed when that
+//! saves at least a sixteenth: below [`DEFLATE_MIN`] bytes as an LZ4 block (prefixed with
+//! the decompressed length as a little-endian `u32`; bit 30 of the length word, [`LZ4`]),
+//! from it up as raw DEFLATE (RFC 1951, level 1; the top bit, [`DEFLATED`]). Records from
+//! before compression existed have both bits clear and read as they are; records of earlier
+//! versions that DEFLATE-compressed every size still read. Compression keeps the database
+//! within 1.5 × the lines it holds (`scripts/bench-disk.sh`, 1.5 KB lines): sled 0.34
+//! rewrites a log segment only once half of it is dead, so its files are up to about twice
+//! what they hold. Why two codecs: a DEFLATE round trip of a 300-byte line costs about
+//! 17 µs, most of it building Huffman tables and compressor state per line, against under
+//! 1 µs for LZ4 (it was two thirds of a resume replay's CPU, and every signed msg line is
+//! over 256 bytes); on 1.5 KB of prose LZ4 keeps 54 % of the bytes against DEFLATE's 38 %,
+//! which takes the database over the 1.5 × bound.
 
 use super::{AddrSource, Dir, StoreError};
 use crate::wire::PeerKey;
@@ -110,8 +112,7 @@ pub(crate) fn corrupt(tree: &'static str, detail: impl std::fmt::Display) -> Sto
     }
 }
 
-/// Bit of the length word marking a raw-DEFLATE-compressed payload (RFC 1951; written by
-/// earlier versions, read only).
+/// Bit of the length word marking a raw-DEFLATE-compressed payload (RFC 1951).
 pub(crate) const DEFLATED: u32 = 1 << 31;
 /// Bit of the length word marking an LZ4-compressed payload (decompressed length as a
 /// little-endian `u32`, then one LZ4 block).
@@ -120,6 +121,10 @@ pub(crate) const LZ4: u32 = 1 << 30;
 const LEN_MASK: u32 = LZ4 - 1;
 /// Shorter payloads are stored as they are.
 pub(crate) const COMPRESS_MIN: usize = 256;
+/// Payloads from this size up are DEFLATE-compressed, shorter ones LZ4-compressed.
+pub(crate) const DEFLATE_MIN: usize = 1024;
+/// DEFLATE level (1: fastest; a 1.5 KB line takes some microseconds).
+const DEFLATE_LEVEL: u8 = 1;
 /// Longer payloads too: blob chunk lines (up to 1 MiB of base64 of file data, which
 /// compression shrinks by a quarter at most) are stored as they are, so sending and
 /// receiving files costs no compression time.
@@ -174,8 +179,8 @@ impl<'b> Payload<'b> {
                     .split_first_chunk::<4>()
                     .ok_or_else(|| bad(&"shorter than its length"))?;
                 let len = u32::from_le_bytes(*len) as usize;
-                if len > crate::wire::MAX_LINE {
-                    return Err(bad(&format!("length {len} over the line cap")));
+                if len > COMPRESS_MAX {
+                    return Err(bad(&format!("length {len} over {COMPRESS_MAX}")));
                 }
                 let out = lz4_flex::block::decompress(block, len).map_err(|e| bad(&e))?;
                 if out.len() != len {
@@ -187,17 +192,26 @@ impl<'b> Payload<'b> {
     }
 }
 
-/// `payload` LZ4-compressed when that saves at least a sixteenth (see the module doc).
-fn compress(payload: &[u8]) -> Option<Vec<u8>> {
+/// `payload` compressed, with the codec's flag, when that saves at least a sixteenth (see
+/// the module doc).
+fn compress(payload: &[u8]) -> Option<(u32, Vec<u8>)> {
     if !(COMPRESS_MIN..=COMPRESS_MAX).contains(&payload.len()) {
         return None;
     }
-    let len = u32::try_from(payload.len()).ok()?;
-    let mut out = vec![0u8; 4 + lz4_flex::block::get_maximum_output_size(payload.len())];
-    out[..4].copy_from_slice(&len.to_le_bytes());
-    let n = lz4_flex::block::compress_into(payload, &mut out[4..]).ok()?;
-    out.truncate(4 + n);
-    (out.len() + payload.len() / 16 <= payload.len()).then_some(out)
+    let (flag, out) = if payload.len() >= DEFLATE_MIN {
+        (
+            DEFLATED,
+            miniz_oxide::deflate::compress_to_vec(payload, DEFLATE_LEVEL),
+        )
+    } else {
+        let len = u32::try_from(payload.len()).ok()?;
+        let mut out = vec![0u8; 4 + lz4_flex::block::get_maximum_output_size(payload.len())];
+        out[..4].copy_from_slice(&len.to_le_bytes());
+        let n = lz4_flex::block::compress_into(payload, &mut out[4..]).ok()?;
+        out.truncate(4 + n);
+        (LZ4, out)
+    };
+    (out.len() + payload.len() / 16 <= payload.len()).then_some((flag, out))
 }
 
 fn header_bytes<T: Serialize>(header: &T) -> Result<(Vec<u8>, u32), StoreError> {
@@ -221,7 +235,7 @@ fn assemble(h: &[u8], len: u32, payload: &[u8]) -> Vec<u8> {
 pub(crate) fn pack<T: Serialize>(header: &T, payload: &[u8]) -> Result<Vec<u8>, StoreError> {
     let (h, len) = header_bytes(header)?;
     match compress(payload) {
-        Some(z) => Ok(assemble(&h, len | LZ4, &z)),
+        Some((flag, z)) => Ok(assemble(&h, len | flag, &z)),
         None => Ok(assemble(&h, len, payload)),
     }
 }

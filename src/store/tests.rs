@@ -1138,12 +1138,12 @@ fn leftover_generating_snapshot_is_quarantined() {
     assert!(q[0].ends_with("-snap.00000000FFFFFFFF.generating"), "{q:?}");
 }
 
-/// Lines of 256 bytes or more are stored compressed (LZ4) and read back byte-exact;
-/// records written by earlier versions (raw-DEFLATE compressed, or from before
-/// compression) still read.
+/// Lines of 256 bytes or more are stored compressed (DEFLATE from 1 KiB, LZ4 below) and
+/// read back byte-exact; records written by earlier versions (DEFLATE at any size, or from
+/// before compression) still read.
 #[test]
 fn long_lines_are_stored_compressed_and_old_records_still_read() {
-    use super::codec::{pack, unpack, Payload, DEFLATED, LZ4};
+    use super::codec::{pack, unpack, Payload, DEFLATED, DEFLATE_MIN, LZ4};
     let word = |r: &[u8]| u32::from_be_bytes(r[..4].try_into().unwrap());
     let (_d, s) = open();
     let p = key(1);
@@ -1153,7 +1153,11 @@ fn long_lines_are_stored_compressed_and_old_records_still_read() {
     assert!(e.line.len() > 1000);
     // The line is kept once, in the log (the outbox record points at it).
     let raw = s.trees.t(tx::T::Log).iter().next().unwrap().unwrap().1;
-    assert_eq!(word(&raw) & (LZ4 | DEFLATED), LZ4, "stored LZ4-compressed");
+    assert_eq!(
+        word(&raw) & (LZ4 | DEFLATED),
+        DEFLATED,
+        "stored DEFLATE-compressed"
+    );
     assert!(raw.len() < e.line.len() / 2, "{} bytes stored", raw.len());
     assert_eq!(outbox_ids(&s, &p), vec![e.id.clone()]);
     assert_eq!(s.outbox_after(&p, None, 1).unwrap()[0].line, e.line);
@@ -1190,6 +1194,15 @@ fn long_lines_are_stored_compressed_and_old_records_still_read() {
     // Kept as stored when only the header changes.
     let again = super::codec::repack(&hdr, payload).unwrap();
     assert_eq!(word(&again) & (LZ4 | DEFLATED), DEFLATED);
+    // Below DEFLATE_MIN: LZ4, read back byte-exact.
+    let mid = &text.as_bytes()[..DEFLATE_MIN - 1];
+    let rec = pack(&hdr, mid).unwrap();
+    assert_eq!(word(&rec) & (LZ4 | DEFLATED), LZ4);
+    assert!(rec.len() < mid.len() / 2);
+    let (_, payload): (serde_json::Value, Payload) = unpack("log", &rec).unwrap();
+    assert_eq!(&*payload.get("log").unwrap(), mid);
+    let again = super::codec::repack(&hdr, payload).unwrap();
+    assert_eq!(word(&again) & (LZ4 | DEFLATED), LZ4);
     // Short payloads stay raw.
     let short = pack(&hdr, b"short").unwrap();
     assert_eq!(word(&short) & (LZ4 | DEFLATED), 0);
@@ -1211,19 +1224,21 @@ fn long_lines_are_stored_compressed_and_old_records_still_read() {
     assert_eq!(&n[n.len() - noise.len()..], &noise[..]);
 }
 
-/// Damaged compressed payloads read as corrupt (never a panic or an allocation beyond the
-/// line cap), for each codec.
+/// Damaged compressed payloads read as corrupt (never a panic, nor an allocation beyond
+/// what the codec ever compresses), for each codec.
 #[test]
 fn damaged_compressed_payloads_are_corrupt() {
-    use super::codec::{pack, unpack, Payload, DEFLATED, LZ4};
+    use super::codec::{pack, unpack, Payload, COMPRESS_MAX, DEFLATED, LZ4};
     let hdr = serde_json::json!({"a": 1});
-    let text = "the quick brown fox jumps over the lazy dog; ".repeat(30);
+    // Under DEFLATE_MIN: stored as LZ4.
+    let text = "the quick brown fox jumps over the lazy dog; ".repeat(15);
     let corrupt = |rec: &[u8]| match unpack::<serde_json::Value>("log", rec) {
         Err(StoreError::Corrupt { .. }) => true,
         Ok((_, payload)) => matches!(payload.get("log"), Err(StoreError::Corrupt { .. })),
         Err(e) => panic!("{e}"),
     };
     let good = pack(&hdr, text.as_bytes()).unwrap();
+    assert_ne!(u32::from_be_bytes(good[..4].try_into().unwrap()) & LZ4, 0);
     let (_, payload): (serde_json::Value, Payload) = unpack("log", &good).unwrap();
     assert_eq!(&*payload.get("log").unwrap(), text.as_bytes());
     // Truncated block.
@@ -1233,11 +1248,7 @@ fn damaged_compressed_payloads_are_corrupt() {
     let payload_at = 4 + h.len();
     assert!(corrupt(&good[..payload_at + 2]));
     // A length prefix over the line cap, or one that does not match the block.
-    for len in [
-        u32::MAX,
-        (crate::wire::MAX_LINE + 1) as u32,
-        text.len() as u32 + 1,
-    ] {
+    for len in [u32::MAX, (COMPRESS_MAX + 1) as u32, text.len() as u32 + 1] {
         let mut bad = good.clone();
         bad[payload_at..payload_at + 4].copy_from_slice(&len.to_le_bytes());
         assert!(corrupt(&bad), "length {len}");
