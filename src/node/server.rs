@@ -440,7 +440,10 @@ pub(super) fn resolve_grant(inner: &Inner, text: &str) -> Result<crate::store::G
             ),
         ));
     }
-    grant_by_prefix(inner.store.grants().map_err(internal)?, &want)
+    grant_by_prefix(
+        inner.store.grants_with_prefix(&want).map_err(internal)?,
+        &want,
+    )
 }
 
 /// The one grant of `grants` whose hash starts with `want` (lower case), or why not.

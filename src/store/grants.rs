@@ -149,6 +149,20 @@ impl Store {
         }
     }
 
+    /// The stored grants whose hash starts with `prefix` (as given: hashes are lower-case
+    /// hex), in hash order: only those records are read and decoded (resolving a hash
+    /// prefix given to `awp grant revoke`/`show` used to decode every grant).
+    pub fn grants_with_prefix(&self, prefix: &str) -> Result<Vec<GrantRecord>, StoreError> {
+        let tree = self.db.open_tree(TREE).map_err(db_err)?;
+        let mut out = Vec::new();
+        for kv in tree.scan_prefix(prefix.as_bytes()) {
+            let (k, v) = kv.map_err(db_err)?;
+            let hash = String::from_utf8(k.to_vec()).map_err(corrupt)?;
+            out.push(decode(hash, &v)?);
+        }
+        Ok(out)
+    }
+
     /// Every stored grant, in hash order.
     pub fn grants(&self) -> Result<Vec<GrantRecord>, StoreError> {
         let tree = self.db.open_tree(TREE).map_err(db_err)?;
@@ -336,6 +350,37 @@ mod tests {
         assert!(s.grant_revoked(&rec.hash).unwrap());
         assert!(s.grant_remove(&rec.hash).unwrap());
         assert!(s.grants().unwrap().is_empty());
+    }
+
+    /// A hash prefix reads only the grants it matches, in hash order.
+    #[test]
+    fn grants_with_prefix_reads_only_the_matching_ones() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let rec = |hash: String| GrantRecord {
+            hash,
+            role: GrantRole::Issued,
+            from: None,
+            object: Map::new(),
+            stored_ms: 1,
+        };
+        for h in ["ab12", "ab34", "abff", "ac00", "0ab1"] {
+            s.grant_put(&rec(h.repeat(16))).unwrap();
+        }
+        let hashes = |p: &str| -> Vec<String> {
+            s.grants_with_prefix(p)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.hash)
+                .collect()
+        };
+        assert_eq!(
+            hashes("ab"),
+            vec!["ab12".repeat(16), "ab34".repeat(16), "abff".repeat(16)]
+        );
+        assert_eq!(hashes("ab3"), vec!["ab34".repeat(16)]);
+        assert!(hashes("ad").is_empty());
+        assert_eq!(hashes("").len(), 5);
     }
 
     #[test]
