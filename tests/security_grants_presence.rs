@@ -36,6 +36,19 @@ async fn presence_peer(node: &TestNode, seed: u8) -> Raw {
 }
 
 /// The text of field `doc` of a line, exactly as written.
+/// The document `unsigned` (a JSON object, kept byte for byte) with `origin`'s signature
+/// appended as `sig`, and a `presence` line carrying it (hops 0, id `id`, sent at `now_ms`).
+fn presence_line(origin: &Identity, unsigned: &str, id: &str, now_ms: u64) -> (String, String) {
+    let map: Map<String, Value> = serde_json::from_str(unsigned).unwrap();
+    let sig = sign_object(origin, &map);
+    let doc = format!(r#"{},"sig":"{sig}"}}"#, &unsigned[..unsigned.len() - 1]);
+    let line = format!(
+        r#"{{"t":"presence","id":"{id}","ts":"{}","doc":{doc},"hops":0}}"#,
+        wire::time::format_ms(now_ms)
+    );
+    (doc, line)
+}
+
 fn raw_doc(line: &[u8]) -> String {
     #[derive(serde::Deserialize)]
     struct DocOnly<'a> {
@@ -71,13 +84,7 @@ async fn presence_documents_are_forwarded_byte_for_byte() {
         origin.key(),
         wire::time::format_ms(now)
     );
-    let map: Map<String, Value> = serde_json::from_str(&unsigned).unwrap();
-    let sig = sign_object(&origin, &map);
-    let doc = format!(r#"{},"sig":"{sig}"}}"#, &unsigned[..unsigned.len() - 1]);
-    let line = format!(
-        r#"{{"t":"presence","id":"01K00000000000000000000005","ts":"{}","doc":{doc},"hops":0}}"#,
-        wire::time::format_ms(now)
-    );
+    let (doc, line) = presence_line(&origin, &unsigned, "01K00000000000000000000005", now);
     sender.write(line.as_bytes()).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let forwarded = loop {
@@ -138,14 +145,8 @@ async fn a_presence_peer_that_never_reads_misses_documents_instead_of_holding_th
                 origin.key(),
                 wire::time::format_ms(now)
             );
-            let map: Map<String, Value> = serde_json::from_str(&unsigned).unwrap();
-            let sig = sign_object(&origin, &map);
-            let doc = format!(r#"{},"sig":"{sig}"}}"#, &unsigned[..unsigned.len() - 1]);
-            let line = format!(
-                r#"{{"t":"presence","id":"01K{:023}","ts":"{}","doc":{doc},"hops":0}}"#,
-                i * 1000 + j as usize,
-                wire::time::format_ms(now)
-            );
+            let id = format!("01K{:023}", i * 1000 + j as usize);
+            let (_, line) = presence_line(&origin, &unsigned, &id, now);
             peer.write(line.as_bytes()).await;
         }
     }

@@ -1183,13 +1183,6 @@ mod pipe {
                 )?)
             }
 
-            /// Give back its place among the enlarged pipes (on drop).
-            pub(super) fn release(&mut self) {
-                if std::mem::take(&mut self.enlarged) {
-                    ENLARGED.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-
             /// Move at most `max` of the bytes in the pipe to the socket `to`.
             /// `WouldBlock` when the socket takes none now.
             pub fn drain(&mut self, to: impl AsFd, max: usize) -> std::io::Result<usize> {
@@ -1197,12 +1190,14 @@ mod pipe {
                 Ok(splice(&self.read, None, to, None, max, flags)?)
             }
         }
-    }
 
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    impl Drop for linux::Pipe {
-        fn drop(&mut self) {
-            self.release();
+        impl Drop for Pipe {
+            /// Gives back its place among the enlarged pipes.
+            fn drop(&mut self) {
+                if self.enlarged {
+                    ENLARGED.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
         }
     }
 

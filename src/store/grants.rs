@@ -165,14 +165,7 @@ impl Store {
 
     /// Every stored grant, in hash order.
     pub fn grants(&self) -> Result<Vec<GrantRecord>, StoreError> {
-        let tree = self.db.open_tree(TREE).map_err(db_err)?;
-        let mut out = Vec::new();
-        for kv in tree.iter() {
-            let (k, v) = kv.map_err(db_err)?;
-            let hash = String::from_utf8(k.to_vec()).map_err(corrupt)?;
-            out.push(decode(hash, &v)?);
-        }
-        Ok(out)
+        self.grants_with_prefix("")
     }
 
     /// Up to `limit` stored grants with hash > `after` (from the first when None), in hash
