@@ -514,3 +514,50 @@ async fn export_with_blobs_and_verify_them() {
     let ok = awp(dir.path(), &["verify", file.to_str().unwrap()]);
     assert!(ok.status.success(), "{ok:?}");
 }
+
+/// Hundreds of signed lines in one write reach the node's reader together and are
+/// checked there in one batch: a tampered line among them is refused with `err auth`
+/// naming it, nothing from it on is stored, and no line after it is acked.
+#[tokio::test]
+async fn signing_peer_burst_with_one_bad_line_is_refused_at_that_line() {
+    let node = TestNode::start("n@test").await;
+    let mut raw = signing_peer(&node, 45).await;
+    let id = |i: usize| format!("01K{i:023}");
+    let (n, bad) = (320, 250);
+    let mut burst = Vec::new();
+    for i in 0..n {
+        let mut line = sig::sign_encoded(&raw.identity, &msg(&id(i), "thr_b", "burst")).unwrap();
+        if i == bad {
+            line = String::from_utf8(line)
+                .unwrap()
+                .replace("burst", "bursT")
+                .into_bytes();
+        }
+        burst.extend_from_slice(&line);
+        burst.push(b'\n');
+    }
+    // One write of all of it (Raw::write adds the last `\n`).
+    burst.pop();
+    raw.write(&burst).await;
+    let mut acked = Vec::new();
+    let err = loop {
+        match raw.read_line().await {
+            Some(Line::Ack(a)) => acked.push(a.re),
+            Some(Line::Err(e)) => break e,
+            Some(_) => continue,
+            None => panic!("no err auth; acks for {acked:?}"),
+        }
+    };
+    assert_eq!(err.code, wire::code::AUTH);
+    assert_eq!(err.re.as_deref(), Some(id(bad).as_str()));
+    assert!(acked.iter().all(|re| *re < id(bad)), "{acked:?}");
+    let stored: Vec<String> = node
+        .inbound()
+        .await
+        .iter()
+        .map(|e| e["line"]["id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(stored.iter().all(|s| *s < id(bad)), "{stored:?}");
+    // Every acked line is stored.
+    assert!(acked.iter().all(|re| stored.contains(re)));
+}

@@ -27,6 +27,9 @@ const READ_QUEUE: usize = 4;
 const READ_BATCH_BYTES: usize = 256 * 1024;
 /// Lines per reader batch.
 const READ_BATCH_LINES: usize = 1024;
+/// A reader batch of at least this many lines is parsed (and its signatures checked) on
+/// a blocking thread rather than on the runtime's worker.
+const OFFLOAD_LINES: usize = 32;
 /// Received bytes the session may hold before a commit and flush.
 const COMMIT_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes per write batch.
@@ -150,8 +153,18 @@ pub struct Outcome {
     pub reason: String,
 }
 
-enum ReadItem {
-    Line(Vec<u8>),
+/// What the reader task read in one go, in order.
+struct ReadBatch {
+    /// Lines, parsed in the reader task (with their signatures checked once the session
+    /// is open with a signing peer: [`crate::session::preparse`]).
+    lines: Vec<crate::session::PreParsed>,
+    /// How the read side ended after them, if it did.
+    end: Option<ReadEnd>,
+}
+
+/// How the read side of a connection ended.
+enum ReadEnd {
+    /// A line over the size cap.
     TooLarge,
     /// Clean end: EOF (on TLS, after the peer's close_notify).
     Eof,
@@ -238,36 +251,64 @@ pub async fn run_with(
         ));
     }
 
-    // Reader task: frames lines and hands them over in batches (one await per batch).
-    let (rtx, mut rrx) = mpsc::channel::<Vec<ReadItem>>(READ_QUEUE);
+    // Reader task: frames lines and hands them over in batches (one await per batch),
+    // parsed, and for a signing peer with their signatures checked in one batch: that
+    // work runs here, beside the session's storing of the previous batch.
+    let signer: crate::session::Signer = Default::default();
+    let reader_signer = signer.clone();
+    let (rtx, mut rrx) = mpsc::channel::<ReadBatch>(READ_QUEUE);
     let reader_task = tokio::spawn(async move {
         loop {
             let first = reader.read_line().await;
-            let mut batch = Vec::new();
+            let mut lines = Vec::new();
             let mut bytes = 0;
             let mut item = first;
             let end = loop {
                 let it = match item {
                     Ok(Some(l)) => {
                         bytes += l.len();
-                        ReadItem::Line(l)
+                        lines.push(l);
+                        None
                     }
-                    Ok(None) => ReadItem::Eof,
-                    Err(ReadError::Io(e)) => ReadItem::Cut(cut_detail(&e)),
-                    Err(ReadError::TooLarge) => ReadItem::TooLarge,
+                    Ok(None) => Some(ReadEnd::Eof),
+                    Err(ReadError::Io(e)) => Some(ReadEnd::Cut(cut_detail(&e))),
+                    Err(ReadError::TooLarge) => Some(ReadEnd::TooLarge),
                 };
-                let end = !matches!(it, ReadItem::Line(_));
-                batch.push(it);
-                if end || bytes >= READ_BATCH_BYTES || batch.len() >= READ_BATCH_LINES {
-                    break end;
+                if it.is_some() || bytes >= READ_BATCH_BYTES || lines.len() >= READ_BATCH_LINES {
+                    break it;
                 }
+                // What is buffered, then what the transport has without waiting: a
+                // busy connection's batches grow to the batch bound (fewer hand-offs,
+                // larger signature batches); an idle one's end at what arrived.
                 item = match reader.buffered_line() {
                     Ok(Some(l)) => Ok(Some(l)),
-                    Ok(None) => break false,
+                    Ok(None) => match futures_util::FutureExt::now_or_never(reader.read_line()) {
+                        Some(r) => r,
+                        None => break None,
+                    },
                     Err(e) => Err(e),
                 };
             };
-            if rtx.send(batch).await.is_err() || end {
+            let signer = reader_signer.get().copied();
+            let parsed = if lines.len() >= OFFLOAD_LINES {
+                // Milliseconds of work: on a blocking thread, so that the session's task
+                // (woken on this worker by the last send) is not held behind it.
+                let task = tokio::task::spawn_blocking(move || {
+                    crate::session::preparse(lines, signer.as_ref())
+                });
+                match task.await {
+                    Ok(p) => p,
+                    // A panic in the parsers is a bug: not hidden.
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    // The runtime is shutting down.
+                    Err(_) => return,
+                }
+            } else {
+                crate::session::preparse(lines, signer.as_ref())
+            };
+            let last = end.is_some();
+            let batch = ReadBatch { lines: parsed, end };
+            if rtx.send(batch).await.is_err() || last {
                 return;
             }
         }
@@ -499,6 +540,12 @@ pub async fn run_with(
                 None => break,
             }
         }
+        if signer.get().is_none() {
+            if let Some(key) = session.signer() {
+                // Open with a signing peer: from now on the reader checks signatures.
+                let _ = signer.set(key);
+            }
+        }
         if let Some(c) = session.cursor() {
             let mut shared = cursor.lock().unwrap_or_else(|p| p.into_inner());
             if shared.as_deref() != Some(c) {
@@ -566,17 +613,18 @@ pub async fn run_with(
             batch = rrx.recv(), if !(session.backlogged()
                 || (flight.is_some() && session.pending_bytes() >= COMMIT_BYTES)) => {
                 let now = Instant::now();
-                let mut next = Some(batch.unwrap_or_else(|| vec![ReadItem::Eof]));
+                let mut next = Some(batch.unwrap_or(ReadBatch { lines: Vec::new(), end: Some(ReadEnd::Eof) }));
                 let mut n = 0;
-                while let Some(items) = next.take() {
-                    for item in items {
-                        match item {
-                            ReadItem::Line(l) => session.handle_line_owned(l, now),
-                            ReadItem::TooLarge => session.handle_read_error(true),
-                            ReadItem::Eof => session.handle_eof(),
-                            ReadItem::Cut(d) => session.handle_cut(d),
-                        }
-                        n += 1;
+                while let Some(batch) = next.take() {
+                    n += batch.lines.len() + usize::from(batch.end.is_some());
+                    for line in batch.lines {
+                        session.handle_preparsed(line, now);
+                    }
+                    match batch.end {
+                        Some(ReadEnd::TooLarge) => session.handle_read_error(true),
+                        Some(ReadEnd::Eof) => session.handle_eof(),
+                        Some(ReadEnd::Cut(d)) => session.handle_cut(d),
+                        None => {}
                     }
                     if session.is_closed()
                         || n >= READ_BATCH
@@ -614,12 +662,10 @@ pub async fn run_with(
     if write_failed {
         // Give a closing err from the peer a chance to be read and logged.
         let _ = tokio::time::timeout(ERROR_LINGER, async {
-            while let Some(items) = rrx.recv().await {
-                for item in items {
-                    if let ReadItem::Line(l) = item {
-                        if let Ok(Line::Err(e)) = wire::parse_line(&l) {
-                            tracing::info!(code = %e.code, detail = ?e.detail, "peer's err before close");
-                        }
+            while let Some(batch) = rrx.recv().await {
+                for l in batch.lines {
+                    if let Ok(Line::Err(e)) = wire::parse_line(l.raw()) {
+                        tracing::info!(code = %e.code, detail = ?e.detail, "peer's err before close");
                     }
                 }
             }

@@ -44,6 +44,16 @@ fn verify(
         .verify(obj)
 }
 
+/// A stored grant record, verified through the cache (its signature is checked once
+/// while it stays cached; `awp grants` lists pages of them).
+pub(super) fn verify_stored(inner: &Inner, rec: &GrantRecord) -> Result<Arc<Verified>, GrantError> {
+    inner
+        .grant_cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .verify_named(&rec.hash, &rec.object)
+}
+
 /// Stored records that verify (records that no longer verify are skipped), through the
 /// cache.
 fn verified(inner: &Inner, recs: Vec<GrantRecord>) -> Vec<(GrantRecord, Arc<Verified>)> {

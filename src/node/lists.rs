@@ -190,25 +190,26 @@ pub(super) fn grants(inner: &Inner, page: &Page) -> Result<Value, Fail> {
         .map_err(internal)?;
     for rec in recs {
         let revoked = inner.store.grant_revoked(&rec.hash).unwrap_or(false);
-        let (validity, caps_now, v) = match crate::grant::verify(&rec.object) {
+        let (validity, caps_now, v) = match super::grants::verify_stored(inner, &rec) {
             Err(e) => (format!("invalid: {e}"), Vec::new(), None),
             Ok(v) => {
-                let verdict = match rec.role {
+                let (verdict, caps) = match rec.role {
                     // Held grants are judged by the node they are presented to.
-                    crate::store::GrantRole::Held if v.expired_at(now) => "expired".to_string(),
-                    crate::store::GrantRole::Held if revoked => "revoked".to_string(),
-                    crate::store::GrantRole::Held => "valid".to_string(),
+                    crate::store::GrantRole::Held if v.expired_at(now) => {
+                        ("expired".to_string(), Vec::new())
+                    }
+                    crate::store::GrantRole::Held if revoked => ("revoked".to_string(), Vec::new()),
+                    crate::store::GrantRole::Held => ("valid".to_string(), Vec::new()),
                     _ => match super::grants::honor(inner, &v, now) {
-                        Ok(_) => "valid".to_string(),
-                        Err(crate::grant::GrantError::Expired { .. }) => "expired".to_string(),
-                        Err(crate::grant::GrantError::Revoked { .. }) => "revoked".to_string(),
-                        Err(e) => format!("not honored: {e}"),
+                        Ok(caps) => ("valid".to_string(), caps),
+                        Err(crate::grant::GrantError::Expired { .. }) => {
+                            ("expired".to_string(), Vec::new())
+                        }
+                        Err(crate::grant::GrantError::Revoked { .. }) => {
+                            ("revoked".to_string(), Vec::new())
+                        }
+                        Err(e) => (format!("not honored: {e}"), Vec::new()),
                     },
-                };
-                let caps = if verdict == "valid" && rec.role != crate::store::GrantRole::Held {
-                    super::grants::honor(inner, &v, now).unwrap_or_default()
-                } else {
-                    Vec::new()
                 };
                 (verdict, caps, Some(v))
             }

@@ -21,8 +21,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod preparse;
 #[cfg(test)]
 mod tests;
+
+use preparse::SigCheck;
+pub use preparse::{preparse, PreParsed, Signer};
 
 /// Idle time before we ping (§Liveness).
 pub const PING_IDLE: Duration = Duration::from_secs(30);
@@ -195,9 +199,11 @@ pub struct Session {
     /// Acked-kind lines received but not yet handed to the store (stored in one
     /// transaction by [`Session::commit`]).
     pending_rx: Vec<(Line, Vec<u8>)>,
-    /// Signature checks of lines in `pending_rx` (index into it), made in one batch by
+    /// Signature checks of lines in `pending_rx`, made in one batch by
     /// [`Session::commit`] (issue 13: `verify_batch`, singles to find a bad line).
-    pending_sigs: Vec<(usize, wire::sig::Prepared)>,
+    pending_sigs: Vec<wire::sig::Prepared>,
+    /// For each entry of `pending_sigs`, the index of its line in `pending_rx`.
+    pending_sig_at: Vec<usize>,
     /// Acks received and not yet applied to the store: applied in one transaction, with
     /// the received lines by [`Session::commit`] or alone by [`Session::poll_event`].
     pending_acks: Vec<wire::Ack>,
@@ -276,6 +282,7 @@ impl Session {
             control,
             pending_rx: Vec::new(),
             pending_sigs: Vec::new(),
+            pending_sig_at: Vec::new(),
             pending_acks: Vec::new(),
             pending_bytes: 0,
             held_acks: Vec::new(),
@@ -383,11 +390,11 @@ impl Session {
         }
         let mut batch = std::mem::take(&mut self.pending_rx);
         let sigs = std::mem::take(&mut self.pending_sigs);
+        let sig_at = std::mem::take(&mut self.pending_sig_at);
         let Some(peer) = self.peer else { return };
         if !sigs.is_empty() {
-            let prepared: Vec<wire::sig::Prepared> = sigs.iter().map(|(_, p)| p.clone()).collect();
-            if let Err((bad, e)) = wire::sig::verify_batch(&peer, &prepared) {
-                let at = sigs[bad].0;
+            if let Err((bad, e)) = wire::sig::verify_batch(&peer, &sigs) {
+                let at = sig_at[bad];
                 let (line, _) = &batch[at];
                 let (kind, id) = (line.kind().to_string(), line.id().map(str::to_string));
                 batch.truncate(at);
@@ -766,16 +773,48 @@ impl Session {
 
     /// Feed one received line (without `\n`).
     pub fn handle_line(&mut self, raw: &[u8], now: Instant) {
-        self.handle(std::borrow::Cow::Borrowed(raw), now)
+        self.handle(std::borrow::Cow::Borrowed(raw), None, now)
     }
 
     /// [`Session::handle_line`] for a line the driver owns: a line that is stored keeps
     /// this buffer (no copy per received line).
     pub fn handle_line_owned(&mut self, raw: Vec<u8>, now: Instant) {
-        self.handle(std::borrow::Cow::Owned(raw), now)
+        self.handle(std::borrow::Cow::Owned(raw), None, now)
     }
 
-    fn handle(&mut self, raw: std::borrow::Cow<'_, [u8]>, now: Instant) {
+    /// [`Session::handle_line_owned`] for a line parsed off the session's thread
+    /// ([`preparse`]). Its parse is used when it was made in the mode this session would
+    /// use now (signature checks under this peer's key exactly when the session is open
+    /// with a peer that announced `signed-lines`); otherwise the bytes are parsed again.
+    pub fn handle_preparsed(&mut self, line: PreParsed, now: Instant) {
+        let PreParsed {
+            raw,
+            signer,
+            parsed,
+        } = line;
+        let expected = (self.peer_signs && self.phase == Phase::Open)
+            .then_some(self.peer)
+            .flatten();
+        let parsed = (signer == expected).then_some(parsed);
+        self.handle(std::borrow::Cow::Owned(raw), parsed, now)
+    }
+
+    /// The peer's key once the session is open with a peer that signs its lines (what
+    /// the driver puts in the reader's [`Signer`] slot); `None` before, or for a peer
+    /// that does not sign.
+    pub fn signer(&self) -> Option<PeerKey> {
+        (self.peer_signs && self.phase == Phase::Open)
+            .then_some(self.peer)
+            .flatten()
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn handle(
+        &mut self,
+        raw: std::borrow::Cow<'_, [u8]>,
+        parsed: Option<Result<(Line, Option<SigCheck>), wire::FrameError>>,
+        now: Instant,
+    ) {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
@@ -796,13 +835,13 @@ impl Session {
         self.ping_deadline = now + self.ping_idle;
         // Chunk lines as senders emit them skip the JSON value (crate::blob::fast).
         // A signing peer's lines are parsed once for both the line and its signature check.
-        let parsed = match crate::blob::fast::parse_chunk(&raw) {
+        let parsed = parsed.unwrap_or_else(|| match crate::blob::fast::parse_chunk(&raw) {
             Some(line) => Ok((line, None)),
             None if self.peer_signs && self.phase == Phase::Open => {
-                wire::parse::parse_line_prepared(&raw)
+                wire::parse::parse_line_prepared(&raw).map(|(l, p)| (l, p.map(SigCheck::Ready)))
             }
             None => wire::parse_line(&raw).map(|l| (l, None)),
-        };
+        });
         let (line, prepared) = match parsed {
             Ok(parsed) => parsed,
             Err(e) => {
@@ -953,12 +992,13 @@ impl Session {
             .push_back(SessionEvent::Authenticated { key: peer, hello });
     }
 
-    /// `prepared`: the line's signature check from its parse, when made there.
+    /// `check`: the line's signature check from its parse, when made there (made ready,
+    /// or already verified under this peer's key).
     fn on_open_line(
         &mut self,
         raw: std::borrow::Cow<'_, [u8]>,
         line: Line,
-        prepared: Option<wire::parse::Prepared>,
+        check: Option<SigCheck>,
     ) {
         let Some(peer) = self.peer else { return };
         if !self.up_reported && !matches!(line, Line::Err(_)) {
@@ -972,14 +1012,20 @@ impl Session {
             let deferred = matches!(line, Line::Msg(_) | Line::State(_))
                 && line.id().is_some()
                 && line.th().is_some();
-            let prepared = prepared.unwrap_or_else(|| wire::sig::prepare_line(&raw));
+            let prepared = match check {
+                Some(SigCheck::Done(verified)) => Err(verified),
+                Some(SigCheck::Ready(p)) => Ok(p),
+                None => Ok(wire::sig::prepare_line(&raw)),
+            };
             let checked = match prepared {
-                Ok(p) if deferred => {
-                    self.pending_sigs.push((self.pending_rx.len(), p));
+                Err(verified) => verified,
+                Ok(Ok(p)) if deferred => {
+                    self.pending_sig_at.push(self.pending_rx.len());
+                    self.pending_sigs.push(p);
                     Ok(())
                 }
-                Ok(p) => p.verify(&peer),
-                Err(e) => Err(e),
+                Ok(Ok(p)) => p.verify(&peer),
+                Ok(Err(e)) => Err(e),
             };
             if let Err(e) = checked {
                 let id = line.id().map(str::to_string);
