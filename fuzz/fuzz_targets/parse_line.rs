@@ -38,10 +38,18 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(out.len(), lines.len());
         for p in &out {
             let alone = parse_line(p.raw());
-            assert_eq!(p.line().ok(), alone.as_ref().ok(), "batch and single parse differ");
+            assert_eq!(
+                p.line().ok(),
+                alone.as_ref().ok(),
+                "batch and single parse differ"
+            );
             if p.verified() == Some(true) {
                 assert!(signer.is_some());
-                assert_eq!(sig::verify_line(&key, p.raw()), Ok(()), "accepted a bad sig");
+                assert_eq!(
+                    sig::verify_line(&key, p.raw()),
+                    Ok(()),
+                    "accepted a bad sig"
+                );
             }
         }
     }
