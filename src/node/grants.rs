@@ -57,10 +57,9 @@ pub(super) fn verify_stored(inner: &Inner, rec: &GrantRecord) -> Result<Arc<Veri
 /// Stored records that verify (records that no longer verify are skipped), through the
 /// cache.
 fn verified(inner: &Inner, recs: Vec<GrantRecord>) -> Vec<(GrantRecord, Arc<Verified>)> {
-    let mut cache = inner.grant_cache.lock().unwrap_or_else(|p| p.into_inner());
     recs.into_iter()
         .filter_map(|r| {
-            let v = cache.verify_named(&r.hash, &r.object).ok()?;
+            let v = verify_stored(inner, &r).ok()?;
             Some((r, v))
         })
         .collect()

@@ -792,10 +792,7 @@ impl Session {
             signer,
             parsed,
         } = line;
-        let expected = (self.peer_signs && self.phase == Phase::Open)
-            .then_some(self.peer)
-            .flatten();
-        let parsed = (signer == expected).then_some(parsed);
+        let parsed = (signer == self.signer()).then_some(parsed);
         self.handle(std::borrow::Cow::Owned(raw), parsed, now)
     }
 
@@ -1012,20 +1009,23 @@ impl Session {
             let deferred = matches!(line, Line::Msg(_) | Line::State(_))
                 && line.id().is_some()
                 && line.th().is_some();
-            let prepared = match check {
-                Some(SigCheck::Done(verified)) => Err(verified),
-                Some(SigCheck::Ready(p)) => Ok(p),
-                None => Ok(wire::sig::prepare_line(&raw)),
-            };
-            let checked = match prepared {
-                Err(verified) => verified,
-                Ok(Ok(p)) if deferred => {
-                    self.pending_sig_at.push(self.pending_rx.len());
-                    self.pending_sigs.push(p);
-                    Ok(())
+            let checked = match check {
+                Some(SigCheck::Done(verified)) => verified,
+                check => {
+                    let prepared = match check {
+                        Some(SigCheck::Ready(p)) => p,
+                        _ => wire::sig::prepare_line(&raw),
+                    };
+                    match prepared {
+                        Ok(p) if deferred => {
+                            self.pending_sig_at.push(self.pending_rx.len());
+                            self.pending_sigs.push(p);
+                            Ok(())
+                        }
+                        Ok(p) => p.verify(&peer),
+                        Err(e) => Err(e),
+                    }
                 }
-                Ok(Ok(p)) => p.verify(&peer),
-                Ok(Err(e)) => Err(e),
             };
             if let Err(e) = checked {
                 let id = line.id().map(str::to_string);
