@@ -20,6 +20,7 @@ mod conn;
 mod conn_events;
 mod dialer;
 mod disconnect;
+mod ephemeral;
 pub(crate) mod grants;
 pub mod handshakes;
 mod lists;
