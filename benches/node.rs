@@ -10,7 +10,9 @@
 //! 5. resume replay of a prefilled outbox (`Store::enqueue` before the node starts);
 //! 6. peak RSS (`VmHWM`) of every node process;
 //! 7. CLI command start: `awp --home H status` against a running node, spawn to exit,
-//!    next to the spawn of `/bin/true` (the process-spawn floor).
+//!    next to the spawn of `/bin/true` (the process-spawn floor);
+//! 8. the pipelined run of phase 4 against a node reached directly and through a circuit
+//!    of an `awp relay` (issue 14, spec/relay-circuits.md), in rounds alternating the two.
 //!
 //! Nodes run as separate processes (`awp daemon --home H --listen tls:127.0.0.1:0`); their
 //! port comes from the control `status`. Everything stays on 127.0.0.1 in temporary homes;
@@ -22,10 +24,12 @@
 //! `target/release/awp`), `AWP_BENCH_DIR` (parent of the temporary homes, default the
 //! system temp dir), `AWP_BENCH_PIDS` (a file to which node pids are appended, for a
 //! cleanup trap), `BENCH_FSYNC_N`, `BENCH_HANDSHAKE_N`, `BENCH_RTT_N`, `BENCH_PIPE_N`,
-//! `BENCH_REPLAY_N`, `BENCH_CLI_N`, `BENCH_PHASE_LIMIT_S` (per-phase time limit, default
+//! `BENCH_REPLAY_N`, `BENCH_CLI_N`, `BENCH_CIRCUIT_N` (msgs per round of phase 8, default
+//! 30,000; 0 skips it), `BENCH_CIRCUIT_ROUNDS` (default 3), `BENCH_ONLY=circuit` (phase 8
+//! alone, for `scripts/bench-circuit.sh`), `BENCH_PHASE_LIMIT_S` (per-phase time limit, default
 //! 120), `AWP_BENCH_SUMMARY` (a file to which `name value` lines of the headline figures
 //! are appended for `scripts/bench.sh`'s table: `fsync_p50_ms`, `rtt_p50_ms`,
-//! `pipe_msgs_s`, `pipe_signed_msgs_s`, `replay_s`, `replay_n`, `cli_p50_ms`, `spawn_p50_ms`).
+//! `pipe_msgs_s`, `pipe_signed_msgs_s`, `replay_s`, `replay_n`, `cli_p50_ms`, `spawn_p50_ms`, `circuit_ratio`).
 
 use anyhow::{anyhow, bail, Context, Result};
 use awp_node::control::{self, Request};
@@ -65,6 +69,8 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 const PREFILL_BATCH: usize = 1000;
 /// Bytes per write call of the pipelined writer.
 const PIPE_CHUNK: usize = 64 * 1024;
+/// Target (issue 14): pipelined msgs/s through a relay circuit, as a share of direct.
+const CIRCUIT_TARGET: f64 = 0.8;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -99,6 +105,9 @@ struct Config {
     pipe_n: usize,
     replay_n: usize,
     cli_n: usize,
+    circuit_n: usize,
+    circuit_rounds: usize,
+    only_circuit: bool,
     phase_limit: Duration,
     summary: Option<PathBuf>,
 }
@@ -145,6 +154,9 @@ impl Config {
             pipe_n: env_usize("BENCH_PIPE_N", 100_000),
             replay_n: env_usize("BENCH_REPLAY_N", 100_000),
             cli_n: env_usize("BENCH_CLI_N", 50),
+            circuit_n: env_usize("BENCH_CIRCUIT_N", 30_000),
+            circuit_rounds: env_usize("BENCH_CIRCUIT_ROUNDS", 3).max(1),
+            only_circuit: std::env::var("BENCH_ONLY").is_ok_and(|v| v == "circuit"),
             summary: std::env::var_os("AWP_BENCH_SUMMARY").map(PathBuf::from),
             phase_limit: Duration::from_secs(env_usize("BENCH_PHASE_LIMIT_S", 120) as u64),
         })
@@ -270,15 +282,27 @@ struct Daemon {
 
 impl Daemon {
     async fn start(cfg: &Config, label: &'static str, home: &Path) -> Result<Daemon> {
+        let listen = ["daemon", "--listen", "tls:127.0.0.1:0"].map(String::from);
+        Self::start_with(cfg, label, home, &listen).await
+    }
+
+    /// Start `awp ARGS… --home HOME` (ARGS: the command and its flags) and wait for its
+    /// control socket; the node must listen on a `tls:127.0.0.1:` address.
+    async fn start_with(
+        cfg: &Config,
+        label: &'static str,
+        home: &Path,
+        args: &[String],
+    ) -> Result<Daemon> {
         std::fs::create_dir_all(home)?;
         let log_path = home.join("bench-node.log");
         let log = std::fs::File::create(&log_path)?;
         let t0 = Instant::now();
         let child = Command::new(&cfg.bin)
-            .arg("daemon")
+            .args(args)
             .arg("--home")
             .arg(home)
-            .args(["--listen", "tls:127.0.0.1:0", "--name"])
+            .arg("--name")
             .arg(format!("{label}@bench"))
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -623,9 +647,20 @@ struct PipeResult {
 /// `signed` (phase 4b): the client announces `signed-lines` and signs every line (before
 /// the clock starts), so the node verifies each.
 async fn phase_pipe(node: &Daemon, n: usize, limit: Duration, signed: bool) -> Result<PipeResult> {
+    phase_pipe_at(node, &node.addr, n, limit, signed).await
+}
+
+/// [`phase_pipe`] dialing `addr` (the node's own address, or a circuit to it).
+async fn phase_pipe_at(
+    node: &Daemon,
+    addr: &Address,
+    n: usize,
+    limit: Duration,
+    signed: bool,
+) -> Result<PipeResult> {
     let identity = Identity::generate();
     let tls = TlsConfig::new(&identity)?;
-    let mut c = Client::connect(&node.addr, &tls).await?;
+    let mut c = Client::connect(addr, &tls).await?;
     let caps = if signed {
         vec![wire::sig::CAP.to_string()]
     } else {
@@ -735,6 +770,95 @@ async fn phase_pipe(node: &Daemon, n: usize, limit: Duration, signed: bool) -> R
         client_cpu: cpu1.1 - cpu0.1,
         line_bytes,
     })
+}
+
+/// Phase 8's figures: msgs/s of each round on each path, the relay's CPU time over the
+/// circuit rounds, the msgs those rounds carried.
+struct CircuitResult {
+    direct: Vec<f64>,
+    circuit: Vec<f64>,
+    relay_cpu: f64,
+    carried: usize,
+}
+
+/// Median of a non-empty list.
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Phase 8 (issue 14): an `awp relay` and a node that keeps a standing connection to it
+/// (`--via`); the pipelined run of phase 4 ([`phase_pipe_at`]) against the node's own
+/// address, then through a circuit (its `relay:` address: the relay splices the two TCP
+/// streams, TLS is end to end), `rounds` times, so a busy neighbour slows both alike.
+async fn phase_circuit(cfg: &Config, n: usize, rounds: usize) -> Result<CircuitResult> {
+    let relay_args = ["relay", "--listen", "tls:127.0.0.1:0"].map(String::from);
+    let relay = Daemon::start_with(cfg, "relay", &cfg.dir().join("relay"), &relay_args).await?;
+    // The status address is pinned (`#ed25519:KEY`).
+    let via = relay.addr.to_string();
+    let node_args = ["daemon", "--listen", "tls:127.0.0.1:0", "--via", &via].map(String::from);
+    let node = Daemon::start_with(cfg, "c", &cfg.dir().join("node-c"), &node_args).await?;
+    // The circuit address appears once the standing connection is up.
+    let sock = awp_node::daemon::socket_path(&node.home);
+    let deadline = Instant::now() + START_LIMIT;
+    let circuit_addr: Address = loop {
+        let r = control::request_with_timeout(&sock, &Request::Status, Duration::from_secs(2))
+            .await
+            .context("status of node c")?;
+        let found = r.body["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str())
+            .find(|a| a.starts_with("relay:"))
+            .map(str::to_string);
+        if let Some(a) = found {
+            break a.parse().map_err(|e| anyhow!("{a}: {e}"))?;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "node c showed no relay: address within {} s (addresses {})",
+                START_LIMIT.as_secs(),
+                r.body["addresses"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!(
+        "   relay                {} (pid {})",
+        relay.addr,
+        relay.pid()
+    );
+    println!("   circuit address      {circuit_addr}");
+    let mut out = CircuitResult {
+        direct: Vec::new(),
+        circuit: Vec::new(),
+        relay_cpu: 0.0,
+        carried: 0,
+    };
+    for round in 1..=rounds {
+        let d = phase_pipe_at(&node, &node.addr, n, cfg.phase_limit, false)
+            .await
+            .with_context(|| format!("direct, round {round}"))?;
+        let cpu0 = relay.cpu();
+        let c = phase_pipe_at(&node, &circuit_addr, n, cfg.phase_limit, false)
+            .await
+            .with_context(|| format!("circuit, round {round}"))?;
+        out.relay_cpu += relay.cpu() - cpu0;
+        out.carried += c.n;
+        let (dr, cr) = (
+            d.n as f64 / d.elapsed.as_secs_f64(),
+            c.n as f64 / c.elapsed.as_secs_f64(),
+        );
+        println!(
+            "   round {round}              direct {dr:.0} msgs/s, circuit {cr:.0} msgs/s ({:.0} %)",
+            100.0 * cr / dr
+        );
+        out.direct.push(dr);
+        out.circuit.push(cr);
+    }
+    Ok(out)
 }
 
 /// Spawn-to-exit times of `awp --home H status` against a running node and of `/bin/true`,
@@ -924,7 +1048,7 @@ async fn run() -> bool {
     };
     let mut failed = false;
     // Target lines for the summary: round trip, pipelined, replay.
-    let mut targets: [Option<String>; 4] = [None, None, None, None];
+    let mut targets: [Option<String>; 5] = [None, None, None, None, None];
     let mut fail = |phase: &str, e: anyhow::Error| {
         println!("   {phase}: FAILED: {e:#}");
         failed = true;
@@ -940,6 +1064,16 @@ async fn run() -> bool {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!();
+    if cfg.only_circuit {
+        let line = print_circuit(&cfg, &mut fail).await;
+        println!();
+        println!("Targets");
+        match line {
+            Some(line) => println!("   {line}"),
+            None => println!("   circuit: NOT MEASURED (phase failed)"),
+        }
+        return failed;
+    }
 
     // 1. fsync
     println!(
@@ -1207,15 +1341,66 @@ async fn run() -> bool {
     }
     drop(nodes);
     println!();
+    if cfg.circuit_n > 0 {
+        targets[4] = print_circuit(&cfg, &mut fail).await;
+        println!();
+    }
     println!("Targets");
-    let names = ["round trip", "pipelined", "replay", "CLI start"];
-    for (t, name) in targets.iter().zip(names) {
+    let names = ["round trip", "pipelined", "replay", "CLI start", "circuit"];
+    let skipped = [false, false, false, false, cfg.circuit_n == 0];
+    for ((t, name), skipped) in targets.iter().zip(names).zip(skipped) {
+        if skipped {
+            continue;
+        }
         match t {
             Some(line) => println!("   {line}"),
             None => println!("   {name}: NOT MEASURED (phase failed)"),
         }
     }
     failed
+}
+
+/// Phase 8, printed; its target line.
+async fn print_circuit(cfg: &Config, fail: &mut impl FnMut(&str, anyhow::Error)) -> Option<String> {
+    println!(
+        "8. pipelined through a relay circuit: {} msgs of ~{MSG_BYTES} B per round, {} rounds alternating direct and circuit (same node)",
+        cfg.circuit_n, cfg.circuit_rounds
+    );
+    match phase_circuit(cfg, cfg.circuit_n, cfg.circuit_rounds).await {
+        Ok(r) => {
+            let ratios: Vec<f64> = r
+                .direct
+                .iter()
+                .zip(&r.circuit)
+                .map(|(d, c)| c / d)
+                .collect();
+            let ratio = median(&ratios);
+            println!(
+                "   medians              direct {:.0} msgs/s, circuit {:.0} msgs/s; circuit / direct {:.0} % (rounds {})",
+                median(&r.direct),
+                median(&r.circuit),
+                100.0 * ratio,
+                ratios.iter().map(|x| format!("{:.0} %", 100.0 * x)).collect::<Vec<_>>().join(", ")
+            );
+            println!(
+                "   relay CPU            {:.2} s for the {} msgs of the circuit rounds (clock ticks of /proc: 0.01 s)",
+                r.relay_cpu, r.carried
+            );
+            summary(cfg, "circuit_ratio", ratio);
+            let line = format!(
+                "pipelined through a circuit ≥ {:.0} % of direct: {:.0} % → {}",
+                100.0 * CIRCUIT_TARGET,
+                100.0 * ratio,
+                verdict(ratio >= CIRCUIT_TARGET)
+            );
+            println!("   target: {line}");
+            Some(line)
+        }
+        Err(e) => {
+            fail("circuit", e);
+            None
+        }
+    }
 }
 
 /// Total size of the files in `dir` (recursively).

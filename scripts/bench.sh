@@ -22,7 +22,7 @@
 #
 # Optional environment: AWP_BENCH_DIR (where the temporary homes go; default $TMPDIR or
 # /tmp), BENCH_FSYNC_N, BENCH_HANDSHAKE_N, BENCH_RTT_N, BENCH_PIPE_N, BENCH_REPLAY_N,
-# BENCH_CLI_N, BENCH_PHASE_LIMIT_S (see benches/node.rs), BENCH_BLOB_MIB (blob size,
+# BENCH_CLI_N, BENCH_CIRCUIT_N (0 in --quick), BENCH_PHASE_LIMIT_S (see benches/node.rs), BENCH_BLOB_MIB (blob size,
 # default 50), BENCH_RELAY_CLIENTS (default 10000), BENCH_DISK_N (lines of the disk-growth
 # run, default 119000), BENCH_ARTIFACT_N.
 set -euo pipefail
@@ -76,7 +76,7 @@ if [ "$QUICK" = 1 ]; then
         BENCH_FSYNC_N="${BENCH_FSYNC_N:-100}" BENCH_HANDSHAKE_N="${BENCH_HANDSHAKE_N:-5}" \
         BENCH_RTT_N="${BENCH_RTT_N:-300}" BENCH_PIPE_N="${BENCH_PIPE_N:-30000}" \
         BENCH_REPLAY_N="${BENCH_REPLAY_N:-20000}" BENCH_CLI_N="${BENCH_CLI_N:-20}" \
-        BENCH_PHASE_LIMIT_S="${BENCH_PHASE_LIMIT_S:-20}" \
+        BENCH_PHASE_LIMIT_S="${BENCH_PHASE_LIMIT_S:-20}" BENCH_CIRCUIT_N="${BENCH_CIRCUIT_N:-0}" \
         cargo bench --quiet --bench node || node_rc=$?
     echo
     echo "signed lines (benches/sig.rs, 2,000 lines; phase 4b above is the pipelined figure with signed lines)"
