@@ -16,8 +16,8 @@ impl StoreFaults for NoDurability {
     }
 }
 
-/// A store (and its temp directory; for `control_lines`, the whole node and its home) is
-/// replaced after this many inputs: what earlier
+/// A store (and its temp directory) is replaced after this many inputs (`control_lines`
+/// replaces its whole node more often, see its `NODE_INPUTS`): what earlier
 /// inputs stored stays for a while, as in a long-lived node, but a run of ten million
 /// inputs neither fills the disk nor slows down on an ever larger database. Opening a sled
 /// store (or starting a node) takes milliseconds, so this costs well under 1 % of a run.
