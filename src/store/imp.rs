@@ -22,6 +22,15 @@ use std::time::{Duration, Instant};
 const CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 const META_LAST_ID: &[u8] = b"last_id";
+/// Meta key of the store's format number (u64 big-endian, [`STORE_FORMAT`]).
+const META_FORMAT: &[u8] = b"format";
+/// The format of the stores this build writes and the newest it reads: the trees and
+/// record encodings of `store/` as they are (records raw, DEFLATE or LZ4 by the bits of
+/// their length word, see `store/codec.rs`). A change an older build would misread bumps
+/// it; an older build that knows this key refuses a newer store
+/// ([`StoreError::NewerFormat`]) instead of misreading it. Stores created before the key
+/// existed are of this format and get the key when next opened.
+pub const STORE_FORMAT: u64 = 1;
 pub(super) const META_LOG_SEQ: &[u8] = b"log_seq";
 const META_USER_PREFIX: &[u8] = b"x/";
 /// Meta keys `intro/` ‖ introducer (32 raw bytes) ‖ introduced key (32 raw bytes) → empty:
@@ -185,6 +194,23 @@ impl Store {
         let guard = OpenMark(Some(path));
         let trees = Trees::open(&db)?;
         let meta = trees.t(T::Meta);
+        match meta.get(META_FORMAT).map_err(db_err)? {
+            Some(v) => {
+                let found = read_u64("meta", &v)?;
+                if found > STORE_FORMAT {
+                    return Err(StoreError::NewerFormat {
+                        dir: dir.display().to_string(),
+                        found,
+                        supported: STORE_FORMAT,
+                    });
+                }
+            }
+            // Durable with the next flush; written again at the next open if lost.
+            None => {
+                meta.insert(META_FORMAT, &u64_be(STORE_FORMAT))
+                    .map_err(db_err)?;
+            }
+        }
         let last = match meta.get(META_LAST_ID).map_err(db_err)? {
             Some(v) => {
                 let s = utf8("meta", &v)?;
@@ -1505,4 +1531,69 @@ pub(super) fn page_after<R>(
         out.push(item(&k, &v)?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+
+    /// The format number in the meta tree of the store open in `dir`.
+    fn stored_format(s: &Store) -> Option<u64> {
+        s.trees
+            .t(T::Meta)
+            .get(META_FORMAT)
+            .unwrap()
+            .map(|v| read_u64("meta", &v).unwrap())
+    }
+
+    #[test]
+    fn a_store_records_its_format_and_a_newer_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(stored_format(&s), Some(STORE_FORMAT));
+        // What a later build with a changed format would leave behind.
+        s.trees
+            .t(T::Meta)
+            .insert(META_FORMAT, &u64_be(STORE_FORMAT + 1))
+            .unwrap();
+        s.flush_blocking().unwrap();
+        drop(s);
+        match Store::open(dir.path()) {
+            Err(StoreError::NewerFormat {
+                found, supported, ..
+            }) => {
+                assert_eq!((found, supported), (STORE_FORMAT + 1, STORE_FORMAT));
+            }
+            Err(e) => panic!("expected NewerFormat, got {e}"),
+            Ok(_) => panic!("a store of a newer format was opened"),
+        }
+        let msg = Store::open(dir.path()).err().unwrap().to_string();
+        assert!(msg.contains("newer than this build reads"), "{msg}");
+    }
+
+    #[test]
+    fn a_store_without_the_format_key_gets_it_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        // A store created before the key existed.
+        s.trees.t(T::Meta).remove(META_FORMAT).unwrap();
+        s.flush_blocking().unwrap();
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(stored_format(&s), Some(STORE_FORMAT));
+    }
+
+    #[test]
+    fn a_malformed_format_value_is_reported_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        s.trees.t(T::Meta).insert(META_FORMAT, b"1").unwrap();
+        s.flush_blocking().unwrap();
+        drop(s);
+        match Store::open(dir.path()) {
+            Err(StoreError::Corrupt { tree: "meta", .. }) => {}
+            Err(e) => panic!("expected Corrupt, got {e}"),
+            Ok(_) => panic!("a malformed format value was accepted"),
+        }
+    }
 }

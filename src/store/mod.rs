@@ -56,7 +56,7 @@ pub use errs::{ErrRecorded, ERR_SCAN_MAX, MAX_ERR_DETAIL};
 pub use faults::{free_bytes, is_disk_full, StoreFaults, DISK_RESERVE};
 pub use forget::Forgotten;
 pub use grants::{GrantRecord, GrantRole};
-pub use imp::Store;
+pub use imp::{Store, STORE_FORMAT};
 pub use threads::MAX_THREADS_PER_PEER;
 
 /// Retention of outbox lines and log entries: 7 days, in milliseconds.
@@ -83,6 +83,14 @@ pub enum StoreError {
     /// directory). Nothing was written; see [`Store::check_space`].
     #[error("disk full: {free} bytes free in {home}")]
     DiskFull { free: u64, home: String },
+    /// The database in `dir` was written by a newer build: its format number `found` is
+    /// above `supported` ([`STORE_FORMAT`]). None of its records were read or written.
+    #[error("database {dir} has store format {found}, newer than this build reads ({supported}): run the newer awp, or move the home aside")]
+    NewerFormat {
+        dir: String,
+        found: u64,
+        supported: u64,
+    },
 }
 
 /// Builds a line once its id and ts are allocated (inside the enqueue transaction).
