@@ -254,6 +254,23 @@ pub(crate) fn unpack<'b, T: DeserializeOwned>(
     tree: &'static str,
     bytes: &'b [u8],
 ) -> Result<(T, Payload<'b>), StoreError> {
+    let (header, payload) = split(tree, bytes)?;
+    let header = serde_json::from_slice(header).map_err(|e| corrupt(tree, e))?;
+    Ok((header, payload))
+}
+
+/// The payload of a packed record, its header skipped unread (for readers that need only
+/// the line, such as the outbox's replay). Errors: the length word is missing, names two
+/// codecs, or runs past the record.
+pub(crate) fn payload_only<'b>(
+    tree: &'static str,
+    bytes: &'b [u8],
+) -> Result<Payload<'b>, StoreError> {
+    split(tree, bytes).map(|(_, payload)| payload)
+}
+
+/// A packed record's header bytes (JSON, not parsed) and its payload.
+fn split<'b>(tree: &'static str, bytes: &'b [u8]) -> Result<(&'b [u8], Payload<'b>), StoreError> {
     let len_bytes: [u8; 4] = bytes
         .get(..4)
         .and_then(|b| b.try_into().ok())
@@ -270,9 +287,8 @@ pub(crate) fn unpack<'b, T: DeserializeOwned>(
         .checked_add(len)
         .filter(|&e| e <= bytes.len())
         .ok_or_else(|| corrupt(tree, "record header length out of range"))?;
-    let header = serde_json::from_slice(&bytes[4..end]).map_err(|e| corrupt(tree, e))?;
     Ok((
-        header,
+        &bytes[4..end],
         Payload {
             bytes: &bytes[end..],
             codec,

@@ -1,8 +1,8 @@
 //! The [`Store`] itself.
 
 use super::codec::{
-    corrupt, dec, enc, hex, pack, peer_from_hex, pkey, read_u64, repack, split_pkey, u64_be,
-    unpack, utf8, AddrRec, LogRec, OutRec, Payload, PeerRec, ThreadRec,
+    corrupt, dec, enc, hex, pack, payload_only, peer_from_hex, pkey, read_u64, repack, split_pkey,
+    u64_be, unpack, utf8, AddrRec, LogRec, OutRec, Payload, PeerRec, ThreadRec,
 };
 use super::group::Group;
 use super::threads::{add_threads, raise_seen, thread_count, tkey};
@@ -1449,8 +1449,8 @@ fn outbox_entry(trees: &Trees, k: &[u8], v: &[u8]) -> Result<Option<OutboxEntry>
                     format!("line {} is not in the log", rec.seq),
                 ));
             };
-            let (_, line): (LogRec, Payload) = unpack("log", &lv)?;
-            let line = line.get("log")?.into_owned();
+            // Only the line is needed: its record's header is not parsed.
+            let line = payload_only("log", &lv)?.get("log")?.into_owned();
             if line.len() as u64 != len {
                 return Err(corrupt(
                     "outbox",

@@ -1567,3 +1567,35 @@ fn a_replay_racing_a_prune_skips_the_lines_pruned_meanwhile() {
         assert!(s.outbox_after(&p, None, usize::MAX).unwrap().is_empty());
     }
 }
+
+/// `payload_only` (the outbox's replay reads a log record's line without its header)
+/// returns what `unpack` returns as payload, and refuses what `unpack` refuses for the
+/// record's framing: a missing length word, two codec bits, a header past the end.
+#[test]
+fn payload_only_agrees_with_unpack_and_refuses_bad_framing() {
+    use super::codec::{pack, payload_only, unpack, Payload, DEFLATED, LZ4};
+    let hdr = serde_json::json!({"dir": "out", "id": "x"});
+    let text = "a line long enough to be compressed, ".repeat(20);
+    for payload in [&b"short"[..], text.as_bytes(), &text.as_bytes()[..300]] {
+        let rec = pack(&hdr, payload).unwrap();
+        let (_, full): (serde_json::Value, Payload) = unpack("log", &rec).unwrap();
+        let only = payload_only("log", &rec).unwrap();
+        assert_eq!(&*only.get("log").unwrap(), payload);
+        assert_eq!(&*full.get("log").unwrap(), payload);
+    }
+    let err = |rec: &[u8]| match payload_only("log", rec) {
+        Err(StoreError::Corrupt {
+            tree: "log",
+            detail,
+        }) => detail,
+        Err(e) => panic!("expected Corrupt, got {e}"),
+        Ok(_) => panic!("accepted {rec:?}"),
+    };
+    assert!(err(&[0, 0, 1]).contains("shorter than its length prefix"));
+    let mut two = (2u32 | LZ4 | DEFLATED).to_be_bytes().to_vec();
+    two.extend_from_slice(b"{}x");
+    assert!(err(&two).contains("two codecs"));
+    let mut past = 50u32.to_be_bytes().to_vec();
+    past.extend_from_slice(b"{}");
+    assert!(err(&past).contains("out of range"));
+}
