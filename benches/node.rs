@@ -781,11 +781,14 @@ struct CircuitResult {
     carried: usize,
 }
 
-/// Median of a non-empty list.
+/// Median of a non-empty list (the mean of the two middle values of an even count).
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    match v.len() % 2 {
+        1 => v[v.len() / 2],
+        _ => (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0,
+    }
 }
 
 /// Phase 8 (issue 14): an `awp relay` and a node that keeps a standing connection to it
@@ -803,9 +806,18 @@ async fn phase_circuit(cfg: &Config, n: usize, rounds: usize) -> Result<CircuitR
     let sock = awp_node::daemon::socket_path(&node.home);
     let deadline = Instant::now() + START_LIMIT;
     let circuit_addr: Address = loop {
-        let r = control::request_with_timeout(&sock, &Request::Status, Duration::from_secs(2))
+        let r = match control::request_with_timeout(&sock, &Request::Status, Duration::from_secs(2))
             .await
-            .context("status of node c")?;
+        {
+            Ok(r) => r,
+            Err(e) if Instant::now() > deadline => {
+                return Err(anyhow!(e).context("status of node c"));
+            }
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let found = r.body["addresses"]
             .as_array()
             .into_iter()
@@ -838,14 +850,27 @@ async fn phase_circuit(cfg: &Config, n: usize, rounds: usize) -> Result<CircuitR
         carried: 0,
     };
     for round in 1..=rounds {
-        let d = phase_pipe_at(&node, &node.addr, n, cfg.phase_limit, false)
-            .await
-            .with_context(|| format!("direct, round {round}"))?;
-        let cpu0 = relay.cpu();
-        let c = phase_pipe_at(&node, &circuit_addr, n, cfg.phase_limit, false)
-            .await
-            .with_context(|| format!("circuit, round {round}"))?;
-        out.relay_cpu += relay.cpu() - cpu0;
+        // Each run adds n msgs to the node's store: the path that runs first alternates.
+        let direct = async {
+            phase_pipe_at(&node, &node.addr, n, cfg.phase_limit, false)
+                .await
+                .with_context(|| format!("direct, round {round}"))
+        };
+        let circuit = async {
+            let cpu0 = relay.cpu();
+            let c = phase_pipe_at(&node, &circuit_addr, n, cfg.phase_limit, false)
+                .await
+                .with_context(|| format!("circuit, round {round}"))?;
+            Ok::<_, anyhow::Error>((c, relay.cpu() - cpu0))
+        };
+        let (d, (c, cpu)) = if round % 2 == 1 {
+            let d = direct.await?;
+            (d, circuit.await?)
+        } else {
+            let c = circuit.await?;
+            (direct.await?, c)
+        };
+        out.relay_cpu += cpu;
         out.carried += c.n;
         let (dr, cr) = (
             d.n as f64 / d.elapsed.as_secs_f64(),
@@ -1065,6 +1090,10 @@ async fn run() -> bool {
     );
     println!();
     if cfg.only_circuit {
+        if cfg.circuit_n == 0 {
+            println!("BENCH_ONLY=circuit with BENCH_CIRCUIT_N=0: nothing to run");
+            return failed;
+        }
         let line = print_circuit(&cfg, &mut fail).await;
         println!();
         println!("Targets");
@@ -1376,7 +1405,7 @@ async fn print_circuit(cfg: &Config, fail: &mut impl FnMut(&str, anyhow::Error))
                 .collect();
             let ratio = median(&ratios);
             println!(
-                "   medians              direct {:.0} msgs/s, circuit {:.0} msgs/s; circuit / direct {:.0} % (rounds {})",
+                "   medians              direct {:.0} msgs/s, circuit {:.0} msgs/s; median of the rounds' circuit / direct {:.0} % (rounds {})",
                 median(&r.direct),
                 median(&r.circuit),
                 100.0 * ratio,

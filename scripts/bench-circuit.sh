@@ -30,6 +30,10 @@ work=$(mktemp -d)
 relay_pid=""
 cleanup() {
     if [ -n "$relay_pid" ]; then kill "$relay_pid" 2>/dev/null || true; wait "$relay_pid" 2>/dev/null || true; fi
+    # Part 2's nodes, should the bench process itself have been killed.
+    if [ -f "$work/pids" ]; then
+        while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$work/pids"
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -66,5 +70,10 @@ print(f"  relay CPU: {r['relay_cpu_s_per_gib']:.2f} s per GiB through the circui
 print(f"  relay memory per idle circuit: {r['relay_kib_per_circuit']:.1f} KiB ({r['circuits']} circuits)")
 EOF
 
+# Part 2 runs its own relay: stop this one first, so it is not a neighbour there.
+kill "$relay_pid" 2>/dev/null || true
+wait "$relay_pid" 2>/dev/null || true
+relay_pid=""
 echo
-AWP_BIN="$AWP" BENCH_ONLY=circuit BENCH_CIRCUIT_ROUNDS="$rounds" cargo bench --quiet --bench node
+AWP_BIN="$AWP" AWP_BENCH_PIDS="$work/pids" BENCH_ONLY=circuit BENCH_CIRCUIT_ROUNDS="$rounds" \
+    cargo bench --quiet --bench node

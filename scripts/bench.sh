@@ -153,6 +153,8 @@ if not quick:
     row("50 MiB blob node to node over TLS", blob and f"{blob:.1f} MB/s", goal, blob is not None and dd is not None and blob >= 0.25 * dd)
     kib, n = g("relay_kib"), g("relay_n")
     row("relay memory per connection", kib and f"{kib:.1f} KiB at {n or 0:,.0f}", "<= 16 KiB at 10,000", kib is not None and kib <= 16 and (n or 0) >= 10_000)
+    cr = g("circuit_ratio")
+    row("pipelined through a relay circuit (issue 14)", cr and f"{cr * 100:.0f} % of direct", ">= 80 % of direct", cr is not None and cr >= 0.8)
 rs, rn = g("replay_s"), g("replay_n")
 if rs is not None and rn:
     goal = 0.25 * rn / 100_000

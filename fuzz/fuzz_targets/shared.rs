@@ -20,6 +20,6 @@ impl StoreFaults for NoDurability {
 /// replaces its whole node more often, see its `NODE_INPUTS`): what earlier
 /// inputs stored stays for a while, as in a long-lived node, but a run of ten million
 /// inputs neither fills the disk nor slows down on an ever larger database. Opening a sled
-/// store (or starting a node) takes milliseconds, so this costs well under 1 % of a run.
+/// store (or starting a node) takes milliseconds, little against the inputs in between.
 #[allow(dead_code)]
 pub const FRESH_EVERY: u64 = 20_000;

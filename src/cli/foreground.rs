@@ -86,6 +86,14 @@ fn start_failure(ctx: &Ctx, e: StartError) -> Failure {
             e.to_string(),
             "stop it with `awp down`, or use another --home",
         ),
+        StartError::NewerStore(_) => Failure::new(
+            Exit::Failed,
+            format!("the node could not start: {e}"),
+            format!(
+                "the home {} was used by a newer awp: run that version, or use another --home",
+                ctx.home.display()
+            ),
+        ),
         StartError::Other(msg) => Failure::new(
             Exit::Failed,
             format!("the node could not start: {msg}"),

@@ -151,6 +151,10 @@ pub enum StartError {
     /// Another process runs a node on this home.
     #[error("a node already runs on {home} (pid {pid})")]
     AlreadyRunning { home: String, pid: u32 },
+    /// The home's store was written by a newer build
+    /// ([`crate::store::StoreError::NewerFormat`]).
+    #[error("store: {0}")]
+    NewerStore(String),
     #[error("{0}")]
     Other(String),
 }
@@ -270,7 +274,12 @@ impl NodeHandle {
                 &home.join("db"),
                 &home.join(crate::store::files::QUARANTINE_DIR),
             )
-            .map_err(other("store"))?,
+            .map_err(|e| match e {
+                crate::store::StoreError::NewerFormat { .. } => {
+                    StartError::NewerStore(e.to_string())
+                }
+                e => StartError::Other(format!("store: {e}")),
+            })?,
         );
         if let Some(n) = config.max_threads_per_peer {
             store.set_max_threads_per_peer(n);

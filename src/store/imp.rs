@@ -39,6 +39,31 @@ const META_INTRO_PREFIX: &[u8] = b"intro/";
 /// Set once the `outbox_b` counters cover the whole outbox.
 const META_OUTBOX_B: &[u8] = b"outbox_b";
 
+/// Refuse a store of a format newer than [`STORE_FORMAT`] ([`StoreError::NewerFormat`]);
+/// record the format in one that has none (stores created before the key existed are of
+/// format 1; durable with the next flush, written again at the next open if lost). A
+/// format of 0 or below [`STORE_FORMAT`] is taken as is: the migration that a future format
+/// brings rewrites the number when it has converted the store.
+fn check_format(meta: &sled::Tree, dir: &Path) -> Result<(), StoreError> {
+    match meta.get(META_FORMAT).map_err(db_err)? {
+        Some(v) => {
+            let found = read_u64("meta", &v)?;
+            if found > STORE_FORMAT {
+                return Err(StoreError::NewerFormat {
+                    dir: dir.display().to_string(),
+                    found,
+                    supported: STORE_FORMAT,
+                });
+            }
+        }
+        None => {
+            meta.insert(META_FORMAT, &u64_be(STORE_FORMAT))
+                .map_err(db_err)?;
+        }
+    }
+    Ok(())
+}
+
 /// Databases this process opened: `true` while a [`Store`] is open, `false` once dropped.
 /// sled releases its file lock only when its background I/O threads let go, shortly after
 /// the handle is dropped; a reopen in the same process waits for that instead of failing.
@@ -192,25 +217,15 @@ impl Store {
         let path = canonical(dir);
         set_opened(path.clone(), true);
         let guard = OpenMark(Some(path));
+        // Before the other trees are opened (and created when missing): a newer store is
+        // refused as it was found, apart from sled's own recovery at open.
+        check_format(
+            &db.open_tree(super::tx::NAMES[T::Meta as usize])
+                .map_err(db_err)?,
+            dir,
+        )?;
         let trees = Trees::open(&db)?;
         let meta = trees.t(T::Meta);
-        match meta.get(META_FORMAT).map_err(db_err)? {
-            Some(v) => {
-                let found = read_u64("meta", &v)?;
-                if found > STORE_FORMAT {
-                    return Err(StoreError::NewerFormat {
-                        dir: dir.display().to_string(),
-                        found,
-                        supported: STORE_FORMAT,
-                    });
-                }
-            }
-            // Durable with the next flush; written again at the next open if lost.
-            None => {
-                meta.insert(META_FORMAT, &u64_be(STORE_FORMAT))
-                    .map_err(db_err)?;
-            }
-        }
         let last = match meta.get(META_LAST_ID).map_err(db_err)? {
             Some(v) => {
                 let s = utf8("meta", &v)?;

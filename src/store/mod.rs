@@ -84,7 +84,9 @@ pub enum StoreError {
     #[error("disk full: {free} bytes free in {home}")]
     DiskFull { free: u64, home: String },
     /// The database in `dir` was written by a newer build: its format number `found` is
-    /// above `supported` ([`STORE_FORMAT`]). None of its records were read or written.
+    /// above `supported` ([`STORE_FORMAT`]). Refused before the store's trees are opened:
+    /// the files are left as found, apart from sled's own recovery at open and the
+    /// quarantine of crash leftovers ([`Store::open_in`]).
     #[error("database {dir} has store format {found}, newer than this build reads ({supported}): run the newer awp, or move the home aside")]
     NewerFormat {
         dir: String,

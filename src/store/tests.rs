@@ -1575,7 +1575,9 @@ fn a_replay_racing_a_prune_skips_the_lines_pruned_meanwhile() {
 fn payload_only_agrees_with_unpack_and_refuses_bad_framing() {
     use super::codec::{pack, payload_only, unpack, Payload, DEFLATED, LZ4};
     let hdr = serde_json::json!({"dir": "out", "id": "x"});
-    let text = "a line long enough to be compressed, ".repeat(20);
+    // Over DEFLATE_MIN (DEFLATE), 300 bytes (LZ4), 5 bytes (raw).
+    let text = "a line long enough to be compressed, ".repeat(40);
+    assert!(text.len() >= super::codec::DEFLATE_MIN);
     for payload in [&b"short"[..], text.as_bytes(), &text.as_bytes()[..300]] {
         let rec = pack(&hdr, payload).unwrap();
         let (_, full): (serde_json::Value, Payload) = unpack("log", &rec).unwrap();
@@ -1598,4 +1600,40 @@ fn payload_only_agrees_with_unpack_and_refuses_bad_framing() {
     let mut past = 50u32.to_be_bytes().to_vec();
     past.extend_from_slice(b"{}");
     assert!(err(&past).contains("out of range"));
+    // The header is not read: one that is not JSON still gives the payload (unpack refuses
+    // it; the outbox checks the line's length against its own record instead).
+    let mut bad_header = 3u32.to_be_bytes().to_vec();
+    bad_header.extend_from_slice(b"{{{line");
+    assert_eq!(
+        &*payload_only("log", &bad_header)
+            .unwrap()
+            .get("log")
+            .unwrap(),
+        b"line"
+    );
+    assert!(unpack::<serde_json::Value>("log", &bad_header).is_err());
+}
+
+/// The outbox reads a queued line from its out log entry without the entry's header; a log
+/// entry whose line is not the queued one (another length) is reported, not sent.
+#[test]
+fn an_outbox_line_whose_log_entry_changed_is_reported() {
+    let (_d, s) = open();
+    let p = key(1);
+    let b = |id: &str, ts: &str| msg("T", None, "hello there", id, ts);
+    let e = s.enqueue(&p, &[&b]).unwrap().pop().unwrap();
+    assert_eq!(s.outbox_after(&p, None, 10).unwrap()[0].line, e.line);
+    let log = s.trees.t(tx::T::Log);
+    let (k, _) = log.iter().next().unwrap().unwrap();
+    let other = super::codec::pack(&serde_json::json!({}), b"{\"t\":\"msg\"}").unwrap();
+    log.insert(k, other).unwrap();
+    match s.outbox_after(&p, None, 10) {
+        Err(StoreError::Corrupt {
+            tree: "outbox",
+            detail,
+        }) => {
+            assert!(detail.contains("is not the queued line"), "{detail}")
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
 }
