@@ -192,7 +192,9 @@ pub async fn run_with(
     // work runs here, beside the session's storing of the previous batch.
     let signer: crate::session::Signer = Default::default();
     let reader_signer = signer.clone();
-    let (rtx, mut rrx) = mpsc::channel::<ReadBatch>(READ_QUEUE);
+    // Boxed batches: the channel allocates its first block of 32 slots up front, 32
+    // pointers instead of 32 batches (about 1.5 KiB less per connection; issue 10).
+    let (rtx, mut rrx) = mpsc::channel::<Box<ReadBatch>>(READ_QUEUE);
     let reader_task = tokio::spawn(async move {
         loop {
             let first = reader.read_line().await;
@@ -244,7 +246,7 @@ pub async fn run_with(
             };
             let last = end.is_some();
             let batch = ReadBatch { lines: parsed, end };
-            if rtx.send(batch).await.is_err() || last {
+            if rtx.send(Box::new(batch)).await.is_err() || last {
                 return;
             }
         }
@@ -549,7 +551,7 @@ pub async fn run_with(
             batch = rrx.recv(), if !(session.backlogged()
                 || (flight.is_some() && session.pending_bytes() >= COMMIT_BYTES)) => {
                 let now = Instant::now();
-                let mut next = Some(batch.unwrap_or(ReadBatch { lines: Vec::new(), end: Some(ReadEnd::Eof) }));
+                let mut next = Some(batch.map_or(ReadBatch { lines: Vec::new(), end: Some(ReadEnd::Eof) }, |b| *b));
                 let mut n = 0;
                 while let Some(batch) = next.take() {
                     n += batch.lines.len() + usize::from(batch.end.is_some());
@@ -569,7 +571,7 @@ pub async fn run_with(
                     {
                         break;
                     }
-                    next = rrx.try_recv().ok();
+                    next = rrx.try_recv().ok().map(|b| *b);
                 }
                 if session.wants_flush() && flight.is_none() {
                     flight = Some(commit_and_flush(&inner, &mut session));

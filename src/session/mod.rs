@@ -1265,7 +1265,14 @@ impl Session {
             // No lines to commit them with: the acks of the batch read go in alone.
             self.apply_acks();
         }
-        self.events.pop_front()
+        let ev = self.events.pop_front();
+        if ev.is_none() && self.events.capacity() > 0 {
+            // Events are large (an `Authenticated` holds the whole hello): an idle
+            // connection keeps no queue grown by its handshake or its last batch (a busy
+            // one allocates it again per batch; issue 10, relay memory per connection).
+            self.events = VecDeque::new();
+        }
+        ev
     }
 
     /// Next line to write (without `\n`): control lines first, then outbox replay and new
