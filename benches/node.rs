@@ -154,7 +154,11 @@ impl Config {
             pipe_n: env_usize("BENCH_PIPE_N", 100_000),
             replay_n: env_usize("BENCH_REPLAY_N", 100_000),
             cli_n: env_usize("BENCH_CLI_N", 50),
-            circuit_n: env_usize("BENCH_CIRCUIT_N", 30_000),
+            // 0 is a value here (skip phase 8), not "unset" as for the other counts.
+            circuit_n: std::env::var("BENCH_CIRCUIT_N")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30_000),
             circuit_rounds: env_usize("BENCH_CIRCUIT_ROUNDS", 3).max(1),
             only_circuit: std::env::var("BENCH_ONLY").is_ok_and(|v| v == "circuit"),
             summary: std::env::var_os("AWP_BENCH_SUMMARY").map(PathBuf::from),
