@@ -1,7 +1,7 @@
 //! Drives one session over one transport connection.
 //!
-//! A reader task frames lines into a bounded channel; a writer task writes batches of
-//! lines; this loop feeds the session, runs group-committed flushes before acks go out,
+//! A reader task frames lines into a bounded channel; this loop writes batches of lines
+//! (one at a time, polled beside everything else), feeds the session, runs group-committed flushes before acks go out,
 //! fires timers, and turns session events into node events. A flush runs while the loop
 //! keeps reading and parsing the next lines (they are committed once it is done), so the
 //! fsync of one batch overlaps the work on the next; the acks of a batch go out together.
@@ -251,24 +251,12 @@ pub async fn run_with(
             }
         }
     });
-    // Writer task.
-    let (wtx, mut wrx) = mpsc::channel::<Vec<u8>>(8);
-    let (werr_tx, mut werr_rx) = watch::channel(false);
-    let writer_task = tokio::spawn(async move {
-        let mut writer = writer;
-        while let Some(buf) = wrx.recv().await {
-            let r = async {
-                writer.write_all(&buf).await?;
-                writer.flush().await
-            }
-            .await;
-            if r.is_err() {
-                let _ = werr_tx.send(true);
-                return;
-            }
-        }
-        let _ = writer.shutdown().await;
-    });
+    // Writes run inside this task, one batch at a time ([`start_write`]): no writer task,
+    // channel or error watch per connection (issue 10: relay memory per connection). The
+    // batch being written is polled beside reading, so a peer that does not read never
+    // stops this side from reading.
+    let mut writer: Option<net::BoxWriter> = Some(writer);
+    let mut writing: Option<Write> = None;
 
     let outbox = Arc::new(Notify::new());
     let stop = CancellationToken::new();
@@ -478,6 +466,11 @@ pub async fn run_with(
                 None => break,
             }
         }
+        if writing.is_none() && !pending.is_empty() {
+            if let Some(w) = writer.take() {
+                writing = Some(start_write(w, std::mem::take(&mut pending)));
+            }
+        }
         if signer.get().is_none() {
             if let Some(key) = session.signer() {
                 // Open with a signing peer: from now on the reader checks signatures.
@@ -524,20 +517,10 @@ pub async fn run_with(
                 let reason = bye_reason.lock().unwrap_or_else(|p| p.into_inner()).take();
                 session.close_local(reason.as_deref().unwrap_or("disconnect"), true, Instant::now());
             }
-            _ = werr_rx.changed() => {
-                write_failed = true;
-                if flight.is_none() {
-                    break;
-                }
-                ending = true;
-            }
-            res = in_flight(&mut flight) => {
-                flight = None;
-                flushed(&mut session, res);
-            }
-            permit = wtx.reserve(), if !pending.is_empty() => {
-                match permit {
-                    Ok(p) => p.send(std::mem::take(&mut pending)),
+            (w, res) = in_write(&mut writing) => {
+                writing = None;
+                match res {
+                    Ok(()) => writer = Some(w),
                     Err(_) => {
                         write_failed = true;
                         if flight.is_none() {
@@ -546,6 +529,10 @@ pub async fn run_with(
                         ending = true;
                     }
                 }
+            }
+            res = in_flight(&mut flight) => {
+                flight = None;
+                flushed(&mut session, res);
             }
             // While a flush runs, the next lines are read and parsed up to the commit size.
             batch = rrx.recv(), if !(session.backlogged()
@@ -593,10 +580,6 @@ pub async fn run_with(
         pending.extend_from_slice(&l);
         pending.push(b'\n');
     }
-    if !pending.is_empty() && !write_failed {
-        let _ = tokio::time::timeout(Duration::from_secs(2), wtx.send(pending)).await;
-    }
-    drop(wtx);
     if write_failed {
         // Give a closing err from the peer a chance to be read and logged.
         let _ = tokio::time::timeout(ERROR_LINGER, async {
@@ -610,7 +593,14 @@ pub async fn run_with(
         })
         .await;
     }
-    let _ = tokio::time::timeout(Duration::from_secs(2), writer_task).await;
+    if !write_failed {
+        // The batch being written, what is left, then TLS close_notify.
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            finish_writes(writing, writer, pending),
+        )
+        .await;
+    }
     reader_task.abort();
 
     let reason = session
@@ -630,6 +620,58 @@ pub async fn run_with(
         up,
         reason,
     }
+}
+
+/// A write of one batch in progress. It owns the connection's writer until it completes,
+/// then hands it back (the batch's buffer is dropped: an idle connection holds none).
+type Write = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (net::BoxWriter, std::io::Result<()>)> + Send>,
+>;
+
+/// Write `buf` (whole `\n`-terminated lines) and flush (TLS sends its records).
+fn start_write(mut writer: net::BoxWriter, buf: Vec<u8>) -> Write {
+    Box::pin(async move {
+        let res = async {
+            writer.write_all(&buf).await?;
+            writer.flush().await
+        }
+        .await;
+        (writer, res)
+    })
+}
+
+/// The running write's result; never ready when none runs.
+async fn in_write(writing: &mut Option<Write>) -> (net::BoxWriter, std::io::Result<()>) {
+    match writing {
+        Some(w) => w.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// At the end of a connection whose writes have not failed: complete the running write,
+/// write `pending` (the closing err or bye), then shut the writer down (TLS close_notify,
+/// then the transport's write side). Stops at the first error: there is no one left to
+/// tell.
+async fn finish_writes(writing: Option<Write>, writer: Option<net::BoxWriter>, pending: Vec<u8>) {
+    let mut writer = match (writing, writer) {
+        (Some(w), _) => match w.await {
+            (w, Ok(())) => w,
+            (_, Err(_)) => return,
+        },
+        (None, Some(w)) => w,
+        (None, None) => return,
+    };
+    if !pending.is_empty() {
+        let res = async {
+            writer.write_all(&pending).await?;
+            writer.flush().await
+        }
+        .await;
+        if res.is_err() {
+            return;
+        }
+    }
+    let _ = writer.shutdown().await;
 }
 
 /// A running group-committed flush ([`crate::store::Store::flush`]).
