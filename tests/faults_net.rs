@@ -820,6 +820,33 @@ async fn a_peer_that_stops_reading_leaves_memory_flat_with_100_mb_queued() {
         "{:?}",
         s.body["outbox"]
     );
+    // The node's write to this peer is blocked (full socket), yet it still reads: a msg
+    // the peer sends now is stored (its thread shows it unread). The node writes from the
+    // connection's own task, one batch at a time, polled beside reading.
+    stalled
+        .write(
+            format!(
+                r#"{{"t":"msg","id":"01K0000000000000000000BACK","ts":"{TS}","th":"thr_back","parts":[{{"k":"text","text":"still reading"}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .await;
+    let mut stored = false;
+    for _ in 0..100 {
+        let r = node.ctl(Request::Threads).await;
+        if r.body["threads"]
+            .as_array()
+            .is_some_and(|ts| ts.iter().any(|t| t["th"] == "thr_back" && t["unread"] == 1))
+        {
+            stored = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        stored,
+        "the msg sent while the node's writes were blocked was not stored"
+    );
     drop(stalled);
     node.stop().await;
 }
