@@ -188,11 +188,29 @@ async fn main() {
         }));
     }
     let mut clients = Vec::new();
+    let mut failed = 0usize;
     for t in tasks {
         match t.await.expect("task") {
             Ok(c) => clients.push(c),
-            Err(e) => eprintln!("connect failed: {e}"),
+            Err(e) => {
+                // The first few reasons; then only the count (a relay that is not there
+                // would print one line per client).
+                if failed < 5 {
+                    eprintln!("connect failed: {e}");
+                }
+                failed += 1;
+            }
         }
+    }
+    if failed > 0 {
+        eprintln!("{failed} of {n} clients could not connect");
+    }
+    if clients.len() < 2 {
+        eprintln!(
+            "relay_load: {} client(s) connected; at least 2 are needed (is the relay at {addr}?)",
+            clients.len()
+        );
+        std::process::exit(1);
     }
     let connect_s = started.elapsed().as_secs_f64();
     // Let the relay finish its side of the sessions (Up, anti-entropy) before measuring.
