@@ -964,6 +964,8 @@ struct ReplayResult {
     dial_to_last: Duration,
     first_msg: Duration,
     node_cpu: f64,
+    /// CPU seconds of this process (the client reading the replay) meanwhile.
+    client_cpu: f64,
 }
 
 /// 5. Prefill a home's outbox for a client key, start the node, dial, resume, count.
@@ -994,7 +996,7 @@ async fn phase_replay(cfg: &Config, n: usize) -> Result<(ReplayResult, Daemon)> 
 
     let node = Daemon::start(cfg, "b", &home).await?;
     let tls = TlsConfig::new(&identity)?;
-    let cpu0 = node.cpu();
+    let cpu0 = (node.cpu(), cpu_secs("self").unwrap_or(f64::NAN));
     let run = async {
         let t_dial = Instant::now();
         let mut c = Client::connect(&node.addr, &tls).await?;
@@ -1037,7 +1039,8 @@ async fn phase_replay(cfg: &Config, n: usize) -> Result<(ReplayResult, Daemon)> 
     let (handshake, replay, dial_to_last, first_msg) = tokio::time::timeout(cfg.phase_limit, run)
         .await
         .map_err(|_| anyhow!("replay aborted after {} s", cfg.phase_limit.as_secs()))??;
-    let node_cpu = node.cpu() - cpu0;
+    let node_cpu = node.cpu() - cpu0.0;
+    let client_cpu = cpu_secs("self").unwrap_or(f64::NAN) - cpu0.1;
     Ok((
         ReplayResult {
             n,
@@ -1048,6 +1051,7 @@ async fn phase_replay(cfg: &Config, n: usize) -> Result<(ReplayResult, Daemon)> 
             dial_to_last,
             first_msg,
             node_cpu,
+            client_cpu,
         },
         node,
     ))
@@ -1330,9 +1334,10 @@ async fn run() -> bool {
                 r.dial_to_last.as_secs_f64()
             );
             println!(
-                "   rate                 {:.0} msgs/s; node CPU {:.2} s",
+                "   rate                 {:.0} msgs/s; CPU: node {:.2} s, bench client (TLS, framing) {:.2} s",
                 r.n as f64 / r.replay.as_secs_f64(),
-                r.node_cpu
+                r.node_cpu,
+                r.client_cpu
             );
             summary(&cfg, "replay_s", r.replay.as_secs_f64());
             summary(&cfg, "replay_n", r.n as f64);
