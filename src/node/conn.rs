@@ -1,7 +1,8 @@
 //! Drives one session over one transport connection.
 //!
-//! A reader task frames lines into a bounded channel; this loop writes batches of lines
-//! (one at a time, polled beside everything else), feeds the session, runs group-committed flushes before acks go out,
+//! A reader task frames lines into a bounded channel (a relay's connections read in this
+//! loop instead); this loop writes batches of lines (one at a time, polled beside
+//! everything else), feeds the session, runs group-committed flushes before acks go out,
 //! fires timers, and turns session events into node events. A flush runs while the loop
 //! keeps reading and parsing the next lines (they are committed once it is done), so the
 //! fsync of one batch overlaps the work on the next; the acks of a batch go out together.
@@ -98,6 +99,151 @@ struct ReadBatch {
     end: Option<ReadEnd>,
 }
 
+/// Where a connection's lines come from.
+enum ReadSide {
+    /// A reader task reads and parses up to [`READ_QUEUE`] batches ahead: parsing and
+    /// signature checks of the next batch run beside the storing of this one (a node).
+    Task {
+        rx: mpsc::Receiver<Box<ReadBatch>>,
+        task: tokio::task::JoinHandle<()>,
+    },
+    /// The connection's task reads one batch at a time: one task per connection instead
+    /// of two, and no channel (a relay, whose connections carry presence documents and
+    /// control lines; issue 10, relay memory per connection).
+    Inline {
+        /// The reader, while no read runs (None once the read side ended).
+        reader: Option<net::LineReader>,
+        /// The read in progress: it owns the reader until it completes.
+        reading: Option<Reading>,
+    },
+}
+
+/// A read of one batch in progress ([`read_batch`]), handing the reader back with it.
+type Reading = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (net::LineReader, Option<ReadBatch>)> + Send>,
+>;
+
+impl ReadSide {
+    /// A reader task when `ahead` (see [`ReadSide::Task`]), else reading in line.
+    fn new(mut reader: net::LineReader, signer: &crate::session::Signer, ahead: bool) -> Self {
+        if !ahead {
+            return ReadSide::Inline {
+                reader: Some(reader),
+                reading: None,
+            };
+        }
+        let signer = signer.clone();
+        // Boxed batches: the channel allocates its first block of 32 slots up front, 32
+        // pointers instead of 32 batches (about 1.5 KiB less per connection; issue 10).
+        let (tx, rx) = mpsc::channel::<Box<ReadBatch>>(READ_QUEUE);
+        let task = tokio::spawn(async move {
+            while let Some(batch) = read_batch(&mut reader, &signer).await {
+                let last = batch.end.is_some();
+                if tx.send(Box::new(batch)).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        ReadSide::Task { rx, task }
+    }
+
+    /// The next batch; None once the read side has ended (after the batch that said how)
+    /// or the runtime is shutting down. Cancel safe: a read in progress is kept.
+    async fn recv(&mut self, signer: &crate::session::Signer) -> Option<Box<ReadBatch>> {
+        match self {
+            ReadSide::Task { rx, .. } => rx.recv().await,
+            ReadSide::Inline { reader, reading } => {
+                if reading.is_none() {
+                    let mut r = reader.take()?;
+                    let signer = signer.clone();
+                    *reading = Some(Box::pin(async move {
+                        let batch = read_batch(&mut r, &signer).await;
+                        (r, batch)
+                    }));
+                }
+                let (r, batch) = reading.as_mut()?.await;
+                *reading = None;
+                if batch.as_ref().is_some_and(|b| b.end.is_none()) {
+                    *reader = Some(r);
+                }
+                batch.map(Box::new)
+            }
+        }
+    }
+
+    /// A batch already read, if one waits (only a reader task reads ahead).
+    fn try_recv(&mut self) -> Option<Box<ReadBatch>> {
+        match self {
+            ReadSide::Task { rx, .. } => rx.try_recv().ok(),
+            ReadSide::Inline { .. } => None,
+        }
+    }
+
+    /// Stop reading.
+    fn stop(self) {
+        if let ReadSide::Task { task, .. } = self {
+            task.abort();
+        }
+    }
+}
+
+/// Read one batch: the next line (waiting for it), then what is buffered and what the
+/// transport has without waiting, up to [`READ_BATCH_BYTES`] or [`READ_BATCH_LINES`];
+/// parsed, with signatures checked once the peer signs ([`crate::session::preparse`]).
+/// None when the runtime is shutting down.
+async fn read_batch(
+    reader: &mut net::LineReader,
+    signer: &crate::session::Signer,
+) -> Option<ReadBatch> {
+    let first = reader.read_line().await;
+    let mut lines = Vec::new();
+    let mut bytes = 0;
+    let mut item = first;
+    let end = loop {
+        let it = match item {
+            Ok(Some(l)) => {
+                bytes += l.len();
+                lines.push(l);
+                None
+            }
+            Ok(None) => Some(ReadEnd::Eof),
+            Err(ReadError::Io(e)) => Some(ReadEnd::Cut(cut_detail(&e))),
+            Err(ReadError::TooLarge) => Some(ReadEnd::TooLarge),
+        };
+        if it.is_some() || bytes >= READ_BATCH_BYTES || lines.len() >= READ_BATCH_LINES {
+            break it;
+        }
+        // What is buffered, then what the transport has without waiting: a busy
+        // connection's batches grow to the batch bound (fewer hand-offs, larger signature
+        // batches); an idle one's end at what arrived.
+        item = match reader.buffered_line() {
+            Ok(Some(l)) => Ok(Some(l)),
+            Ok(None) => match futures_util::FutureExt::now_or_never(reader.read_line()) {
+                Some(r) => r,
+                None => break None,
+            },
+            Err(e) => Err(e),
+        };
+    };
+    let signer = signer.get().copied();
+    let parsed = if lines.len() >= OFFLOAD_LINES {
+        // Milliseconds of work: on a blocking thread, so that the session's task (woken on
+        // this worker by the last send) is not held behind it.
+        let task =
+            tokio::task::spawn_blocking(move || crate::session::preparse(lines, signer.as_ref()));
+        match task.await {
+            Ok(p) => p,
+            // A panic in the parsers is a bug: not hidden.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => return None,
+        }
+    } else {
+        crate::session::preparse(lines, signer.as_ref())
+    };
+    Some(ReadBatch { lines: parsed, end })
+}
+
 /// How the read side of a connection ended.
 enum ReadEnd {
     /// A line over the size cap.
@@ -141,7 +287,7 @@ pub async fn run_with(
     mut up_tx: Option<tokio::sync::oneshot::Sender<UpResult>>,
 ) -> Outcome {
     let net::Conn {
-        mut reader,
+        reader,
         writer,
         peer_cert_key,
         transport: _,
@@ -187,70 +333,10 @@ pub async fn run_with(
         ));
     }
 
-    // Reader task: frames lines and hands them over in batches (one await per batch),
-    // parsed, and for a signing peer with their signatures checked in one batch: that
-    // work runs here, beside the session's storing of the previous batch.
+    // The read side: lines framed and handed over in batches (one await per batch),
+    // parsed, and for a signing peer with their signatures checked in one batch.
     let signer: crate::session::Signer = Default::default();
-    let reader_signer = signer.clone();
-    // Boxed batches: the channel allocates its first block of 32 slots up front, 32
-    // pointers instead of 32 batches (about 1.5 KiB less per connection; issue 10).
-    let (rtx, mut rrx) = mpsc::channel::<Box<ReadBatch>>(READ_QUEUE);
-    let reader_task = tokio::spawn(async move {
-        loop {
-            let first = reader.read_line().await;
-            let mut lines = Vec::new();
-            let mut bytes = 0;
-            let mut item = first;
-            let end = loop {
-                let it = match item {
-                    Ok(Some(l)) => {
-                        bytes += l.len();
-                        lines.push(l);
-                        None
-                    }
-                    Ok(None) => Some(ReadEnd::Eof),
-                    Err(ReadError::Io(e)) => Some(ReadEnd::Cut(cut_detail(&e))),
-                    Err(ReadError::TooLarge) => Some(ReadEnd::TooLarge),
-                };
-                if it.is_some() || bytes >= READ_BATCH_BYTES || lines.len() >= READ_BATCH_LINES {
-                    break it;
-                }
-                // What is buffered, then what the transport has without waiting: a
-                // busy connection's batches grow to the batch bound (fewer hand-offs,
-                // larger signature batches); an idle one's end at what arrived.
-                item = match reader.buffered_line() {
-                    Ok(Some(l)) => Ok(Some(l)),
-                    Ok(None) => match futures_util::FutureExt::now_or_never(reader.read_line()) {
-                        Some(r) => r,
-                        None => break None,
-                    },
-                    Err(e) => Err(e),
-                };
-            };
-            let signer = reader_signer.get().copied();
-            let parsed = if lines.len() >= OFFLOAD_LINES {
-                // Milliseconds of work: on a blocking thread, so that the session's task
-                // (woken on this worker by the last send) is not held behind it.
-                let task = tokio::task::spawn_blocking(move || {
-                    crate::session::preparse(lines, signer.as_ref())
-                });
-                match task.await {
-                    Ok(p) => p,
-                    // A panic in the parsers is a bug: not hidden.
-                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                    // The runtime is shutting down.
-                    Err(_) => return,
-                }
-            } else {
-                crate::session::preparse(lines, signer.as_ref())
-            };
-            let last = end.is_some();
-            let batch = ReadBatch { lines: parsed, end };
-            if rtx.send(Box::new(batch)).await.is_err() || last {
-                return;
-            }
-        }
-    });
+    let mut read_side = ReadSide::new(reader, &signer, !inner.relay);
     // Writes run inside this task, one batch at a time ([`start_write`]): no writer task,
     // channel or error watch per connection (issue 10: relay memory per connection). The
     // batch being written is polled beside reading, so a peer that does not read never
@@ -535,7 +621,7 @@ pub async fn run_with(
                 flushed(&mut session, res);
             }
             // While a flush runs, the next lines are read and parsed up to the commit size.
-            batch = rrx.recv(), if !(session.backlogged()
+            batch = read_side.recv(&signer), if !(session.backlogged()
                 || (flight.is_some() && session.pending_bytes() >= COMMIT_BYTES)) => {
                 let now = Instant::now();
                 let mut next = Some(batch.map_or(ReadBatch { lines: Vec::new(), end: Some(ReadEnd::Eof) }, |b| *b));
@@ -558,7 +644,7 @@ pub async fn run_with(
                     {
                         break;
                     }
-                    next = rrx.try_recv().ok().map(|b| *b);
+                    next = read_side.try_recv().map(|b| *b);
                 }
                 if session.wants_flush() && flight.is_none() {
                     flight = Some(commit_and_flush(&inner, &mut session));
@@ -583,7 +669,7 @@ pub async fn run_with(
     if write_failed {
         // Give a closing err from the peer a chance to be read and logged.
         let _ = tokio::time::timeout(ERROR_LINGER, async {
-            while let Some(batch) = rrx.recv().await {
+            while let Some(batch) = read_side.recv(&signer).await {
                 for l in batch.lines {
                     if let Ok(Line::Err(e)) = wire::parse_line(l.raw()) {
                         tracing::info!(code = %e.code, detail = ?e.detail, "peer's err before close");
@@ -601,7 +687,7 @@ pub async fn run_with(
         )
         .await;
     }
-    reader_task.abort();
+    read_side.stop();
 
     let reason = session
         .close_reason()
