@@ -16,11 +16,11 @@ use crate::session::{CloseReason, Phase, Session, SessionConfig, SessionEvent};
 use crate::store::AddrSource;
 use crate::wire::{self, Line, PeerKey};
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, watch, Notify};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{mpsc, Notify};
 
 /// Batches buffered between the reader task and the session.
 const READ_QUEUE: usize = 4;
@@ -41,24 +41,83 @@ const READ_BATCH: usize = 4096;
 /// After a write error, keep reading this long for the peer's closing err (§Errors).
 const ERROR_LINGER: Duration = Duration::from_millis(500);
 
-/// What other tasks use to reach a live connection.
+/// What other tasks use to reach a live connection: one allocation per connection
+/// (issue 10: relay memory per connection), shared by the connection and the node's
+/// table of connections.
 #[derive(Clone)]
-pub(crate) struct Handles {
+pub(crate) struct Handles(Arc<Shared>);
+
+/// The state behind [`Handles`].
+pub(crate) struct Shared {
     /// Wakes the connection when new lines were queued in the outbox for its peer.
-    pub outbox: Arc<Notify>,
-    /// Stops the connection (replaced, tie break).
-    pub stop: CancellationToken,
-    /// Closes the connection with a `bye` carrying the reason in [`Handles::bye_reason`]
-    /// (`awp disconnect`).
-    pub bye: CancellationToken,
-    /// The reason of [`Handles::bye`].
-    pub bye_reason: Arc<std::sync::Mutex<Option<String>>>,
-    /// Becomes true when the connection has ended.
-    pub done: watch::Receiver<bool>,
+    pub outbox: Notify,
     /// Lines to write that are not in the outbox (see [`super::Inner::send_ephemeral`]).
-    pub ephemeral: Arc<Ephemeral>,
+    pub ephemeral: Ephemeral,
     /// Id of the last outbox line written to this connection (blob progress).
-    pub cursor: Arc<std::sync::Mutex<Option<String>>>,
+    pub cursor: std::sync::Mutex<Option<String>>,
+    /// Wakes the connection for [`Handles::stop`] or [`Handles::bye`].
+    signal: Notify,
+    /// [`Handles::stop`] was called.
+    stop: AtomicBool,
+    /// [`Handles::bye`] was called: Some(reason) until the connection takes it.
+    bye: std::sync::Mutex<Option<String>>,
+    /// The connection has ended; `ended` wakes those waiting for that.
+    done: AtomicBool,
+    ended: Notify,
+}
+
+impl std::ops::Deref for Handles {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl Handles {
+    fn new() -> Handles {
+        Handles(Arc::new(Shared {
+            outbox: Notify::new(),
+            ephemeral: Ephemeral::new(),
+            cursor: std::sync::Mutex::new(None),
+            signal: Notify::new(),
+            stop: AtomicBool::new(false),
+            bye: std::sync::Mutex::new(None),
+            done: AtomicBool::new(false),
+            ended: Notify::new(),
+        }))
+    }
+
+    /// Stop the connection without a `bye` (replaced by a newer one, tie break).
+    pub fn stop(&self) {
+        self.0.stop.store(true, Ordering::Release);
+        self.0.signal.notify_one();
+    }
+
+    /// Close the connection with a `bye` carrying `reason` (`awp disconnect`).
+    pub fn bye(&self, reason: String) {
+        *self.0.bye.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+        self.0.signal.notify_one();
+    }
+
+    /// Wait until the connection has ended (returns at once if it has).
+    pub async fn closed(&self) {
+        loop {
+            let ended = self.0.ended.notified();
+            tokio::pin!(ended);
+            // Registered before the check: a wake-up between the two is not lost.
+            ended.as_mut().enable();
+            if self.0.done.load(Ordering::Acquire) {
+                return;
+            }
+            ended.await;
+        }
+    }
+
+    /// Mark the connection ended and wake those waiting in [`Handles::closed`].
+    fn set_done(&self) {
+        self.0.done.store(true, Ordering::Release);
+        self.0.ended.notify_waiters();
+    }
 }
 
 /// How the connection came about.
@@ -77,6 +136,19 @@ pub enum Dial {
     /// (spec/relay-circuits.md): the address is a NAT mapping of the peer's circuit socket,
     /// not a listener, so it is never recorded among the peer's addresses.
     Punched { expected: PeerKey },
+}
+
+/// Work of a session event that awaits, done once the event itself is dropped.
+enum Deferred {
+    /// An authenticated peer that passed admission: register the connection.
+    Register {
+        key: PeerKey,
+        hello: Box<wire::Hello>,
+        presented: Vec<wire::Grant>,
+        presence: bool,
+    },
+    /// An err from a registered peer ([`super::refusals::on_peer_err`]).
+    PeerErr(PeerKey, Box<wire::ErrLine>),
 }
 
 /// What happened to a connection, for the dialer and `awp connect`.
@@ -265,13 +337,13 @@ fn cut_detail(e: &std::io::Error) -> String {
 
 /// Run a connection to completion. `handshake_deadline` bounds the time to auth verified.
 /// `up_tx` (if given) learns the peer as soon as the connection counts as up (or the failure).
-pub async fn run(
+pub fn run(
     inner: Arc<Inner>,
     conn: net::Conn,
     dial: Dial,
     handshake_deadline: tokio::time::Instant,
-) -> Outcome {
-    run_with(inner, conn, dial, handshake_deadline, None).await
+) -> impl std::future::Future<Output = Outcome> + Send {
+    run_with(inner, conn, dial, handshake_deadline, None)
 }
 
 /// What `awp connect` learns from [`run_with`]: the peer once the connection is up, or why
@@ -279,13 +351,13 @@ pub async fn run(
 pub type UpResult = Result<PeerKey, (String, Option<PeerKey>)>;
 
 /// [`run`], reporting the moment the connection is up (or fails) on `up_tx`.
-pub async fn run_with(
+pub fn run_with(
     inner: Arc<Inner>,
     conn: net::Conn,
     dial: Dial,
     handshake_deadline: tokio::time::Instant,
     mut up_tx: Option<tokio::sync::oneshot::Sender<UpResult>>,
-) -> Outcome {
+) -> impl std::future::Future<Output = Outcome> + Send {
     let net::Conn {
         reader,
         writer,
@@ -344,22 +416,7 @@ pub async fn run_with(
     let mut writer: Option<net::BoxWriter> = Some(writer);
     let mut writing: Option<Write> = None;
 
-    let outbox = Arc::new(Notify::new());
-    let stop = CancellationToken::new();
-    let bye = CancellationToken::new();
-    let bye_reason = Arc::new(std::sync::Mutex::new(None::<String>));
-    let (done_tx, done_rx) = watch::channel(false);
-    let ephemeral = Arc::new(Ephemeral::new());
-    let cursor = Arc::new(std::sync::Mutex::new(None::<String>));
-    let handles = Handles {
-        outbox: outbox.clone(),
-        stop: stop.clone(),
-        bye: bye.clone(),
-        bye_reason: bye_reason.clone(),
-        done: done_rx,
-        ephemeral: ephemeral.clone(),
-        cursor: cursor.clone(),
-    };
+    let handles = Handles::new();
     let conn_id = inner.conn_id();
     let mut registered: Option<PeerKey> = None;
     let mut peer_name: Option<String> = None;
@@ -376,111 +433,181 @@ pub async fn run_with(
     // The loop ends once the running flush (if any) has completed.
     let mut ending = false;
 
-    loop {
-        // Handle events first: they may refuse the peer before anything queued goes out.
-        while let Some(ev) = session.poll_event() {
-            match ev {
-                SessionEvent::Authenticated { key, hello } => {
-                    // The handshake is over: free its slot for the next inbound one.
-                    drop(handshake_slot.take());
-                    if session.phase() != Phase::Admission {
-                        // Closed meanwhile (e.g. too much input before admission).
-                        continue;
-                    }
-                    let presented = std::mem::take(&mut auth_grants);
-                    if let Err(detail) = super::grants::admit(&inner, &key, dialed, &presented) {
-                        tracing::warn!(peer = %key, %remote, "admission refused: {detail}");
-                        // Drops everything the peer sent after its auth, unread.
-                        session.refuse(&detail);
-                        continue;
-                    }
-                    let presence = hello.caps.iter().any(|c| c == super::presence::CAP);
-                    // Boxed, as the rare awaits below: the connection's future holds
-                    // the state of its common awaits only (issue 10).
-                    let registering = Box::pin(register(
-                        &inner, key, conn_id, dialed, &remote, &handles, presence,
-                    ));
-                    match registering.await {
-                        true => {
-                            registered = Some(key);
-                            // Admitted: now the grants of its auth line are worth storing.
-                            super::grants::on_received(&inner, &key, presented);
-                            peer_name = hello
-                                .name
-                                .as_deref()
-                                .map(|n| crate::blob::cut(n, MAX_NAME).to_string());
-                            on_authenticated(&inner, key, &hello, dial_addr.as_ref());
-                            // Only now does the session act on what the peer sent after auth.
-                            session.admit(Instant::now());
+    // Everything above ran when the connection was handed over; the future holds only
+    // what the loop uses, not also the arguments it was made from (issue 10: an idle
+    // connection's memory).
+    async move {
+        loop {
+            // Handle events first: they may refuse the peer before anything queued goes out.
+            loop {
+                // What needs an await is done after the event's own storage ends: a
+                // `SessionEvent` is 392 bytes, and one held across an await would sit in
+                // the connection's future for its whole life (issue 10).
+                let mut deferred: Option<Deferred> = None;
+                {
+                    let Some(ev) = session.poll_event() else {
+                        break;
+                    };
+                    match ev {
+                        SessionEvent::Authenticated { key, hello } => {
+                            // The handshake is over: free its slot for the next inbound one.
+                            drop(handshake_slot.take());
+                            if session.phase() != Phase::Admission {
+                                // Closed meanwhile (e.g. too much input before admission).
+                                continue;
+                            }
+                            let presented = std::mem::take(&mut auth_grants);
+                            if let Err(detail) =
+                                super::grants::admit(&inner, &key, dialed, &presented)
+                            {
+                                tracing::warn!(peer = %key, %remote, "admission refused: {detail}");
+                                // Drops everything the peer sent after its auth, unread.
+                                session.refuse(&detail);
+                                continue;
+                            }
+                            let presence = hello.caps.iter().any(|c| c == super::presence::CAP);
+                            deferred = Some(Deferred::Register {
+                                key,
+                                hello: Box::new(hello),
+                                presented,
+                                presence,
+                            });
                         }
-                        false => session.close_local("simultaneous open", false, Instant::now()),
-                    }
-                }
-                SessionEvent::Up => {
-                    up = true;
-                    if let Some(key) = registered {
-                        if let Some((addr, _)) = &dial_addr {
-                            let _ = inner.store.address_result(
-                                &key,
-                                addr,
-                                Ok(()),
-                                wire::time::now_ms(),
+                        SessionEvent::Up => {
+                            up = true;
+                            if let Some(key) = registered {
+                                if let Some((addr, _)) = &dial_addr {
+                                    let _ = inner.store.address_result(
+                                        &key,
+                                        addr,
+                                        Ok(()),
+                                        wire::time::now_ms(),
+                                    );
+                                }
+                                set_up(&inner, &key);
+                                for line in super::presence::greeting(&inner, &key) {
+                                    session.send_ephemeral(line);
+                                }
+                                // Grants are not acked: ours go again after every resume.
+                                for line in super::grants::issued_lines(&inner, &key) {
+                                    session.send_ephemeral(line);
+                                }
+                                inner.emit(json!({
+                                    "event": "peer_up",
+                                    "peer": key.to_string(),
+                                    "peer_name": inner.peer_name(&key),
+                                    "remote": remote,
+                                    "dialed": dialed,
+                                }));
+                                if let Some(tx) = up_tx.take() {
+                                    let _ = tx.send(Ok(key));
+                                }
+                            }
+                        }
+                        SessionEvent::Received { seq, line } => {
+                            if let Some(key) = registered {
+                                // A served request (durable and acked by now), if it is one.
+                                super::serve::on_msg(&inner, key, &line);
+                                // The node answers a request itself (result or err): it is not
+                                // left unread for a later `read` or `wait` on this node.
+                                super::refusals::mark_answered(&inner, seq, &line);
+                                // An artifact command's reply was queued with it: send it now.
+                                super::artifacts::on_received(&inner, key, &line);
+                                // Built only when someone reads it (tail, wait, listen; see
+                                // conn_events.rs).
+                                inner.emit_lazy(super::conn_events::QUIET_LINE, || {
+                                    line_event(seq, "in", &key, peer_name.as_deref(), &line)
+                                });
+                            }
+                        }
+                        SessionEvent::Acked { th, re } => {
+                            if let Some(key) = registered {
+                                inner.emit_lazy(
+                                super::conn_events::QUIET_ACK,
+                                || json!({"event":"ack","peer":key.to_string(),"th":th,"re":re}),
                             );
+                            }
                         }
-                        set_up(&inner, &key);
-                        for line in super::presence::greeting(&inner, &key) {
-                            session.send_ephemeral(line);
+                        SessionEvent::Grants(g) => match registered {
+                            // A grant line from an admitted peer.
+                            Some(peer) => super::grants::on_received(&inner, &peer, g),
+                            // auth.grants: judged with admission, stored only after it.
+                            None => auth_grants = g,
+                        },
+                        SessionEvent::PeerError(e) => {
+                            tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
+                            inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
+                            if let Some(key) = registered {
+                                deferred = Some(Deferred::PeerErr(key, Box::new(e)));
+                            }
                         }
-                        // Grants are not acked: ours go again after every resume.
-                        for line in super::grants::issued_lines(&inner, &key) {
-                            session.send_ephemeral(line);
+                        SessionEvent::BlobReceived(b) => {
+                            tracing::info!(peer = %b.peer, path = %b.path.display(), size = b.size, "blob received");
+                            inner.emit(json!({
+                                "event": "blob",
+                                "dir": "in",
+                                "peer": b.peer.to_string(),
+                                "peer_name": peer_name,
+                                "ref": b.blob_ref,
+                                "th": b.th,
+                                "msg": b.msg_id,
+                                "name": b.name,
+                                "mime": b.mime,
+                                "size": b.size,
+                                "sha256": b.sha256,
+                                "path": b.path.display().to_string(),
+                            }));
                         }
-                        inner.emit(json!({
-                            "event": "peer_up",
-                            "peer": key.to_string(),
-                            "peer_name": inner.peer_name(&key),
-                            "remote": remote,
-                            "dialed": dialed,
-                        }));
-                        if let Some(tx) = up_tx.take() {
-                            let _ = tx.send(Ok(key));
+                        SessionEvent::Other(Line::Presence(p)) => {
+                            if let Some(key) = registered {
+                                super::presence::received(&inner, key, p);
+                            }
+                        }
+                        SessionEvent::Other(Line::Introduce(i)) => {
+                            if let Some(key) = registered {
+                                super::grants::on_introduce(&inner, &key, i);
+                            }
+                        }
+                        SessionEvent::Other(line) => {
+                            tracing::debug!(t = line.kind(), "line not acted on by this version");
+                        }
+                        SessionEvent::Closed(reason) => {
+                            log_close(&remote, registered.as_ref(), &reason);
                         }
                     }
                 }
-                SessionEvent::Received { seq, line } => {
-                    if let Some(key) = registered {
-                        // A served request (durable and acked by now), if it is one.
-                        super::serve::on_msg(&inner, key, &line);
-                        // The node answers a request itself (result or err): it is not
-                        // left unread for a later `read` or `wait` on this node.
-                        super::refusals::mark_answered(&inner, seq, &line);
-                        // An artifact command's reply was queued with it: send it now.
-                        super::artifacts::on_received(&inner, key, &line);
-                        // Built only when someone reads it (tail, wait, listen; see
-                        // conn_events.rs).
-                        inner.emit_lazy(super::conn_events::QUIET_LINE, || {
-                            line_event(seq, "in", &key, peer_name.as_deref(), &line)
-                        });
+                match deferred {
+                    None => {}
+                    Some(Deferred::Register {
+                        key,
+                        hello,
+                        presented,
+                        presence,
+                    }) => {
+                        // Boxed, as the other rare await below: the connection's future
+                        // holds the state of its common awaits only (issue 10).
+                        let registering = Box::pin(register(
+                            &inner, key, conn_id, dialed, &remote, &handles, presence,
+                        ));
+                        match registering.await {
+                            true => {
+                                registered = Some(key);
+                                // Admitted: now the grants of its auth line are worth storing.
+                                super::grants::on_received(&inner, &key, presented);
+                                peer_name = hello
+                                    .name
+                                    .as_deref()
+                                    .map(|n| crate::blob::cut(n, MAX_NAME).to_string());
+                                on_authenticated(&inner, key, &hello, dial_addr.as_ref());
+                                // Only now does the session act on what the peer sent after auth.
+                                session.admit(Instant::now());
+                            }
+                            false => {
+                                session.close_local("simultaneous open", false, Instant::now())
+                            }
+                        }
                     }
-                }
-                SessionEvent::Acked { th, re } => {
-                    if let Some(key) = registered {
-                        inner.emit_lazy(
-                            super::conn_events::QUIET_ACK,
-                            || json!({"event":"ack","peer":key.to_string(),"th":th,"re":re}),
-                        );
-                    }
-                }
-                SessionEvent::Grants(g) => match registered {
-                    // A grant line from an admitted peer.
-                    Some(peer) => super::grants::on_received(&inner, &peer, g),
-                    // auth.grants: judged with admission, stored only after it.
-                    None => auth_grants = g,
-                },
-                SessionEvent::PeerError(e) => {
-                    tracing::info!(peer = ?registered, code = %e.code, detail = ?e.detail, re = ?e.re, "peer sent err");
-                    inner.emit(json!({"event":"peer_err","peer":registered.map(|k| k.to_string()),"code":e.code,"detail":e.detail,"re":e.re}));
-                    if let Some(key) = registered {
+                    Some(Deferred::PeerErr(key, e)) => {
                         let name = peer_name.as_deref();
                         Box::pin(super::refusals::on_peer_err(
                             &inner,
@@ -492,183 +619,153 @@ pub async fn run_with(
                         .await;
                     }
                 }
-                SessionEvent::BlobReceived(b) => {
-                    tracing::info!(peer = %b.peer, path = %b.path.display(), size = b.size, "blob received");
-                    inner.emit(json!({
-                        "event": "blob",
-                        "dir": "in",
-                        "peer": b.peer.to_string(),
-                        "peer_name": peer_name,
-                        "ref": b.blob_ref,
-                        "th": b.th,
-                        "msg": b.msg_id,
-                        "name": b.name,
-                        "mime": b.mime,
-                        "size": b.size,
-                        "sha256": b.sha256,
-                        "path": b.path.display().to_string(),
-                    }));
+            }
+            if session.wants_flush() && flight.is_none() && !ending {
+                // Lines received so far (also those held during admission, processed by
+                // `admit`): stored now, acked when their flush completes.
+                flight = Some(commit_and_flush(&inner, &mut session));
+            }
+            if session.is_closed() || ending {
+                // What a running flush makes durable is still acted on (events) before the end.
+                match flight.take() {
+                    Some(f) => {
+                        flushed(&mut session, f.await);
+                        continue;
+                    }
+                    None => break,
                 }
-                SessionEvent::Other(Line::Presence(p)) => {
-                    if let Some(key) = registered {
-                        super::presence::received(&inner, key, p);
+            }
+            // Fill the pending write batch.
+            while pending.len() < WRITE_BATCH {
+                match session.poll_transmit() {
+                    Some(l) => {
+                        pending.extend_from_slice(&l);
+                        pending.push(b'\n');
+                    }
+                    None => break,
+                }
+            }
+            if writing.is_none() && !pending.is_empty() {
+                if let Some(w) = writer.take() {
+                    writing = Some(start_write(w, std::mem::take(&mut pending)));
+                }
+            }
+            if signer.get().is_none() {
+                if let Some(key) = session.signer() {
+                    // Open with a signing peer: from now on the reader checks signatures.
+                    let _ = signer.set(key);
+                }
+            }
+            if let Some(c) = session.cursor() {
+                let mut shared = handles.cursor.lock().unwrap_or_else(|p| p.into_inner());
+                if shared.as_deref() != Some(c) {
+                    *shared = Some(c.to_string());
+                }
+            }
+            if !up
+                && session.phase() != Phase::Open
+                && tokio::time::Instant::now() >= handshake_deadline
+            {
+                session.close_local("handshake timeout", false, Instant::now());
+                continue;
+            }
+            let timeout = session.poll_timeout().map(tokio::time::Instant::from_std);
+            let hs_deadline = (session.phase() != Phase::Open && !up).then_some(handshake_deadline);
+            let wake = match (timeout, hs_deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            tokio::select! {
+                biased;
+                // A running flush completes first (its acks go out before any bye), as when
+                // the flush was awaited in line.
+                // Stop or bye, asked for by another task.
+                _ = handles.signal.notified(), if flight.is_none() => {
+                    if handles.stop.load(Ordering::Acquire) {
+                        session.close_local("replaced by a newer connection", false, Instant::now());
+                    } else if session.phase() != Phase::Closing {
+                        let reason = handles.bye.lock().unwrap_or_else(|p| p.into_inner()).take();
+                        if let Some(reason) = reason {
+                            session.close_local(&reason, true, Instant::now());
+                        }
                     }
                 }
-                SessionEvent::Other(Line::Introduce(i)) => {
-                    if let Some(key) = registered {
-                        super::grants::on_introduce(&inner, &key, i);
+                _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing && flight.is_none() => {
+                    // A short linger: the transport must be closed (TLS close_notify) before
+                    // the node stops waiting for its connections.
+                    session.close_local_within(
+                        "shutdown",
+                        true,
+                        crate::session::SHUTDOWN_BYE_LINGER,
+                        Instant::now(),
+                    );
+                }
+                (w, res) = in_write(&mut writing) => {
+                    writing = None;
+                    match res {
+                        Ok(()) => writer = Some(w),
+                        Err(_) => {
+                            write_failed = true;
+                            if flight.is_none() {
+                                break;
+                            }
+                            ending = true;
+                        }
                     }
                 }
-                SessionEvent::Other(line) => {
-                    tracing::debug!(t = line.kind(), "line not acted on by this version");
+                res = in_flight(&mut flight) => {
+                    flight = None;
+                    flushed(&mut session, res);
                 }
-                SessionEvent::Closed(reason) => {
-                    log_close(&remote, registered.as_ref(), &reason);
-                }
-            }
-        }
-        if session.wants_flush() && flight.is_none() && !ending {
-            // Lines received so far (also those held during admission, processed by
-            // `admit`): stored now, acked when their flush completes.
-            flight = Some(commit_and_flush(&inner, &mut session));
-        }
-        if session.is_closed() || ending {
-            // What a running flush makes durable is still acted on (events) before the end.
-            match flight.take() {
-                Some(f) => {
-                    flushed(&mut session, f.await);
-                    continue;
-                }
-                None => break,
-            }
-        }
-        // Fill the pending write batch.
-        while pending.len() < WRITE_BATCH {
-            match session.poll_transmit() {
-                Some(l) => {
-                    pending.extend_from_slice(&l);
-                    pending.push(b'\n');
-                }
-                None => break,
-            }
-        }
-        if writing.is_none() && !pending.is_empty() {
-            if let Some(w) = writer.take() {
-                writing = Some(start_write(w, std::mem::take(&mut pending)));
-            }
-        }
-        if signer.get().is_none() {
-            if let Some(key) = session.signer() {
-                // Open with a signing peer: from now on the reader checks signatures.
-                let _ = signer.set(key);
-            }
-        }
-        if let Some(c) = session.cursor() {
-            let mut shared = cursor.lock().unwrap_or_else(|p| p.into_inner());
-            if shared.as_deref() != Some(c) {
-                *shared = Some(c.to_string());
-            }
-        }
-        if !up
-            && session.phase() != Phase::Open
-            && tokio::time::Instant::now() >= handshake_deadline
-        {
-            session.close_local("handshake timeout", false, Instant::now());
-            continue;
-        }
-        let timeout = session.poll_timeout().map(tokio::time::Instant::from_std);
-        let hs_deadline = (session.phase() != Phase::Open && !up).then_some(handshake_deadline);
-        let wake = match (timeout, hs_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        tokio::select! {
-            biased;
-            // A running flush completes first (its acks go out before any bye), as when
-            // the flush was awaited in line.
-            _ = stop.cancelled(), if flight.is_none() => {
-                session.close_local("replaced by a newer connection", false, Instant::now());
-            }
-            _ = inner.shutdown.cancelled(), if session.phase() != Phase::Closing && flight.is_none() => {
-                // A short linger: the transport must be closed (TLS close_notify) before
-                // the node stops waiting for its connections.
-                session.close_local_within(
-                    "shutdown",
-                    true,
-                    crate::session::SHUTDOWN_BYE_LINGER,
-                    Instant::now(),
-                );
-            }
-            _ = bye.cancelled(), if session.phase() != Phase::Closing && flight.is_none() => {
-                let reason = bye_reason.lock().unwrap_or_else(|p| p.into_inner()).take();
-                session.close_local(reason.as_deref().unwrap_or("disconnect"), true, Instant::now());
-            }
-            (w, res) = in_write(&mut writing) => {
-                writing = None;
-                match res {
-                    Ok(()) => writer = Some(w),
-                    Err(_) => {
-                        write_failed = true;
-                        if flight.is_none() {
+                // While a flush runs, the next lines are read and parsed up to the commit size.
+                batch = read_side.recv(&signer), if !(session.backlogged()
+                    || (flight.is_some() && session.pending_bytes() >= COMMIT_BYTES)) => {
+                    let now = Instant::now();
+                    let mut next = Some(batch.map_or(ReadBatch { lines: Vec::new(), end: Some(ReadEnd::Eof) }, |b| *b));
+                    let mut n = 0;
+                    while let Some(batch) = next.take() {
+                        n += batch.lines.len() + usize::from(batch.end.is_some());
+                        for line in batch.lines {
+                            session.handle_preparsed(line, now);
+                        }
+                        match batch.end {
+                            Some(ReadEnd::TooLarge) => session.handle_read_error(true),
+                            Some(ReadEnd::Eof) => session.handle_eof(),
+                            Some(ReadEnd::Cut(d)) => session.handle_cut(d),
+                            None => {}
+                        }
+                        if session.is_closed()
+                            || n >= READ_BATCH
+                            || session.backlogged()
+                            || session.pending_bytes() >= COMMIT_BYTES
+                        {
                             break;
                         }
-                        ending = true;
+                        next = read_side.try_recv().map(|b| *b);
+                    }
+                    if session.wants_flush() && flight.is_none() {
+                        flight = Some(commit_and_flush(&inner, &mut session));
                     }
                 }
+                _ = handles.outbox.notified(), if registered.is_some() => session.outbox_changed(),
+                // Taken only while the write batch has room: a peer that does not read
+                // leaves its lines in the bounded queue (later ones are dropped) instead of
+                // the session's control queue, which has no bound.
+                line = handles.ephemeral.recv(), if pending.len() < WRITE_BATCH => session.send_ephemeral(line),
+                _ = sleep_until(wake) => session.handle_timeout(Instant::now()),
             }
-            res = in_flight(&mut flight) => {
-                flight = None;
-                flushed(&mut session, res);
-            }
-            // While a flush runs, the next lines are read and parsed up to the commit size.
-            batch = read_side.recv(&signer), if !(session.backlogged()
-                || (flight.is_some() && session.pending_bytes() >= COMMIT_BYTES)) => {
-                let now = Instant::now();
-                let mut next = Some(batch.map_or(ReadBatch { lines: Vec::new(), end: Some(ReadEnd::Eof) }, |b| *b));
-                let mut n = 0;
-                while let Some(batch) = next.take() {
-                    n += batch.lines.len() + usize::from(batch.end.is_some());
-                    for line in batch.lines {
-                        session.handle_preparsed(line, now);
-                    }
-                    match batch.end {
-                        Some(ReadEnd::TooLarge) => session.handle_read_error(true),
-                        Some(ReadEnd::Eof) => session.handle_eof(),
-                        Some(ReadEnd::Cut(d)) => session.handle_cut(d),
-                        None => {}
-                    }
-                    if session.is_closed()
-                        || n >= READ_BATCH
-                        || session.backlogged()
-                        || session.pending_bytes() >= COMMIT_BYTES
-                    {
-                        break;
-                    }
-                    next = read_side.try_recv().map(|b| *b);
-                }
-                if session.wants_flush() && flight.is_none() {
-                    flight = Some(commit_and_flush(&inner, &mut session));
-                }
-            }
-            _ = outbox.notified(), if registered.is_some() => session.outbox_changed(),
-            // Taken only while the write batch has room: a peer that does not read
-            // leaves its lines in the bounded queue (later ones are dropped) instead of
-            // the session's control queue, which has no bound.
-            line = ephemeral.recv(), if pending.len() < WRITE_BATCH => session.send_ephemeral(line),
-            _ = sleep_until(wake) => session.handle_timeout(Instant::now()),
         }
-    }
 
-    // Acks read but not applied yet (their batch's lines were never committed).
-    session.apply_acks();
-    // Final writes (closing err, bye), then close.
-    while let Some(l) = session.poll_transmit() {
-        pending.extend_from_slice(&l);
-        pending.push(b'\n');
-    }
-    if write_failed {
-        // Give a closing err from the peer a chance to be read and logged.
-        let _ = tokio::time::timeout(ERROR_LINGER, async {
+        // Acks read but not applied yet (their batch's lines were never committed).
+        session.apply_acks();
+        // Final writes (closing err, bye), then close.
+        while let Some(l) = session.poll_transmit() {
+            pending.extend_from_slice(&l);
+            pending.push(b'\n');
+        }
+        if write_failed {
+            // Give a closing err from the peer a chance to be read and logged.
+            let _ = tokio::time::timeout(ERROR_LINGER, async {
             while let Some(batch) = read_side.recv(&signer).await {
                 for l in batch.lines {
                     if let Ok(Line::Err(e)) = wire::parse_line(l.raw()) {
@@ -678,33 +775,34 @@ pub async fn run_with(
             }
         })
         .await;
-    }
-    if !write_failed {
-        // The batch being written, what is left, then TLS close_notify.
-        let _ = tokio::time::timeout(
-            Duration::from_secs(2),
-            finish_writes(writing, writer, pending),
-        )
-        .await;
-    }
-    read_side.stop();
+        }
+        if !write_failed {
+            // The batch being written, what is left, then TLS close_notify.
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                finish_writes(writing, writer, pending),
+            )
+            .await;
+        }
+        read_side.stop();
 
-    let reason = session
-        .close_reason()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|| "closed".into());
-    if let Some(key) = registered {
-        unregister(&inner, key, conn_id, &reason);
-    }
-    ephemeral.close();
-    let _ = done_tx.send(true);
-    if let Some(tx) = up_tx.take() {
-        let _ = tx.send(Err((reason.clone(), session.peer().or(expected))));
-    }
-    Outcome {
-        peer: session.peer(),
-        up,
-        reason,
+        let reason = session
+            .close_reason()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "closed".into());
+        if let Some(key) = registered {
+            unregister(&inner, key, conn_id, &reason);
+        }
+        handles.ephemeral.close();
+        handles.set_done();
+        if let Some(tx) = up_tx.take() {
+            let _ = tx.send(Err((reason.clone(), session.peer().or(expected))));
+        }
+        Outcome {
+            peer: session.peer(),
+            up,
+            reason,
+        }
     }
 }
 
@@ -847,9 +945,8 @@ async fn register(
     };
     if let Some(old) = old {
         // Stop reading the old connection before processing the new one's resume.
-        old.handles.stop.cancel();
-        let mut d = old.handles.done;
-        let _ = tokio::time::timeout(Duration::from_secs(3), d.wait_for(|v| *v)).await;
+        old.handles.stop();
+        let _ = tokio::time::timeout(Duration::from_secs(3), old.handles.closed()).await;
     }
     true
 }

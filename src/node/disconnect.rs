@@ -32,10 +32,8 @@ pub(super) async fn disconnect(inner: &Arc<Inner>, peer: &str, reason: Option<&s
         let reason = reason
             .map(|r| crate::blob::cut(r, MAX_BYE_REASON).to_string())
             .unwrap_or_else(|| "disconnect".into());
-        *h.bye_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
-        h.bye.cancel();
-        let mut done = h.done.clone();
-        let closed = tokio::time::timeout(CLOSE_WAIT, done.wait_for(|d| *d)).await;
+        h.bye(reason);
+        let closed = tokio::time::timeout(CLOSE_WAIT, h.closed()).await;
         if closed.is_err() {
             return Err(Fail::new(
                 "internal",

@@ -817,9 +817,9 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
-            .map(|c| c.handles.outbox.clone());
+            .map(|c| c.handles.clone());
         match notify {
-            Some(n) => n.notify_one(),
+            Some(h) => h.outbox.notify_one(),
             None => dialer::ensure(self, *key),
         }
     }
@@ -833,8 +833,8 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(peer)
-            .map(|c| c.handles.ephemeral.clone());
-        tx.is_some_and(|tx| tx.try_send(line.encode()))
+            .map(|c| c.handles.clone());
+        tx.is_some_and(|h| h.ephemeral.try_send(line.encode()))
     }
 
     /// A fresh connection id.

@@ -119,12 +119,12 @@ fn broadcast(inner: &Inner, line: &[u8], except: &[PeerKey]) -> u64 {
         conns
             .iter()
             .filter(|(k, c)| c.up && c.presence && !except.contains(k))
-            .map(|(_, c)| c.handles.ephemeral.clone())
+            .map(|(_, c)| c.handles.clone())
             .collect()
     };
     let mut sent = 0;
-    for tx in targets {
-        if tx.try_send(line.to_vec()) {
+    for h in targets {
+        if h.ephemeral.try_send(line.to_vec()) {
             sent += 1;
         } else {
             inner
