@@ -1298,6 +1298,49 @@ pub struct RelayCircuits {
     bytes: AtomicU64,
 }
 
+/// Bytes of a ClientHello looked at when routing: one full record and its header.
+const HELLO_PEEK: usize = 16 * 1024 + RECORD_HEADER;
+/// Looks at a ClientHello that has not fully arrived, 10 ms apart, at most this often.
+const HELLO_PEEK_TRIES: u32 = 100;
+
+/// Whether the ClientHello waiting on `s` (peeked, not consumed) offers the circuit
+/// [`ALPN`] and not `awp/0`: a circuit connection, whose outer TLS is read record by
+/// record ([`Records`]) so that it can leave TLS later. Everything else (`awp/0`, or a
+/// hello rustls cannot parse, which then fails its handshake the usual way) takes the
+/// unbuffered TLS stream ([`super::tls_stream`]), which holds no buffer while idle
+/// (issue 10: relay memory per connection). The server prefers `awp/0` when both are
+/// offered (its ALPN list order), so this is the ALPN the handshake will choose.
+async fn offers_only_circuit_alpn(s: &TcpStream) -> bool {
+    let mut buf = vec![0u8; HELLO_PEEK];
+    for _ in 0..HELLO_PEEK_TRIES {
+        let n = match s.peek(&mut buf).await {
+            Ok(n) if n > 0 => n,
+            _ => return false,
+        };
+        let mut acceptor = rustls::server::Acceptor::default();
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            match acceptor.read_tls(&mut rest) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        match acceptor.accept() {
+            Ok(Some(accepted)) => {
+                let offered: Vec<&[u8]> = accepted
+                    .client_hello()
+                    .alpn()
+                    .map(|a| a.collect())
+                    .unwrap_or_default();
+                return offered.contains(&ALPN) && !offered.contains(&super::tls::ALPN);
+            }
+            Ok(None) if n < buf.len() => tokio::time::sleep(Duration::from_millis(10)).await,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// Releases a circuit's slots when dropped.
 struct Slot<'a> {
     relay: &'a RelayCircuits,
@@ -1377,6 +1420,18 @@ impl RelayCircuits {
                 .map(Routed::Awp)
             }
         };
+        if !offers_only_circuit_alpn(&s).await {
+            // Not a circuit: the unbuffered TLS stream, which holds no buffer while idle.
+            return Incoming {
+                stream: super::Stream::Tcp(s),
+                remote,
+                source,
+                acceptor: Some(self.server.clone()),
+            }
+            .handshake()
+            .await
+            .map(Routed::Awp);
+        }
         let acceptor = tokio_rustls::TlsAcceptor::from(self.server.clone());
         let mut stream =
             tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(Records::new(s)))
@@ -2053,6 +2108,66 @@ mod tests {
         let mut r = Records::new(Chunks(vec![vec![23, 3, 3, 0, 1, b'x', b'y']].into()));
         r.relax();
         assert_eq!(r.read(&mut buf).await.unwrap(), 7);
+    }
+
+    /// What a relay routes a client offering `alpn` to, the ClientHello arriving in
+    /// pieces of `piece` bytes (0: at once).
+    async fn routed_as_circuit(alpn: Vec<Vec<u8>>, piece: usize) -> bool {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let mut cc = (*tls(1).client_config(None).unwrap()).clone();
+        cc.alpn_protocols = alpn;
+        let mut conn =
+            rustls::ClientConnection::new(Arc::new(cc), super::super::tls::server_name()).unwrap();
+        let mut hello = Vec::new();
+        conn.write_tls(&mut hello).unwrap();
+        let client = tokio::spawn(async move {
+            let mut tcp = TcpStream::connect(at).await.unwrap();
+            for part in hello.chunks(if piece == 0 { hello.len() } else { piece }) {
+                tcp.write_all(part).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+            tcp
+        });
+        let (tcp, _) = listener.accept().await.unwrap();
+        let routed = tokio::time::timeout(GUARD, offers_only_circuit_alpn(&tcp))
+            .await
+            .unwrap();
+        // Nothing was consumed: the whole hello is still there to peek.
+        let mut b = [0u8; 1];
+        assert_eq!(tcp.peek(&mut b).await.unwrap(), 1);
+        assert_eq!(b[0], 0x16, "a handshake record still starts the stream");
+        drop(client.await.unwrap());
+        routed
+    }
+
+    #[tokio::test]
+    async fn a_relay_routes_by_the_alpn_offered_in_the_client_hello() {
+        let awp = super::super::tls::ALPN.to_vec();
+        assert!(routed_as_circuit(vec![ALPN.to_vec()], 0).await);
+        assert!(!routed_as_circuit(vec![awp.clone()], 0).await);
+        // Both offered: the server prefers awp/0, so it is not a circuit.
+        assert!(!routed_as_circuit(vec![ALPN.to_vec(), awp], 0).await);
+        assert!(!routed_as_circuit(vec![], 0).await);
+        // A hello arriving in pieces is waited for.
+        assert!(routed_as_circuit(vec![ALPN.to_vec()], 100).await);
+    }
+
+    #[tokio::test]
+    async fn a_relay_routes_a_hello_that_is_not_tls_to_the_ordinary_handshake() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let client = tokio::spawn(async move {
+            let mut tcp = TcpStream::connect(at).await.unwrap();
+            tcp.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+            tcp
+        });
+        let (tcp, _) = listener.accept().await.unwrap();
+        let _client = client.await.unwrap();
+        let routed = tokio::time::timeout(GUARD, offers_only_circuit_alpn(&tcp))
+            .await
+            .unwrap();
+        assert!(!routed);
     }
 
     /// A TLS pair over loopback TCP as a circuit connection: (client, relay side).

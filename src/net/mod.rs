@@ -9,6 +9,7 @@ pub mod address;
 pub mod circuit;
 pub mod framing;
 pub mod tls;
+pub mod tls_stream;
 
 #[cfg(test)]
 mod tests;
@@ -274,15 +275,16 @@ pub async fn dial(addr: &Address, tls: &TlsConfig, opts: &DialOptions) -> Result
             let addrs = resolve(host, *port).await?;
             let tcp = connect_tcp(&addrs).await?;
             let remote = tcp.peer_addr()?.to_string();
-            let connector = tokio_rustls::TlsConnector::from(config);
+            let conn = rustls::client::UnbufferedClientConnection::new(config, tls::server_name())
+                .map_err(|e| NetError::Tls(e.to_string()))?;
             let stream = tokio::time::timeout(
                 TLS_HANDSHAKE_TIMEOUT,
-                connector.connect(tls::server_name(), tcp),
+                tls_stream::TlsStream::handshake(conn, tcp),
             )
             .await
             .map_err(|_| NetError::Tls(format!("handshake with {remote} timed out")))?
             .map_err(tls_failure)?;
-            let key = tls_peer_key(stream.get_ref().1)?;
+            let key = tls_peer_key(stream.common())?;
             if let Some(want) = pin {
                 // The verifier already refused other keys; re-check what we hand up.
                 if key != *want {
@@ -330,7 +332,7 @@ enum Bound {
 pub struct Listener {
     bound: Bound,
     local: Address,
-    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    acceptor: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 enum Stream {
@@ -344,7 +346,7 @@ pub struct Incoming {
     stream: Stream,
     remote: String,
     source: Source,
-    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    acceptor: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 fn file_id(path: &Path) -> Option<(u64, u64)> {
@@ -419,7 +421,7 @@ impl Listener {
                             port,
                             pin: None,
                         },
-                        Some(tokio_rustls::TlsAcceptor::from(tls.server_config())),
+                        Some(tls.server_config()),
                     )
                 } else {
                     (Address::Tcp { host, port }, None)
@@ -524,13 +526,16 @@ impl Incoming {
     pub async fn handshake(self) -> Result<Conn, NetError> {
         match (self.stream, self.acceptor) {
             (Stream::Tcp(s), Some(acceptor)) => {
-                let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(s))
-                    .await
-                    .map_err(|_| {
-                        NetError::Tls(format!("handshake with {} timed out", self.remote))
-                    })?
-                    .map_err(tls_failure)?;
-                let key = tls_peer_key(stream.get_ref().1)?;
+                let conn = rustls::server::UnbufferedServerConnection::new(acceptor)
+                    .map_err(|e| NetError::Tls(e.to_string()))?;
+                let stream = tokio::time::timeout(
+                    TLS_HANDSHAKE_TIMEOUT,
+                    tls_stream::TlsStream::handshake(conn, s),
+                )
+                .await
+                .map_err(|_| NetError::Tls(format!("handshake with {} timed out", self.remote)))?
+                .map_err(tls_failure)?;
+                let key = tls_peer_key(stream.common())?;
                 Ok(into_conn(stream, Some(key), Transport::Tls, self.remote))
             }
             (Stream::Tcp(s), None) => Ok(into_conn(s, None, Transport::Tcp, self.remote)),

@@ -1,0 +1,540 @@
+//! TLS 1.3 over a TCP socket with rustls' unbuffered API, holding no buffer while idle
+//! (issue 10 §4: per-connection buffers sized to the traffic).
+//!
+//! rustls' buffered connection (what `tokio-rustls` drives) re-sizes its receive buffer
+//! to 4 KiB before every read and keeps it for the life of the connection: 4 KiB per idle
+//! connection, the largest single allocation of an idle relay connection. Here the
+//! connection keeps three buffers of its own and gives each back as soon as it is empty:
+//!
+//! - `incoming`: ciphertext read from the socket and not yet decrypted (a partial
+//!   record; at most [`MAX_INCOMING`] bytes, enough for a 64 KiB handshake message);
+//! - `plain`: plaintext decrypted and not yet read by the caller;
+//! - `out`: records encrypted (or handshake records encoded) and not yet written.
+//!
+//! A read asks the socket for readiness first and allocates only once it has bytes. An
+//! idle connection holds rustls' state (keys, transcript of nothing) and the socket.
+//!
+//! Semantics follow `tokio-rustls`: EOF after the peer's close_notify is a clean end
+//! (`Ok(0)`); EOF without it is [`std::io::ErrorKind::UnexpectedEof`]; rustls errors are
+//! [`std::io::ErrorKind::InvalidData`] wrapping the [`rustls::Error`] (a fatal alert is sent
+//! to the peer first, if the socket takes it at once); shutdown sends close_notify, then
+//! shuts the socket's write side.
+
+use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
+use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
+use rustls::unbuffered::{
+    ConnectionState, EncodeError, EncryptError, InsufficientSizeError, UnbufferedConnectionCommon,
+    UnbufferedStatus,
+};
+use std::io;
+use std::ops::DerefMut;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll, Waker};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Bytes asked of the socket per read: one full record (16 KiB of plaintext plus header,
+/// content type and tag) and then some, so a burst of small records costs few syscalls.
+const READ_CHUNK: usize = 32 * 1024;
+
+/// Ciphertext kept while waiting for the rest of a record or handshake message: a 64 KiB
+/// handshake message (rustls' own limit) spread over records, plus one record. More
+/// without progress is refused ([`std::io::ErrorKind::InvalidData`]).
+pub const MAX_INCOMING: usize = 0xffff + 2 * (16 * 1024 + 256 + 5);
+
+/// Encrypted bytes not yet written above which `poll_write` first waits for the socket
+/// (a writer that outruns its peer is held back here, not in memory).
+const OUT_HIGH_WATER: usize = 256 * 1024;
+
+/// Per-record overhead when sizing `out` for a write (header 5, content type 1, AEAD tag
+/// 16); rustls says the exact size if this guess is short.
+const RECORD_OVERHEAD: usize = 22;
+/// Plaintext per record (RFC 8446 §5.1).
+const MAX_FRAGMENT: usize = 16 * 1024;
+
+/// The two unbuffered connection kinds, as one interface.
+pub trait Side:
+    DerefMut<Target = UnbufferedConnectionCommon<Self::Data>> + Send + Unpin + 'static
+{
+    /// rustls' per-side connection data.
+    type Data;
+    /// [`UnbufferedConnectionCommon::process_tls_records`] of this side.
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data>;
+}
+
+impl Side for UnbufferedServerConnection {
+    type Data = ServerConnectionData;
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
+        self.process_tls_records(incoming)
+    }
+}
+
+impl Side for UnbufferedClientConnection {
+    type Data = ClientConnectionData;
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
+        self.process_tls_records(incoming)
+    }
+}
+
+/// What rustls wants next, after everything it could do with the bytes at hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// More ciphertext from the peer (the handshake is not done, or nothing is left).
+    Input,
+    /// Application data may be sent (and the requested send or close_notify was queued).
+    Writable,
+    /// Both sides sent close_notify: nothing more either way.
+    Closed,
+}
+
+/// What to do once rustls allows sending.
+enum Want<'a> {
+    Nothing,
+    Send(&'a [u8]),
+    CloseNotify,
+}
+
+/// A TLS connection over a TCP socket. See the module documentation.
+pub struct TlsStream<C: Side> {
+    conn: C,
+    tcp: TcpStream,
+    incoming: Vec<u8>,
+    plain: Vec<u8>,
+    /// Read position in `plain`.
+    plain_at: usize,
+    out: Vec<u8>,
+    /// Write position in `out`.
+    out_at: usize,
+    /// The peer sent close_notify (reads end cleanly once `plain` is drained).
+    peer_closed: bool,
+    /// The socket reached EOF.
+    eof: bool,
+    /// close_notify is queued (or rustls said the connection is closed).
+    close_sent: bool,
+    /// A fatal error: every later call fails with it.
+    failed: Option<(io::ErrorKind, String)>,
+    /// The reader waiting for socket readiness, woken when a write's processing left
+    /// plaintext for it (only possible in odd interleavings, but a lost wake-up hangs).
+    read_waker: Option<Waker>,
+}
+
+/// A server-side TLS connection.
+pub type ServerTls = TlsStream<UnbufferedServerConnection>;
+/// A client-side TLS connection.
+pub type ClientTls = TlsStream<UnbufferedClientConnection>;
+
+impl<C: Side> TlsStream<C> {
+    /// Run the handshake over `tcp` with `conn` (fresh from `Unbuffered*Connection::new`).
+    /// Returns once rustls says the handshake is complete (for a server: the client's
+    /// certificate and Finished checked). Errors as in the module documentation; EOF during
+    /// the handshake is `UnexpectedEof`. The caller bounds the time.
+    pub async fn handshake(conn: C, tcp: TcpStream) -> io::Result<Self> {
+        let mut s = TlsStream {
+            conn,
+            tcp,
+            incoming: Vec::new(),
+            plain: Vec::new(),
+            plain_at: 0,
+            out: Vec::new(),
+            out_at: 0,
+            peer_closed: false,
+            eof: false,
+            close_sent: false,
+            failed: None,
+            read_waker: None,
+        };
+        loop {
+            let next = s.step(Want::Nothing);
+            let next = next?;
+            std::future::poll_fn(|cx| s.poll_flush_out(cx)).await?;
+            if !s.conn.is_handshaking() {
+                return Ok(s);
+            }
+            if next == Next::Closed || s.peer_closed || s.eof {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection during the TLS handshake",
+                ));
+            }
+            let n = std::future::poll_fn(|cx| s.poll_fill(cx)).await?;
+            if n == 0 {
+                s.eof = true;
+            }
+        }
+    }
+
+    /// rustls' view of the connection (negotiated ALPN, the peer's certificates, …).
+    pub fn common(&self) -> &rustls::CommonState {
+        &self.conn
+    }
+
+    /// Buffers held now (ciphertext in, plaintext unread, ciphertext out), in bytes of
+    /// capacity: zero for an idle connection.
+    pub fn buffered_capacity(&self) -> usize {
+        self.incoming.capacity() + self.plain.capacity() + self.out.capacity()
+    }
+
+    /// Let rustls process what `incoming` holds: decrypted data goes to `plain`, handshake
+    /// records and alerts to `out`. With `want`, queue a send or close_notify once rustls
+    /// allows application data. Never touches the socket.
+    fn step(&mut self, mut want: Want<'_>) -> io::Result<Next> {
+        if let Some((kind, msg)) = &self.failed {
+            return Err(io::Error::new(*kind, msg.clone()));
+        }
+        // Each pass handles one state; a handshake takes a handful. The bound only guards
+        // against a state machine that stops making progress.
+        for _ in 0..1024 {
+            let UnbufferedStatus { mut discard, state } = self.conn.process(&mut self.incoming);
+            let outcome: Result<Option<Next>, io::Error> = match state {
+                Err(e) => Err(tls_error(e)),
+                Ok(ConnectionState::ReadTraffic(mut traffic)) => {
+                    let mut res = Ok(None);
+                    while let Some(record) = traffic.next_record() {
+                        match record {
+                            Ok(r) => {
+                                discard += r.discard;
+                                if self.plain_at == self.plain.len() {
+                                    self.plain.clear();
+                                    self.plain_at = 0;
+                                }
+                                self.plain.extend_from_slice(r.payload);
+                            }
+                            Err(e) => {
+                                res = Err(tls_error(e));
+                                break;
+                            }
+                        }
+                    }
+                    res
+                }
+                Ok(ConnectionState::EncodeTlsData(mut encode)) => {
+                    let at = self.out.len();
+                    let mut room = 1024;
+                    loop {
+                        self.out.resize(at + room, 0);
+                        match encode.encode(&mut self.out[at..]) {
+                            Ok(n) => {
+                                self.out.truncate(at + n);
+                                break Ok(None);
+                            }
+                            Err(EncodeError::InsufficientSize(InsufficientSizeError {
+                                required_size,
+                            })) if required_size > room => room = required_size,
+                            Err(e) => {
+                                self.out.truncate(at);
+                                break Err(io::Error::other(e.to_string()));
+                            }
+                        }
+                    }
+                }
+                // The encoded records wait in `out`, in order, ahead of anything
+                // encrypted later: they count as sent.
+                Ok(ConnectionState::TransmitTlsData(transmit)) => {
+                    transmit.done();
+                    Ok(None)
+                }
+                Ok(ConnectionState::PeerClosed) => {
+                    self.peer_closed = true;
+                    Ok(None)
+                }
+                Ok(ConnectionState::Closed) => {
+                    self.peer_closed = true;
+                    self.close_sent = true;
+                    Ok(Some(Next::Closed))
+                }
+                Ok(ConnectionState::BlockedHandshake) => Ok(Some(Next::Input)),
+                Ok(ConnectionState::WriteTraffic(mut traffic)) => {
+                    let res = match std::mem::replace(&mut want, Want::Nothing) {
+                        Want::Nothing => Ok(()),
+                        Want::Send(data) => encrypt_into(&mut self.out, data.len(), |buf| {
+                            traffic.encrypt(data, buf)
+                        }),
+                        Want::CloseNotify => {
+                            self.close_sent = true;
+                            encrypt_into(&mut self.out, 0, |buf| traffic.queue_close_notify(buf))
+                        }
+                    };
+                    res.map(|()| Some(Next::Writable))
+                }
+                Ok(ConnectionState::ReadEarlyData(_)) => Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "TLS early data is not accepted",
+                )),
+                Ok(other) => Err(io::Error::other(format!(
+                    "unexpected TLS connection state {other:?}"
+                ))),
+            };
+            self.incoming.drain(..discard.min(self.incoming.len()));
+            if self.incoming.is_empty() {
+                self.incoming = Vec::new();
+            }
+            match outcome {
+                Ok(None) => continue,
+                Ok(Some(next)) => {
+                    if next == Next::Writable && self.conn.is_handshaking() {
+                        // A server may send after its own Finished; the handshake still
+                        // waits for the client's certificate and Finished.
+                        return Ok(Next::Input);
+                    }
+                    if matches!(want, Want::Send(_)) && next != Next::Writable {
+                        return Err(io::Error::new(
+                            io::ErrorKind::BrokenPipe,
+                            "TLS connection is closed for sending",
+                        ));
+                    }
+                    return Ok(next);
+                }
+                Err(e) => {
+                    self.fail(&e);
+                    self.queue_alert();
+                    self.flush_now();
+                    return Err(e);
+                }
+            }
+        }
+        let e = io::Error::other("TLS state machine made no progress");
+        self.fail(&e);
+        Err(e)
+    }
+
+    /// Remember a fatal error (later calls fail with it).
+    fn fail(&mut self, e: &io::Error) {
+        self.failed = Some((e.kind(), e.to_string()));
+    }
+
+    /// After a rustls error, the records it queued (a fatal alert) go to `out`.
+    ///
+    /// Only queued records are taken: once rustls has failed, `process_tls_records` must
+    /// not deframe again (rustls 0.23 panics on its stale handshake state), and it would
+    /// deframe as soon as nothing is queued.
+    fn queue_alert(&mut self) {
+        while self.conn.wants_write() {
+            let UnbufferedStatus { state, .. } = self.conn.process(&mut []);
+            let Ok(ConnectionState::EncodeTlsData(mut encode)) = state else {
+                return;
+            };
+            let at = self.out.len();
+            self.out.resize(at + 1024, 0);
+            match encode.encode(&mut self.out[at..]) {
+                Ok(n) => self.out.truncate(at + n),
+                Err(_) => {
+                    self.out.truncate(at);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Write what `out` holds without waiting (used on the read side, which must not take
+    /// over the writer's wake-up, and for a last alert).
+    fn flush_now(&mut self) {
+        while self.out_at < self.out.len() {
+            match self.tcp.try_write(&self.out[self.out_at..]) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => self.out_at += n,
+            }
+        }
+        self.out = Vec::new();
+        self.out_at = 0;
+    }
+
+    /// Write all of `out` to the socket, then give the buffer back.
+    fn poll_flush_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.out_at < self.out.len() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.out_at..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.out_at += n;
+        }
+        self.out = Vec::new();
+        self.out_at = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Read what the socket has into `incoming` (allocating only once it is readable).
+    /// `Ok(0)` at EOF.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let room = MAX_INCOMING.saturating_sub(self.incoming.len());
+        if room == 0 {
+            let e = io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("TLS record or handshake message over {MAX_INCOMING} bytes"),
+            );
+            self.fail(&e);
+            return Poll::Ready(Err(e));
+        }
+        loop {
+            ready!(self.tcp.poll_read_ready(cx))?;
+            self.incoming.reserve_exact(READ_CHUNK.min(room));
+            match self.tcp.try_read_buf(&mut self.incoming) {
+                Ok(n) => {
+                    if self.incoming.is_empty() {
+                        self.incoming = Vec::new();
+                    }
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.incoming.is_empty() {
+                        self.incoming = Vec::new();
+                    }
+                    continue;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+/// A rustls error as an I/O error (`InvalidData` wrapping it, as `tokio-rustls` does).
+fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// Append to `out` what `f` writes into a slice sized for `len` bytes of plaintext,
+/// growing to rustls' stated size if the guess is short.
+fn encrypt_into(
+    out: &mut Vec<u8>,
+    len: usize,
+    mut f: impl FnMut(&mut [u8]) -> Result<usize, EncryptError>,
+) -> io::Result<()> {
+    let at = out.len();
+    let mut room = len + (len / MAX_FRAGMENT + 1) * RECORD_OVERHEAD;
+    loop {
+        out.resize(at + room, 0);
+        match f(&mut out[at..]) {
+            Ok(n) => {
+                out.truncate(at + n);
+                return Ok(());
+            }
+            Err(EncryptError::InsufficientSize(InsufficientSizeError { required_size }))
+                if required_size > room =>
+            {
+                room = required_size
+            }
+            Err(e) => {
+                out.truncate(at);
+                return Err(io::Error::other(e.to_string()));
+            }
+        }
+    }
+}
+
+impl<C: Side> AsyncRead for TlsStream<C> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.plain_at < this.plain.len() {
+                let n = (this.plain.len() - this.plain_at).min(buf.remaining());
+                buf.put_slice(&this.plain[this.plain_at..this.plain_at + n]);
+                this.plain_at += n;
+                if this.plain_at == this.plain.len() {
+                    this.plain = Vec::new();
+                    this.plain_at = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.peer_closed {
+                return Poll::Ready(Ok(()));
+            }
+            this.step(Want::Nothing)?;
+            // Records rustls produced while reading (a key update's answer) go out now if
+            // the socket takes them; else with the next write or flush.
+            if this.out_at < this.out.len() {
+                this.flush_now();
+            }
+            if this.plain_at < this.plain.len() || this.peer_closed {
+                continue;
+            }
+            if this.eof {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed connection without sending TLS close_notify",
+                )));
+            }
+            match this.poll_fill(cx) {
+                Poll::Ready(Ok(0)) => this.eof = true,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    this.read_waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+impl<C: Side> TlsStream<C> {
+    /// After a write processed input, wake a reader parked on the socket if it now has
+    /// something to return.
+    fn wake_reader(&mut self) {
+        if self.plain_at < self.plain.len() || self.peer_closed {
+            if let Some(w) = self.read_waker.take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+impl<C: Side> AsyncWrite for TlsStream<C> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.out.len() - this.out_at >= OUT_HIGH_WATER {
+            ready!(this.poll_flush_out(cx))?;
+        }
+        if this.close_sent {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "TLS close_notify already sent",
+            )));
+        }
+        let res = this.step(Want::Send(data));
+        this.wake_reader();
+        res?;
+        // Start sending; what the socket does not take now goes with the next flush.
+        if let Poll::Ready(Err(e)) = this.poll_flush_out(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(data.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_flush_out(cx))?;
+        Pin::new(&mut this.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.close_sent && this.failed.is_none() {
+            let res = this.step(Want::CloseNotify);
+            this.wake_reader();
+            res?;
+            this.close_sent = true;
+        }
+        ready!(this.poll_flush_out(cx))?;
+        Pin::new(&mut this.tcp).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[path = "tls_stream_tests.rs"]
+mod tests;

@@ -1,0 +1,290 @@
+//! Tests of the unbuffered TLS stream against `tokio-rustls` (rustls' buffered connection)
+//! on the other end, over 127.0.0.1 sockets; every step bounded by a timeout.
+
+use super::*;
+use crate::identity::Identity;
+use crate::net::tls::{self, TlsConfig};
+use std::future::Future;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const BOUND: Duration = Duration::from_secs(20);
+
+async fn bounded<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(BOUND, f)
+        .await
+        .expect("test step timed out")
+}
+
+fn tls_config(seed: u8) -> TlsConfig {
+    TlsConfig::new(&Identity::from_seed(&[seed; 32])).unwrap()
+}
+
+async fn socket_pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (a, b) = tokio::join!(TcpStream::connect(addr), l.accept());
+    (a.unwrap(), b.unwrap().0)
+}
+
+/// Our server against a `tokio-rustls` client.
+async fn ours_serving() -> (ServerTls, tokio_rustls::client::TlsStream<TcpStream>) {
+    let (c, s) = socket_pair().await;
+    let server = UnbufferedServerConnection::new(tls_config(1).server_config()).unwrap();
+    let connector = tokio_rustls::TlsConnector::from(tls_config(2).client_config(None).unwrap());
+    let (ours, theirs) = bounded(async {
+        tokio::join!(
+            TlsStream::handshake(server, s),
+            connector.connect(tls::server_name(), c)
+        )
+    })
+    .await;
+    (ours.unwrap(), theirs.unwrap())
+}
+
+/// Our client against a `tokio-rustls` server.
+async fn ours_dialing() -> (ClientTls, tokio_rustls::server::TlsStream<TcpStream>) {
+    let (c, s) = socket_pair().await;
+    let client = UnbufferedClientConnection::new(
+        tls_config(2).client_config(None).unwrap(),
+        tls::server_name(),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls_config(1).server_config());
+    let (ours, theirs) =
+        bounded(async { tokio::join!(TlsStream::handshake(client, c), acceptor.accept(s)) }).await;
+    (ours.unwrap(), theirs.unwrap())
+}
+
+/// Deterministic bytes that are not all alike (catches reordering and lost records).
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// Send `data` from `w` while `r` reads it all back; returns what `r` read.
+async fn transfer<W, R>(w: &mut W, r: &mut R, data: &[u8]) -> Vec<u8>
+where
+    W: AsyncWrite + Unpin,
+    R: AsyncRead + Unpin,
+{
+    let mut got = vec![0u8; data.len()];
+    let (wr, rd) = bounded(async {
+        tokio::join!(
+            async {
+                // Mixed write sizes: single bytes, a record and a bit, many records at once.
+                let mut at = 0;
+                for (i, size) in [1usize, 7, 16 * 1024 + 3, 300_000]
+                    .iter()
+                    .cycle()
+                    .enumerate()
+                {
+                    if at == data.len() {
+                        break;
+                    }
+                    let end = (at + size + i % 5).min(data.len());
+                    w.write_all(&data[at..end]).await?;
+                    at = end;
+                }
+                w.flush().await
+            },
+            r.read_exact(&mut got)
+        )
+    })
+    .await;
+    wr.unwrap();
+    rd.unwrap();
+    got
+}
+
+#[tokio::test]
+async fn server_side_moves_megabytes_both_ways_with_buffered_rustls() {
+    let (mut ours, mut theirs) = ours_serving().await;
+    assert_eq!(ours.common().alpn_protocol(), Some(tls::ALPN));
+    assert!(ours.common().peer_certificates().is_some());
+    let up = pattern(3 << 20, 1);
+    assert_eq!(transfer(&mut theirs, &mut ours, &up).await, up);
+    let down = pattern(3 << 20, 2);
+    assert_eq!(transfer(&mut ours, &mut theirs, &down).await, down);
+}
+
+#[tokio::test]
+async fn client_side_moves_megabytes_both_ways_with_buffered_rustls() {
+    let (mut ours, mut theirs) = ours_dialing().await;
+    assert_eq!(ours.common().alpn_protocol(), Some(tls::ALPN));
+    let up = pattern(3 << 20, 3);
+    assert_eq!(transfer(&mut ours, &mut theirs, &up).await, up);
+    let down = pattern(3 << 20, 4);
+    assert_eq!(transfer(&mut theirs, &mut ours, &down).await, down);
+}
+
+#[tokio::test]
+async fn an_idle_connection_holds_no_buffer() {
+    let (mut ours, mut theirs) = ours_serving().await;
+    assert_eq!(ours.buffered_capacity(), 0, "after the handshake");
+    let data = pattern(200_000, 5);
+    assert_eq!(transfer(&mut theirs, &mut ours, &data).await, data);
+    assert_eq!(transfer(&mut ours, &mut theirs, &data).await, data);
+    // A read that finds nothing leaves nothing allocated either.
+    let mut b = [0u8; 1];
+    let pending = tokio::time::timeout(Duration::from_millis(50), ours.read(&mut b)).await;
+    assert!(pending.is_err(), "nothing was sent, the read must wait");
+    assert_eq!(ours.buffered_capacity(), 0, "idle after traffic");
+}
+
+#[tokio::test]
+async fn shutdown_sends_close_notify_and_the_peer_sees_a_clean_end() {
+    let (mut ours, mut theirs) = ours_serving().await;
+    ours.write_all(b"last\n").await.unwrap();
+    bounded(ours.shutdown()).await.unwrap();
+    let mut got = Vec::new();
+    bounded(theirs.read_to_end(&mut got)).await.unwrap();
+    assert_eq!(got, b"last\n");
+    assert!(
+        ours.write_all(b"more").await.is_err(),
+        "no writes after close_notify"
+    );
+
+    // And the other way round: their close_notify is a clean EOF here.
+    let (mut ours, mut theirs) = ours_dialing().await;
+    theirs.write_all(b"bye\n").await.unwrap();
+    bounded(theirs.shutdown()).await.unwrap();
+    let mut got = Vec::new();
+    bounded(ours.read_to_end(&mut got)).await.unwrap();
+    assert_eq!(got, b"bye\n");
+}
+
+#[tokio::test]
+async fn eof_without_close_notify_is_unexpected_eof() {
+    let (mut ours, theirs) = ours_serving().await;
+    // Close the socket under the TLS layer: no close_notify.
+    let (tcp, _) = theirs.into_inner();
+    drop(tcp);
+    let mut b = [0u8; 8];
+    let err = bounded(ours.read(&mut b)).await.unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+}
+
+#[tokio::test]
+async fn garbage_after_the_handshake_fails_the_read_and_alerts_the_peer() {
+    let (mut ours, theirs) = ours_serving().await;
+    let (mut tcp, _) = theirs.into_inner();
+    // An application-data record whose 64 bytes are not a valid ciphertext.
+    let mut record = vec![0x17, 0x03, 0x03, 0x00, 0x40];
+    record.extend_from_slice(&[0xAB; 64]);
+    tcp.write_all(&record).await.unwrap();
+    let mut b = [0u8; 8];
+    let err = bounded(ours.read(&mut b)).await.unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+    // Later calls fail the same way rather than touching rustls again.
+    assert!(bounded(ours.read(&mut b)).await.is_err());
+    assert!(bounded(ours.write_all(b"x")).await.is_err());
+    // The peer got a fatal alert record (content type 21).
+    let mut head = [0u8; 1];
+    bounded(tcp.read_exact(&mut head)).await.unwrap();
+    assert_eq!(
+        head[0], 0x17,
+        "TLS 1.3 hides the alert in an application-data record"
+    );
+}
+
+#[tokio::test]
+async fn a_client_hello_that_is_not_tls_fails_the_handshake() {
+    let (mut c, s) = socket_pair().await;
+    let server = UnbufferedServerConnection::new(tls_config(1).server_config()).unwrap();
+    let hs = tokio::spawn(TlsStream::handshake(server, s));
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let err = bounded(hs).await.unwrap().err().expect("must fail");
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+    assert!(err
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+        .is_some());
+}
+
+#[tokio::test]
+async fn a_peer_that_hangs_up_mid_handshake_is_unexpected_eof() {
+    let (mut c, s) = socket_pair().await;
+    let server = UnbufferedServerConnection::new(tls_config(1).server_config()).unwrap();
+    let hs = tokio::spawn(TlsStream::handshake(server, s));
+    // The first 3 bytes of a record header, then hang up.
+    c.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
+    drop(c);
+    let err = bounded(hs).await.unwrap().err().expect("must fail");
+    assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+}
+
+#[tokio::test]
+async fn bytes_waiting_beyond_the_cap_are_refused() {
+    let (ours, _theirs) = ours_serving().await;
+    let mut ours = ours;
+    ours.incoming = vec![0; MAX_INCOMING];
+    let mut cx = Context::from_waker(Waker::noop());
+    match ours.poll_fill(&mut cx) {
+        Poll::Ready(Err(e)) => assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Sticky: the stream stays failed.
+    assert!(ours.step(Want::Nothing).is_err());
+}
+
+#[tokio::test]
+async fn records_cut_at_every_size_still_decrypt() {
+    // A relay in the middle passes the client's bytes on in pieces of 1..=97 bytes, so
+    // records and handshake messages reach our server cut at every possible point.
+    let (client_tcp, relay_a) = socket_pair().await;
+    let (relay_b, server_tcp) = socket_pair().await;
+    let relay = tokio::spawn(async move {
+        let (mut ar, mut aw) = relay_a.into_split();
+        let (mut br, mut bw) = relay_b.into_split();
+        let up = async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut piece = 1usize;
+            loop {
+                let n = ar.read(&mut buf).await?;
+                if n == 0 {
+                    return bw.shutdown().await;
+                }
+                let mut at = 0;
+                while at < n {
+                    let end = (at + piece).min(n);
+                    bw.write_all(&buf[at..end]).await?;
+                    bw.flush().await?;
+                    tokio::task::yield_now().await;
+                    at = end;
+                    piece = piece % 97 + 1;
+                }
+            }
+        };
+        let down = async move { tokio::io::copy(&mut br, &mut aw).await.map(|_| ()) };
+        let (a, b) = tokio::join!(up, down);
+        a.and(b)
+    });
+    let server = UnbufferedServerConnection::new(tls_config(1).server_config()).unwrap();
+    let connector = tokio_rustls::TlsConnector::from(tls_config(2).client_config(None).unwrap());
+    let (ours, theirs) = bounded(async {
+        tokio::join!(
+            TlsStream::handshake(server, server_tcp),
+            connector.connect(tls::server_name(), client_tcp)
+        )
+    })
+    .await;
+    let (mut ours, mut theirs) = (ours.unwrap(), theirs.unwrap());
+    let data = pattern(100_000, 6);
+    assert_eq!(transfer(&mut theirs, &mut ours, &data).await, data);
+    bounded(theirs.shutdown()).await.unwrap();
+    let mut rest = Vec::new();
+    bounded(ours.read_to_end(&mut rest)).await.unwrap();
+    assert!(rest.is_empty());
+    relay.abort();
+}
