@@ -288,3 +288,40 @@ async fn records_cut_at_every_size_still_decrypt() {
     assert!(rest.is_empty());
     relay.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_halves_in_two_tasks_move_data_both_ways_at_once() {
+    // The node's shape: a reader task and a writer task on the two halves of one stream,
+    // while the peer does the same. Neither direction may wait on the other.
+    let (ours, theirs) = ours_serving().await;
+    let (mut our_r, mut our_w) = tokio::io::split(ours);
+    let (mut their_r, mut their_w) = tokio::io::split(theirs);
+    let up = pattern(4 << 20, 7);
+    let down = pattern(4 << 20, 8);
+    let (up2, down2) = (up.clone(), down.clone());
+    let tasks = [
+        tokio::spawn(async move {
+            their_w.write_all(&up2).await.unwrap();
+            their_w.flush().await.unwrap();
+        }),
+        tokio::spawn(async move {
+            our_w.write_all(&down2).await.unwrap();
+            our_w.flush().await.unwrap();
+        }),
+    ];
+    let read_up = tokio::spawn(async move {
+        let mut got = vec![0u8; 4 << 20];
+        our_r.read_exact(&mut got).await.unwrap();
+        got
+    });
+    let read_down = tokio::spawn(async move {
+        let mut got = vec![0u8; 4 << 20];
+        their_r.read_exact(&mut got).await.unwrap();
+        got
+    });
+    for t in tasks {
+        bounded(t).await.unwrap();
+    }
+    assert_eq!(bounded(read_up).await.unwrap(), up);
+    assert_eq!(bounded(read_down).await.unwrap(), down);
+}
