@@ -103,10 +103,11 @@ enum Want<'a> {
     CloseNotify,
 }
 
-/// A TLS connection over a TCP socket. See the module documentation.
-pub struct TlsStream<C: Side> {
+/// rustls' unbuffered connection with the three buffers, and no socket: what the stream
+/// does with bytes, apart from moving them. Public for the fuzz target
+/// (`fuzz/fuzz_targets/tls_records.rs`), which feeds it hostile bytes directly.
+pub struct Engine<C: Side> {
     conn: C,
-    tcp: TcpStream,
     incoming: Vec<u8>,
     plain: Vec<u8>,
     /// Read position in `plain`.
@@ -116,12 +117,18 @@ pub struct TlsStream<C: Side> {
     out_at: usize,
     /// The peer sent close_notify (reads end cleanly once `plain` is drained).
     peer_closed: bool,
-    /// The socket reached EOF.
-    eof: bool,
     /// close_notify is queued (or rustls said the connection is closed).
     close_sent: bool,
     /// A fatal error: every later call fails with it.
     failed: Option<(io::ErrorKind, String)>,
+}
+
+/// A TLS connection over a TCP socket. See the module documentation.
+pub struct TlsStream<C: Side> {
+    engine: Engine<C>,
+    tcp: TcpStream,
+    /// The socket reached EOF.
+    eof: bool,
     /// The reader waiting for socket readiness, woken when a write's processing left
     /// plaintext for it (only possible in odd interleavings, but a lost wake-up hangs).
     read_waker: Option<Waker>,
@@ -139,27 +146,19 @@ impl<C: Side> TlsStream<C> {
     /// the handshake is `UnexpectedEof`. The caller bounds the time.
     pub async fn handshake(conn: C, tcp: TcpStream) -> io::Result<Self> {
         let mut s = TlsStream {
-            conn,
+            engine: Engine::new(conn),
             tcp,
-            incoming: Vec::new(),
-            plain: Vec::new(),
-            plain_at: 0,
-            out: Vec::new(),
-            out_at: 0,
-            peer_closed: false,
             eof: false,
-            close_sent: false,
-            failed: None,
             read_waker: None,
         };
         loop {
             let next = s.step(Want::Nothing);
             let next = next?;
             std::future::poll_fn(|cx| s.poll_flush_out(cx)).await?;
-            if !s.conn.is_handshaking() {
+            if !s.engine.conn.is_handshaking() {
                 return Ok(s);
             }
-            if next == Next::Closed || s.peer_closed || s.eof {
+            if next == Next::Closed || s.engine.peer_closed || s.eof {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "peer closed the connection during the TLS handshake",
@@ -174,11 +173,157 @@ impl<C: Side> TlsStream<C> {
 
     /// rustls' view of the connection (negotiated ALPN, the peer's certificates, …).
     pub fn common(&self) -> &rustls::CommonState {
-        &self.conn
+        &self.engine.conn
+    }
+
+    /// [`Engine`]'s step; after a failure, the alert it queued goes out if the socket
+    /// takes it at once.
+    fn step(&mut self, want: Want<'_>) -> io::Result<Next> {
+        let res = self.engine.step(want);
+        if res.is_err() {
+            self.flush_now();
+        }
+        res
     }
 
     /// Buffers held now (ciphertext in, plaintext unread, ciphertext out), in bytes of
     /// capacity: zero for an idle connection.
+    pub fn buffered_capacity(&self) -> usize {
+        self.engine.buffered_capacity()
+    }
+
+    /// Write what `out` holds without waiting (used on the read side, which must not take
+    /// over the writer's wake-up, and for a last alert).
+    fn flush_now(&mut self) {
+        while self.engine.out_at < self.engine.out.len() {
+            match self.tcp.try_write(&self.engine.out[self.engine.out_at..]) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => self.engine.out_at += n,
+            }
+        }
+        self.engine.out = Vec::new();
+        self.engine.out_at = 0;
+    }
+
+    /// Write all of `out` to the socket, then give the buffer back.
+    fn poll_flush_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.engine.out_at < self.engine.out.len() {
+            let n = ready!(
+                Pin::new(&mut self.tcp).poll_write(cx, &self.engine.out[self.engine.out_at..])
+            )?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.engine.out_at += n;
+        }
+        self.engine.out = Vec::new();
+        self.engine.out_at = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Read what the socket has into `incoming` (allocating only what arrived).
+    /// `Ok(0)` at EOF.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let room = MAX_INCOMING.saturating_sub(self.engine.incoming.len());
+        if room == 0 {
+            let e = io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("TLS record or handshake message over {MAX_INCOMING} bytes"),
+            );
+            self.engine.fail(&e);
+            return Poll::Ready(Err(e));
+        }
+        // Read on the stack and keep exactly what came: a peer that sends a few bytes and
+        // goes quiet pins only those bytes, not a whole read chunk.
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
+        let mut buf = ReadBuf::uninit(&mut chunk[..READ_CHUNK.min(room)]);
+        ready!(Pin::new(&mut self.tcp).poll_read(cx, &mut buf))?;
+        let n = buf.filled().len();
+        self.engine.incoming.reserve_exact(n);
+        self.engine.incoming.extend_from_slice(buf.filled());
+        Poll::Ready(Ok(n))
+    }
+}
+
+impl<C: Side> Engine<C> {
+    /// A fresh connection (from `Unbuffered*Connection::new`), holding no buffer.
+    pub fn new(conn: C) -> Self {
+        Engine {
+            conn,
+            incoming: Vec::new(),
+            plain: Vec::new(),
+            plain_at: 0,
+            out: Vec::new(),
+            out_at: 0,
+            peer_closed: false,
+            close_sent: false,
+            failed: None,
+        }
+    }
+
+    /// Append ciphertext from the peer, as a read from the socket would. Errors
+    /// (`InvalidData`, sticky) past [`MAX_INCOMING`] bytes waiting.
+    pub fn feed(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if self.incoming.len() + bytes.len() > MAX_INCOMING {
+            let e = io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("TLS record or handshake message over {MAX_INCOMING} bytes"),
+            );
+            self.fail(&e);
+            return Err(e);
+        }
+        self.incoming.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Process what was fed: decrypted bytes become readable ([`Engine::take_plain`]),
+    /// records for the peer wait in [`Engine::take_out`]. `Ok(true)` once the handshake
+    /// is complete. Errors as in the module documentation (sticky).
+    pub fn process(&mut self) -> io::Result<bool> {
+        self.step(Want::Nothing)?;
+        Ok(!self.conn.is_handshaking())
+    }
+
+    /// Encrypt `data` for the peer (into [`Engine::take_out`]); errors before the
+    /// handshake is complete, after close_notify, or after a failure.
+    pub fn send(&mut self, data: &[u8]) -> io::Result<()> {
+        if self.close_sent {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "TLS close_notify already sent",
+            ));
+        }
+        match self.step(Want::Send(data))? {
+            Next::Writable => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "TLS handshake not complete",
+            )),
+        }
+    }
+
+    /// Take the decrypted bytes not yet read.
+    pub fn take_plain(&mut self) -> Vec<u8> {
+        let mut p = std::mem::take(&mut self.plain);
+        p.drain(..self.plain_at);
+        self.plain_at = 0;
+        p
+    }
+
+    /// Take the records waiting to be sent to the peer.
+    pub fn take_out(&mut self) -> Vec<u8> {
+        let mut o = std::mem::take(&mut self.out);
+        o.drain(..self.out_at);
+        self.out_at = 0;
+        o
+    }
+
+    /// Whether the peer's close_notify arrived.
+    pub fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// Bytes of capacity held by the three buffers.
     pub fn buffered_capacity(&self) -> usize {
         self.incoming.capacity() + self.plain.capacity() + self.out.capacity()
     }
@@ -190,10 +335,21 @@ impl<C: Side> TlsStream<C> {
         if let Some((kind, msg)) = &self.failed {
             return Err(io::Error::new(*kind, msg.clone()));
         }
-        // Each pass handles one state; a handshake takes a handful. The bound only guards
-        // against a state machine that stops making progress.
-        for _ in 0..1024 {
+        // Each pass handles one state: a handshake takes a handful, and every record read
+        // is one more (a 32 KiB read can hold 1,400 records of one byte). The bound only
+        // guards against a state machine that stops making progress, so it counts the
+        // passes in a row that consumed nothing and produced nothing.
+        let mut idle = 0;
+        while idle < 64 {
             let UnbufferedStatus { mut discard, state } = self.conn.process(&mut self.incoming);
+            let progress = discard > 0
+                || matches!(
+                    &state,
+                    Ok(ConnectionState::ReadTraffic(_)
+                        | ConnectionState::EncodeTlsData(_)
+                        | ConnectionState::TransmitTlsData(_))
+                );
+            idle = if progress { 0 } else { idle + 1 };
             let outcome: Result<Option<Next>, io::Error> = match state {
                 Err(e) => Err(tls_error(e)),
                 Ok(ConnectionState::ReadTraffic(mut traffic)) => {
@@ -276,6 +432,9 @@ impl<C: Side> TlsStream<C> {
             self.incoming.drain(..discard.min(self.incoming.len()));
             if self.incoming.is_empty() {
                 self.incoming = Vec::new();
+            } else if self.incoming.capacity() > self.incoming.len() + 4096 {
+                // A partial record waiting for its rest keeps only its own bytes.
+                self.incoming.shrink_to_fit();
             }
             match outcome {
                 Ok(None) => continue,
@@ -285,18 +444,23 @@ impl<C: Side> TlsStream<C> {
                         // waits for the client's certificate and Finished.
                         return Ok(Next::Input);
                     }
-                    if matches!(want, Want::Send(_)) && next != Next::Writable {
-                        return Err(io::Error::new(
-                            io::ErrorKind::BrokenPipe,
-                            "TLS connection is closed for sending",
-                        ));
+                    if matches!(want, Want::Send(_)) {
+                        return Err(match next {
+                            Next::Closed => io::Error::new(
+                                io::ErrorKind::BrokenPipe,
+                                "TLS connection is closed for sending",
+                            ),
+                            _ => io::Error::new(
+                                io::ErrorKind::NotConnected,
+                                "TLS handshake not complete",
+                            ),
+                        });
                     }
                     return Ok(next);
                 }
                 Err(e) => {
                     self.fail(&e);
                     self.queue_alert();
-                    self.flush_now();
                     return Err(e);
                 }
             }
@@ -330,66 +494,6 @@ impl<C: Side> TlsStream<C> {
                     self.out.truncate(at);
                     return;
                 }
-            }
-        }
-    }
-
-    /// Write what `out` holds without waiting (used on the read side, which must not take
-    /// over the writer's wake-up, and for a last alert).
-    fn flush_now(&mut self) {
-        while self.out_at < self.out.len() {
-            match self.tcp.try_write(&self.out[self.out_at..]) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => self.out_at += n,
-            }
-        }
-        self.out = Vec::new();
-        self.out_at = 0;
-    }
-
-    /// Write all of `out` to the socket, then give the buffer back.
-    fn poll_flush_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.out_at < self.out.len() {
-            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.out_at..]))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            self.out_at += n;
-        }
-        self.out = Vec::new();
-        self.out_at = 0;
-        Poll::Ready(Ok(()))
-    }
-
-    /// Read what the socket has into `incoming` (allocating only once it is readable).
-    /// `Ok(0)` at EOF.
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let room = MAX_INCOMING.saturating_sub(self.incoming.len());
-        if room == 0 {
-            let e = io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("TLS record or handshake message over {MAX_INCOMING} bytes"),
-            );
-            self.fail(&e);
-            return Poll::Ready(Err(e));
-        }
-        loop {
-            ready!(self.tcp.poll_read_ready(cx))?;
-            self.incoming.reserve_exact(READ_CHUNK.min(room));
-            match self.tcp.try_read_buf(&mut self.incoming) {
-                Ok(n) => {
-                    if self.incoming.is_empty() {
-                        self.incoming = Vec::new();
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if self.incoming.is_empty() {
-                        self.incoming = Vec::new();
-                    }
-                    continue;
-                }
-                Err(e) => return Poll::Ready(Err(e)),
             }
         }
     }
@@ -437,26 +541,26 @@ impl<C: Side> AsyncRead for TlsStream<C> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
-            if this.plain_at < this.plain.len() {
-                let n = (this.plain.len() - this.plain_at).min(buf.remaining());
-                buf.put_slice(&this.plain[this.plain_at..this.plain_at + n]);
-                this.plain_at += n;
-                if this.plain_at == this.plain.len() {
-                    this.plain = Vec::new();
-                    this.plain_at = 0;
+            if this.engine.plain_at < this.engine.plain.len() {
+                let n = (this.engine.plain.len() - this.engine.plain_at).min(buf.remaining());
+                buf.put_slice(&this.engine.plain[this.engine.plain_at..this.engine.plain_at + n]);
+                this.engine.plain_at += n;
+                if this.engine.plain_at == this.engine.plain.len() {
+                    this.engine.plain = Vec::new();
+                    this.engine.plain_at = 0;
                 }
                 return Poll::Ready(Ok(()));
             }
-            if this.peer_closed {
+            if this.engine.peer_closed {
                 return Poll::Ready(Ok(()));
             }
             this.step(Want::Nothing)?;
             // Records rustls produced while reading (a key update's answer) go out now if
             // the socket takes them; else with the next write or flush.
-            if this.out_at < this.out.len() {
+            if this.engine.out_at < this.engine.out.len() {
                 this.flush_now();
             }
-            if this.plain_at < this.plain.len() || this.peer_closed {
+            if this.engine.plain_at < this.engine.plain.len() || this.engine.peer_closed {
                 continue;
             }
             if this.eof {
@@ -482,7 +586,7 @@ impl<C: Side> TlsStream<C> {
     /// After a write processed input, wake a reader parked on the socket if it now has
     /// something to return.
     fn wake_reader(&mut self) {
-        if self.plain_at < self.plain.len() || self.peer_closed {
+        if self.engine.plain_at < self.engine.plain.len() || self.engine.peer_closed {
             if let Some(w) = self.read_waker.take() {
                 w.wake();
             }
@@ -497,15 +601,18 @@ impl<C: Side> AsyncWrite for TlsStream<C> {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.out.len() - this.out_at >= OUT_HIGH_WATER {
+        if this.engine.out.len() - this.engine.out_at >= OUT_HIGH_WATER {
             ready!(this.poll_flush_out(cx))?;
         }
-        if this.close_sent {
+        if this.engine.close_sent {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "TLS close_notify already sent",
             )));
         }
+        // At most a few records per call: `out` stays near the high-water mark however
+        // large the caller's buffer.
+        let data = &data[..data.len().min(4 * MAX_FRAGMENT)];
         let res = this.step(Want::Send(data));
         this.wake_reader();
         res?;
@@ -524,11 +631,11 @@ impl<C: Side> AsyncWrite for TlsStream<C> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if !this.close_sent && this.failed.is_none() {
+        if !this.engine.close_sent && this.engine.failed.is_none() {
             let res = this.step(Want::CloseNotify);
             this.wake_reader();
             res?;
-            this.close_sent = true;
+            this.engine.close_sent = true;
         }
         ready!(this.poll_flush_out(cx))?;
         Pin::new(&mut this.tcp).poll_shutdown(cx)

@@ -228,7 +228,7 @@ async fn a_peer_that_hangs_up_mid_handshake_is_unexpected_eof() {
 async fn bytes_waiting_beyond_the_cap_are_refused() {
     let (ours, _theirs) = ours_serving().await;
     let mut ours = ours;
-    ours.incoming = vec![0; MAX_INCOMING];
+    ours.engine.incoming = vec![0; MAX_INCOMING];
     let mut cx = Context::from_waker(Waker::noop());
     match ours.poll_fill(&mut cx) {
         Poll::Ready(Err(e)) => assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}"),
@@ -324,4 +324,194 @@ async fn split_halves_in_two_tasks_move_data_both_ways_at_once() {
     }
     assert_eq!(bounded(read_up).await.unwrap(), up);
     assert_eq!(bounded(read_down).await.unwrap(), down);
+}
+
+/// A client and a server [`Engine`] with the handshake done in memory.
+fn engine_pair() -> (
+    Engine<UnbufferedClientConnection>,
+    Engine<UnbufferedServerConnection>,
+) {
+    let mut client = Engine::new(
+        UnbufferedClientConnection::new(
+            tls_config(2).client_config(None).unwrap(),
+            tls::server_name(),
+        )
+        .unwrap(),
+    );
+    let mut server =
+        Engine::new(UnbufferedServerConnection::new(tls_config(1).server_config()).unwrap());
+    for _ in 0..10 {
+        let c_done = client.process().unwrap();
+        server.feed(&client.take_out()).unwrap();
+        let s_done = server.process().unwrap();
+        client.feed(&server.take_out()).unwrap();
+        if c_done && s_done {
+            return (client, server);
+        }
+    }
+    panic!("the in-memory handshake did not finish in 10 rounds");
+}
+
+#[test]
+fn engines_handshake_and_exchange_data_in_memory() {
+    let (mut client, mut server) = engine_pair();
+    client.send(b"hello\n").unwrap();
+    server.feed(&client.take_out()).unwrap();
+    server.process().unwrap();
+    assert_eq!(server.take_plain(), b"hello\n");
+    assert_eq!(
+        server.buffered_capacity(),
+        0,
+        "everything read: no buffer kept"
+    );
+    server.send(&pattern(100_000, 9)).unwrap();
+    // Delivered one byte at a time: records cut everywhere.
+    let out = server.take_out();
+    let mut got = Vec::new();
+    for b in out.chunks(1) {
+        client.feed(b).unwrap();
+        client.process().unwrap();
+        got.extend(client.take_plain());
+    }
+    assert_eq!(got, pattern(100_000, 9));
+}
+
+#[test]
+fn an_engine_refuses_input_beyond_the_cap_and_stays_failed() {
+    let mut server =
+        Engine::new(UnbufferedServerConnection::new(tls_config(1).server_config()).unwrap());
+    // A handshake record header announcing more than a record may hold is refused by
+    // rustls; bytes that never make a record are refused by the cap.
+    let err = server.feed(&vec![0x16; MAX_INCOMING + 1]).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    assert!(server.process().is_err(), "sticky");
+}
+
+#[test]
+fn an_engine_refuses_sending_before_the_handshake() {
+    let mut client = Engine::new(
+        UnbufferedClientConnection::new(
+            tls_config(2).client_config(None).unwrap(),
+            tls::server_name(),
+        )
+        .unwrap(),
+    );
+    let err = client.send(b"early").unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotConnected, "{err}");
+}
+
+#[test]
+fn an_oversized_record_header_fails_the_engine_without_panicking() {
+    let (mut client, _server) = engine_pair();
+    // Application data record claiming 0xffff bytes: over the TLS 1.3 limit.
+    client.feed(&[0x17, 0x03, 0x03, 0xff, 0xff]).unwrap();
+    let err = client.process().unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+    // A fatal alert is queued for the peer.
+    assert!(!client.take_out().is_empty());
+    assert!(client.process().is_err());
+}
+
+#[tokio::test]
+async fn thousands_of_one_byte_records_in_one_read_are_all_delivered() {
+    // Buffered rustls sends a record per write: 2,000 writes of one byte arrive before
+    // the first read, so one socket read holds well over a thousand records.
+    let (mut ours, mut theirs) = ours_serving().await;
+    for i in 0..2000u32 {
+        theirs.write_all(&[i as u8]).await.unwrap();
+    }
+    theirs.flush().await.unwrap();
+    // Let them all arrive before the first read (the property holds either way).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut got = vec![0u8; 2000];
+    bounded(ours.read_exact(&mut got)).await.unwrap();
+    assert!(got.iter().enumerate().all(|(i, b)| *b == i as u8));
+
+    let (mut ours, mut theirs) = ours_dialing().await;
+    for _ in 0..1500u32 {
+        theirs.write_all(b"x\n").await.unwrap();
+    }
+    theirs.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut got = vec![0u8; 3000];
+    bounded(ours.read_exact(&mut got)).await.unwrap();
+    assert_eq!(got, b"x\n".repeat(1500));
+}
+
+#[tokio::test]
+async fn a_peer_that_sends_one_byte_and_goes_quiet_pins_only_that_byte() {
+    let (mut ours, theirs) = ours_serving().await;
+    let (mut tcp, _) = theirs.into_inner();
+    tcp.write_all(&[0x17]).await.unwrap();
+    let mut b = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_millis(100), ours.read(&mut b)).await;
+    assert!(r.is_err(), "half a header: the read waits");
+    assert!(
+        ours.buffered_capacity() <= 64,
+        "holds {} bytes for one",
+        ours.buffered_capacity()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_updates_from_the_peer_while_the_halves_echo() {
+    let (ours, mut theirs) = ours_serving().await;
+    let (mut our_r, mut our_w) = tokio::io::split(ours);
+    let echo = tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let n = our_r.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            our_w.write_all(&buf[..n]).await?;
+            our_w.flush().await?;
+        }
+        our_w.shutdown().await
+    });
+    for round in 0..20usize {
+        theirs.get_mut().1.refresh_traffic_keys().unwrap();
+        let msg = pattern(1000 + round * 997, round as u32);
+        theirs.write_all(&msg).await.unwrap();
+        theirs.flush().await.unwrap();
+        let mut back = vec![0; msg.len()];
+        bounded(theirs.read_exact(&mut back)).await.unwrap();
+        assert_eq!(back, msg, "round {round}");
+    }
+    theirs.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    bounded(theirs.read_to_end(&mut rest)).await.unwrap();
+    bounded(echo).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn writes_to_a_peer_that_never_reads_stop_at_the_high_water_mark() {
+    // Slack for one call's records beyond the mark, doubled by the Vec's growth.
+    let bound = 2 * (OUT_HIGH_WATER + 4 * MAX_FRAGMENT + 4 * RECORD_OVERHEAD);
+    let (mut ours, _theirs) = ours_serving().await;
+    let chunk = vec![7u8; 1000];
+    let mut written = 0usize;
+    while tokio::time::timeout(Duration::from_millis(200), ours.write_all(&chunk))
+        .await
+        .is_ok()
+    {
+        written += chunk.len();
+        assert!(written < 64 << 20, "the writes never blocked");
+    }
+    assert!(
+        ours.buffered_capacity() <= bound,
+        "{}",
+        ours.buffered_capacity()
+    );
+
+    // One write of 16 MiB: the stream takes a few records per call, not the whole.
+    let (mut ours, _theirs) = ours_serving().await;
+    let big = vec![7u8; 16 << 20];
+    let r = tokio::time::timeout(Duration::from_millis(300), ours.write_all(&big)).await;
+    assert!(r.is_err(), "the peer reads nothing: the write must wait");
+    assert!(
+        ours.buffered_capacity() <= bound,
+        "{}",
+        ours.buffered_capacity()
+    );
 }
