@@ -47,7 +47,7 @@ case "$RUNS" in
     exit 2
     ;;
 esac
-TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling artifact_parts control_lines"}
+TARGETS=${FUZZ_TARGETS:-"parse_line grant_verify presence_accept session_lines chunk_handling artifact_parts control_lines tls_records"}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "== installing cargo-fuzz"

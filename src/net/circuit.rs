@@ -1303,19 +1303,26 @@ const HELLO_PEEK: usize = 16 * 1024 + RECORD_HEADER;
 /// Looks at a ClientHello that has not fully arrived, 10 ms apart, at most this often.
 const HELLO_PEEK_TRIES: u32 = 100;
 
-/// Whether the ClientHello waiting on `s` (peeked, not consumed) offers the circuit
-/// [`ALPN`] and not `awp/0`: a circuit connection, whose outer TLS is read record by
-/// record ([`Records`]) so that it can leave TLS later. Everything else (`awp/0`, or a
-/// hello rustls cannot parse, which then fails its handshake the usual way) takes the
-/// unbuffered TLS stream ([`super::tls_stream`]), which holds no buffer while idle
-/// (issue 10: relay memory per connection). The server prefers `awp/0` when both are
-/// offered (its ALPN list order), so this is the ALPN the handshake will choose.
-async fn offers_only_circuit_alpn(s: &TcpStream) -> bool {
+/// How an accepted TLS socket is handled, from its ClientHello's ALPN offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// `awp/0` offered (the server prefers it): the unbuffered TLS stream
+    /// ([`super::tls_stream`]), which holds no buffer while idle (issue 10: relay memory
+    /// per connection).
+    Awp,
+    /// Only the circuit [`ALPN`], or a hello that did not arrive or parse in time: TLS
+    /// over record-exact reads ([`Records`]), so that a circuit connection can leave TLS
+    /// later; the negotiated ALPN then decides, as it did before routing by the hello.
+    Records,
+}
+
+/// The route of the ClientHello waiting on `s` (peeked, not consumed; see [`Route`]).
+async fn route_by_hello(s: &TcpStream) -> Route {
     let mut buf = vec![0u8; HELLO_PEEK];
     for _ in 0..HELLO_PEEK_TRIES {
         let n = match s.peek(&mut buf).await {
             Ok(n) if n > 0 => n,
-            _ => return false,
+            _ => return Route::Records,
         };
         let mut acceptor = rustls::server::Acceptor::default();
         let mut rest = &buf[..n];
@@ -1327,18 +1334,21 @@ async fn offers_only_circuit_alpn(s: &TcpStream) -> bool {
         }
         match acceptor.accept() {
             Ok(Some(accepted)) => {
-                let offered: Vec<&[u8]> = accepted
+                let offers_awp = accepted
                     .client_hello()
                     .alpn()
-                    .map(|a| a.collect())
-                    .unwrap_or_default();
-                return offered.contains(&ALPN) && !offered.contains(&super::tls::ALPN);
+                    .is_some_and(|mut a| a.any(|p| p == super::tls::ALPN));
+                return if offers_awp {
+                    Route::Awp
+                } else {
+                    Route::Records
+                };
             }
             Ok(None) if n < buf.len() => tokio::time::sleep(Duration::from_millis(10)).await,
-            _ => return false,
+            _ => return Route::Records,
         }
     }
-    false
+    Route::Records
 }
 
 /// Releases a circuit's slots when dropped.
@@ -1420,7 +1430,7 @@ impl RelayCircuits {
                 .map(Routed::Awp)
             }
         };
-        if !offers_only_circuit_alpn(&s).await {
+        if route_by_hello(&s).await == Route::Awp {
             // Not a circuit: the unbuffered TLS stream, which holds no buffer while idle.
             return Incoming {
                 stream: super::Stream::Tcp(s),
@@ -2110,9 +2120,9 @@ mod tests {
         assert_eq!(r.read(&mut buf).await.unwrap(), 7);
     }
 
-    /// What a relay routes a client offering `alpn` to, the ClientHello arriving in
+    /// Where a relay routes a client offering `alpn`, the ClientHello arriving in
     /// pieces of `piece` bytes (0: at once).
-    async fn routed_as_circuit(alpn: Vec<Vec<u8>>, piece: usize) -> bool {
+    async fn routed(alpn: Vec<Vec<u8>>, piece: usize) -> Route {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let at = listener.local_addr().unwrap();
         let mut cc = (*tls(1).client_config(None).unwrap()).clone();
@@ -2130,7 +2140,7 @@ mod tests {
             tcp
         });
         let (tcp, _) = listener.accept().await.unwrap();
-        let routed = tokio::time::timeout(GUARD, offers_only_circuit_alpn(&tcp))
+        let routed = tokio::time::timeout(GUARD, route_by_hello(&tcp))
             .await
             .unwrap();
         // Nothing was consumed: the whole hello is still there to peek.
@@ -2144,17 +2154,21 @@ mod tests {
     #[tokio::test]
     async fn a_relay_routes_by_the_alpn_offered_in_the_client_hello() {
         let awp = super::super::tls::ALPN.to_vec();
-        assert!(routed_as_circuit(vec![ALPN.to_vec()], 0).await);
-        assert!(!routed_as_circuit(vec![awp.clone()], 0).await);
-        // Both offered: the server prefers awp/0, so it is not a circuit.
-        assert!(!routed_as_circuit(vec![ALPN.to_vec(), awp], 0).await);
-        assert!(!routed_as_circuit(vec![], 0).await);
+        assert_eq!(routed(vec![ALPN.to_vec()], 0).await, Route::Records);
+        assert_eq!(routed(vec![awp.clone()], 0).await, Route::Awp);
+        // Both offered: the server prefers awp/0.
+        assert_eq!(
+            routed(vec![ALPN.to_vec(), awp.clone()], 0).await,
+            Route::Awp
+        );
+        // No ALPN: the handshake decides (and refuses) as before.
+        assert_eq!(routed(vec![], 0).await, Route::Records);
         // A hello arriving in pieces is waited for.
-        assert!(routed_as_circuit(vec![ALPN.to_vec()], 100).await);
+        assert_eq!(routed(vec![awp], 100).await, Route::Awp);
     }
 
     #[tokio::test]
-    async fn a_relay_routes_a_hello_that_is_not_tls_to_the_ordinary_handshake() {
+    async fn a_relay_routes_a_hello_that_is_not_tls_to_the_record_exact_handshake() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let at = listener.local_addr().unwrap();
         let client = tokio::spawn(async move {
@@ -2164,10 +2178,10 @@ mod tests {
         });
         let (tcp, _) = listener.accept().await.unwrap();
         let _client = client.await.unwrap();
-        let routed = tokio::time::timeout(GUARD, offers_only_circuit_alpn(&tcp))
+        let routed = tokio::time::timeout(GUARD, route_by_hello(&tcp))
             .await
             .unwrap();
-        assert!(!routed);
+        assert_eq!(routed, Route::Records);
     }
 
     /// A TLS pair over loopback TCP as a circuit connection: (client, relay side).

@@ -245,6 +245,28 @@ impl<C: Side> TlsStream<C> {
     }
 }
 
+/// A server engine for `tls`'s certificate (mTLS, ALPN `awp/0`; see `spec/tls-binding.md`).
+pub fn server_engine(
+    tls: &super::TlsConfig,
+) -> Result<Engine<UnbufferedServerConnection>, rustls::Error> {
+    Ok(Engine::new(UnbufferedServerConnection::new(
+        tls.server_config(),
+    )?))
+}
+
+/// A client engine for `tls`'s certificate, trusting any server key (no pin).
+pub fn client_engine(
+    tls: &super::TlsConfig,
+) -> Result<Engine<UnbufferedClientConnection>, rustls::Error> {
+    let config = tls
+        .client_config(None)
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
+    Ok(Engine::new(UnbufferedClientConnection::new(
+        config,
+        super::tls::server_name(),
+    )?))
+}
+
 impl<C: Side> Engine<C> {
     /// A fresh connection (from `Unbuffered*Connection::new`), holding no buffer.
     pub fn new(conn: C) -> Self {
