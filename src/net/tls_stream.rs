@@ -11,8 +11,11 @@
 //! - `plain`: plaintext decrypted and not yet read by the caller;
 //! - `out`: records encrypted (or handshake records encoded) and not yet written.
 //!
-//! A read asks the socket for readiness first and allocates only once it has bytes. An
-//! idle connection holds rustls' state (keys, transcript of nothing) and the socket.
+//! A read goes through a buffer on the stack, and `incoming` keeps only what rustls has
+//! not consumed (a partial record keeps its own bytes, not a read's worth). An idle
+//! connection holds rustls' state (its keys) and the socket. [`Engine`] is that state
+//! and the buffers without the socket (tests and the `tls_records` fuzz target drive it
+//! directly).
 //!
 //! Semantics follow `tokio-rustls`: EOF after the peer's close_notify is a clean end
 //! (`Ok(0)`); EOF without it is [`std::io::ErrorKind::UnexpectedEof`]; rustls errors are
