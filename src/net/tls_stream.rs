@@ -11,8 +11,9 @@
 //! - `plain`: plaintext decrypted and not yet read by the caller;
 //! - `out`: records encrypted (or handshake records encoded) and not yet written.
 //!
-//! A read goes through a buffer on the stack, and `incoming` keeps only what rustls has
-//! not consumed (a partial record keeps its own bytes, not a read's worth). An idle
+//! A read goes into `incoming`'s spare room; when the socket has nothing more, `incoming`
+//! is given back, or trimmed to the partial record it holds. Decrypted data goes straight
+//! into the reader's buffer while it has room; only the rest waits in `plain`. An idle
 //! connection holds rustls' state (its keys) and the socket. [`Engine`] is that state
 //! and the buffers without the socket (tests and the `tls_records` fuzz target drive it
 //! directly).
@@ -155,7 +156,7 @@ impl<C: Side> TlsStream<C> {
             read_waker: None,
         };
         loop {
-            let next = s.step(Want::Nothing);
+            let next = s.step(Want::Nothing, None);
             let next = next?;
             std::future::poll_fn(|cx| s.poll_flush_out(cx)).await?;
             if !s.engine.conn.is_handshaking() {
@@ -181,8 +182,8 @@ impl<C: Side> TlsStream<C> {
 
     /// [`Engine`]'s step; after a failure, the alert it queued goes out if the socket
     /// takes it at once.
-    fn step(&mut self, want: Want<'_>) -> io::Result<Next> {
-        let res = self.engine.step(want);
+    fn step(&mut self, want: Want<'_>, dest: Option<&mut ReadBuf<'_>>) -> io::Result<Next> {
+        let res = self.engine.step(want, dest);
         if res.is_err() {
             self.flush_now();
         }
@@ -224,7 +225,7 @@ impl<C: Side> TlsStream<C> {
         Poll::Ready(Ok(()))
     }
 
-    /// Read what the socket has into `incoming` (allocating only what arrived).
+    /// Read what the socket has into `incoming`, trimmed when nothing more is there.
     /// `Ok(0)` at EOF.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let room = MAX_INCOMING.saturating_sub(self.engine.incoming.len());
@@ -236,15 +237,29 @@ impl<C: Side> TlsStream<C> {
             self.engine.fail(&e);
             return Poll::Ready(Err(e));
         }
-        // Read on the stack and keep exactly what came: a peer that sends a few bytes and
-        // goes quiet pins only those bytes, not a whole read chunk.
-        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
-        let mut buf = ReadBuf::uninit(&mut chunk[..READ_CHUNK.min(room)]);
-        ready!(Pin::new(&mut self.tcp).poll_read(cx, &mut buf))?;
-        let n = buf.filled().len();
-        self.engine.incoming.reserve_exact(n);
-        self.engine.incoming.extend_from_slice(buf.filled());
-        Poll::Ready(Ok(n))
+        // Straight into `incoming`'s spare room; when the socket has nothing more, the
+        // buffer is trimmed to what it holds (a peer that sends a few bytes and goes quiet
+        // pins only those bytes).
+        let want = READ_CHUNK.min(room);
+        loop {
+            if self.tcp.poll_read_ready(cx)?.is_pending() {
+                let incoming = &mut self.engine.incoming;
+                if incoming.is_empty() {
+                    *incoming = Vec::new();
+                } else if incoming.capacity() > incoming.len() + 4096 {
+                    incoming.shrink_to_fit();
+                }
+                return Poll::Pending;
+            }
+            self.engine.incoming.reserve(want);
+            let mut room = bytes::BufMut::limit(&mut self.engine.incoming, want);
+            match self.tcp.try_read_buf(&mut room) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                // Readiness was stale: poll again (and register the wake-up).
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
     }
 }
 
@@ -305,7 +320,7 @@ impl<C: Side> Engine<C> {
     /// records for the peer wait in [`Engine::take_out`]. `Ok(true)` once the handshake
     /// is complete. Errors as in the module documentation (sticky).
     pub fn process(&mut self) -> io::Result<bool> {
-        self.step(Want::Nothing)?;
+        self.step(Want::Nothing, None)?;
         Ok(!self.conn.is_handshaking())
     }
 
@@ -318,7 +333,7 @@ impl<C: Side> Engine<C> {
                 "TLS close_notify already sent",
             ));
         }
-        match self.step(Want::Send(data))? {
+        match self.step(Want::Send(data), None)? {
             Next::Writable => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::NotConnected,
@@ -356,7 +371,7 @@ impl<C: Side> Engine<C> {
     /// Let rustls process what `incoming` holds: decrypted data goes to `plain`, handshake
     /// records and alerts to `out`. With `want`, queue a send or close_notify once rustls
     /// allows application data. Never touches the socket.
-    fn step(&mut self, mut want: Want<'_>) -> io::Result<Next> {
+    fn step(&mut self, mut want: Want<'_>, mut dest: Option<&mut ReadBuf<'_>>) -> io::Result<Next> {
         if let Some((kind, msg)) = &self.failed {
             return Err(io::Error::new(*kind, msg.clone()));
         }
@@ -383,11 +398,19 @@ impl<C: Side> Engine<C> {
                         match record {
                             Ok(r) => {
                                 discard += r.discard;
+                                let mut payload = r.payload;
                                 if self.plain_at == self.plain.len() {
                                     self.plain.clear();
                                     self.plain_at = 0;
+                                    // Straight into the reader's buffer while it has room
+                                    // and nothing is waiting before it.
+                                    if let Some(d) = &mut dest {
+                                        let n = payload.len().min(d.remaining());
+                                        d.put_slice(&payload[..n]);
+                                        payload = &payload[n..];
+                                    }
                                 }
-                                self.plain.extend_from_slice(r.payload);
+                                self.plain.extend_from_slice(payload);
                             }
                             Err(e) => {
                                 res = Err(tls_error(e));
@@ -457,9 +480,6 @@ impl<C: Side> Engine<C> {
             self.incoming.drain(..discard.min(self.incoming.len()));
             if self.incoming.is_empty() {
                 self.incoming = Vec::new();
-            } else if self.incoming.capacity() > self.incoming.len() + 4096 {
-                // A partial record waiting for its rest keeps only its own bytes.
-                self.incoming.shrink_to_fit();
             }
             match outcome {
                 Ok(None) => continue,
@@ -579,11 +599,15 @@ impl<C: Side> AsyncRead for TlsStream<C> {
             if this.engine.peer_closed {
                 return Poll::Ready(Ok(()));
             }
-            this.step(Want::Nothing)?;
+            let before = buf.filled().len();
+            this.step(Want::Nothing, Some(buf))?;
             // Records rustls produced while reading (a key update's answer) go out now if
             // the socket takes them; else with the next write or flush.
             if this.engine.out_at < this.engine.out.len() {
                 this.flush_now();
+            }
+            if buf.filled().len() > before {
+                return Poll::Ready(Ok(()));
             }
             if this.engine.plain_at < this.engine.plain.len() || this.engine.peer_closed {
                 continue;
@@ -638,7 +662,7 @@ impl<C: Side> AsyncWrite for TlsStream<C> {
         // At most a few records per call: `out` stays near the high-water mark however
         // large the caller's buffer.
         let data = &data[..data.len().min(4 * MAX_FRAGMENT)];
-        let res = this.step(Want::Send(data));
+        let res = this.step(Want::Send(data), None);
         this.wake_reader();
         res?;
         // Start sending; what the socket does not take now goes with the next flush.
@@ -657,7 +681,7 @@ impl<C: Side> AsyncWrite for TlsStream<C> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if !this.engine.close_sent && this.engine.failed.is_none() {
-            let res = this.step(Want::CloseNotify);
+            let res = this.step(Want::CloseNotify, None);
             this.wake_reader();
             res?;
             this.engine.close_sent = true;

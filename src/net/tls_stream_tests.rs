@@ -235,7 +235,7 @@ async fn bytes_waiting_beyond_the_cap_are_refused() {
         other => panic!("expected a refusal, got {other:?}"),
     }
     // Sticky: the stream stays failed.
-    assert!(ours.step(Want::Nothing).is_err());
+    assert!(ours.step(Want::Nothing, None).is_err());
 }
 
 #[tokio::test]
