@@ -230,12 +230,7 @@ impl<C: Side> TlsStream<C> {
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let room = MAX_INCOMING.saturating_sub(self.engine.incoming.len());
         if room == 0 {
-            let e = io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("TLS record or handshake message over {MAX_INCOMING} bytes"),
-            );
-            self.engine.fail(&e);
-            return Poll::Ready(Err(e));
+            return Poll::Ready(Err(self.engine.over_cap()));
         }
         // Straight into `incoming`'s spare room; when the socket has nothing more, the
         // buffer is trimmed to what it holds (a peer that sends a few bytes and goes quiet
@@ -305,12 +300,7 @@ impl<C: Side> Engine<C> {
     /// (`InvalidData`, sticky) past [`MAX_INCOMING`] bytes waiting.
     pub fn feed(&mut self, bytes: &[u8]) -> io::Result<()> {
         if self.incoming.len() + bytes.len() > MAX_INCOMING {
-            let e = io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("TLS record or handshake message over {MAX_INCOMING} bytes"),
-            );
-            self.fail(&e);
-            return Err(e);
+            return Err(self.over_cap());
         }
         self.incoming.extend_from_slice(bytes);
         Ok(())
@@ -324,8 +314,9 @@ impl<C: Side> Engine<C> {
         Ok(!self.conn.is_handshaking())
     }
 
-    /// Encrypt `data` for the peer (into [`Engine::take_out`]); errors before the
-    /// handshake is complete, after close_notify, or after a failure.
+    /// Encrypt `data` for the peer (into [`Engine::take_out`]). Errors: `BrokenPipe` after
+    /// close_notify, `NotConnected` before rustls allows application data, or the
+    /// connection's failure (sticky).
     pub fn send(&mut self, data: &[u8]) -> io::Result<()> {
         if self.close_sent {
             return Err(io::Error::new(
@@ -333,13 +324,17 @@ impl<C: Side> Engine<C> {
                 "TLS close_notify already sent",
             ));
         }
-        match self.step(Want::Send(data), None)? {
-            Next::Writable => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                "TLS handshake not complete",
-            )),
-        }
+        self.step(Want::Send(data), None).map(|_| ())
+    }
+
+    /// Refuse more waiting ciphertext than [`MAX_INCOMING`] (`InvalidData`, sticky).
+    fn over_cap(&mut self) -> io::Error {
+        let e = io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("TLS record or handshake message over {MAX_INCOMING} bytes"),
+        );
+        self.fail(&e);
+        e
     }
 
     /// Take the decrypted bytes not yet read.
@@ -623,7 +618,10 @@ impl<C: Side> AsyncRead for TlsStream<C> {
                 Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {
-                    this.read_waker = Some(cx.waker().clone());
+                    match &mut this.read_waker {
+                        Some(w) => w.clone_from(cx.waker()),
+                        None => this.read_waker = Some(cx.waker().clone()),
+                    }
                     return Poll::Pending;
                 }
             }
@@ -653,17 +651,14 @@ impl<C: Side> AsyncWrite for TlsStream<C> {
         if this.engine.out.len() - this.engine.out_at >= OUT_HIGH_WATER {
             ready!(this.poll_flush_out(cx))?;
         }
-        if this.engine.close_sent {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "TLS close_notify already sent",
-            )));
-        }
         // At most a few records per call: `out` stays near the high-water mark however
         // large the caller's buffer.
         let data = &data[..data.len().min(4 * MAX_FRAGMENT)];
-        let res = this.step(Want::Send(data), None);
+        let res = this.engine.send(data);
         this.wake_reader();
+        if res.is_err() {
+            this.flush_now();
+        }
         res?;
         // Start sending; what the socket does not take now goes with the next flush.
         if let Poll::Ready(Err(e)) = this.poll_flush_out(cx) {
