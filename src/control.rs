@@ -77,8 +77,9 @@ pub enum Request {
     Threads,
     /// Known peers with connection state, a [`Page`] at a time, in key order:
     /// `{"peers":[{key, name, about, caps, caps_total, fingerprint, first_seen, last_seen,
-    /// last_seen_ms, parked, connected, remote, address, outbox, addresses,
-    /// addresses_total}…], "next"?}`. At most [`MAX_SHOWN_ITEMS`] caps and addresses per
+    /// last_seen_ms, parked, parked_by, connected, remote, address, outbox, addresses,
+    /// addresses_total}…], "next"?}` (`parked_by`: `"peer"` after its bye, `"us"` after
+    /// `awp disconnect`, null when not parked). At most [`MAX_SHOWN_ITEMS`] caps and addresses per
     /// peer (freshest first, as dialed, see [`crate::store::Store::addresses`]; `address`
     /// is the first; each `{address, source, last_ok, last_heard, last_err}`; the `_total`
     /// fields count all), text cut to [`MAX_SHOWN_CHARS`].

@@ -6,7 +6,7 @@
 mod common;
 
 use awp_node::control::Request;
-use awp_node::node::{NodeConfig, NodeHandle, PresenceTiming};
+use awp_node::node::{DialTiming, NodeConfig, NodeHandle, PresenceTiming};
 use common::{eventually, TestNode};
 use serde_json::{Map, Value};
 use std::time::Duration;
@@ -272,4 +272,152 @@ async fn hostile_presence_lines_are_counted_not_fatal() {
         Some((3, 7, raw.identity.key().to_string()))
     );
     node.stop().await;
+}
+
+/// A relay in `home` listening on `listen` (a restart keeps its key and port).
+async fn start_relay_at(home: TempDir, listen: &str) -> TestNode {
+    let handle = NodeHandle::start(NodeConfig {
+        home: home.path().to_path_buf(),
+        listen: vec![listen.parse().unwrap()],
+        name: Some("relay".into()),
+        relay: true,
+        ..Default::default()
+    })
+    .await
+    .expect("relay starts");
+    TestNode { home, handle }
+}
+
+/// A node that publishes presence, its redials paced in tenths of seconds (a relay in
+/// these tests is down for a while).
+async fn start_publisher(home: TempDir) -> TestNode {
+    let handle = NodeHandle::start(NodeConfig {
+        home: home.path().to_path_buf(),
+        listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+        name: Some("a".into()),
+        presence: true,
+        presence_timing: PresenceTiming {
+            debounce: Duration::from_millis(50),
+            heartbeat: Duration::from_secs(600),
+            min_interval: Duration::from_millis(300),
+        },
+        dial_timing: DialTiming {
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(400),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await
+    .expect("node starts");
+    TestNode { home, handle }
+}
+
+/// Whether `n` lists `peer` as connected, and its `parked_by`.
+async fn peer_state(n: &TestNode, peer: &str) -> (bool, Value) {
+    let r = n.ctl(Request::Peers).await;
+    assert!(r.ok, "{:?}", r.error);
+    let p = r.body["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["key"] == peer)
+        .cloned()
+        .unwrap_or_else(|| panic!("{peer} not in {:?}", r.body));
+    (p["connected"] == true, p["parked_by"].clone())
+}
+
+/// A relay that restarts says `bye shutdown`, which parks it; a node that joined it with
+/// `connect` and publishes presence takes its next publication as traffic for it and
+/// redials, so its document is held by the restarted relay. A relay the user disconnected
+/// (`awp disconnect`) stays parked through later publications.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publishing_node_rejoins_a_restarted_relay_but_not_a_disconnected_one() {
+    let relay = start_relay_at(TempDir::new().unwrap(), "tls:127.0.0.1:0").await;
+    // Its address without the key pin: the listen address of the restart.
+    let address = relay.address();
+    let listen = address.split('#').next().unwrap().to_string();
+    let a = start_publisher(TempDir::new().unwrap()).await;
+    connect(&a, &relay).await;
+    eventually(10, || async { held(&relay, &a.key()).await }).await;
+    let relay_key = relay.key();
+
+    let home = relay.stop().await;
+    eventually(10, || async {
+        let (up, by) = peer_state(&a, &relay_key).await;
+        (!up && by == "peer").then_some(())
+    })
+    .await;
+    let relay = start_relay_at(home, &listen).await;
+    // The peer_down is a change: a publishes within its debounce and min_interval, which
+    // unparks the relay and dials it.
+    eventually(20, || async { held(&relay, &a.key()).await }).await;
+    let (up, by) = peer_state(&a, &relay_key).await;
+    assert!(up && by.is_null(), "a rejoined: up {up}, parked_by {by}");
+
+    // `awp disconnect`: parked by us; publications do not redial it. Its peer_down is a
+    // change: a publishes again (the count goes up once the parked relays were looked at).
+    let published = u(&status(&a).await, "published");
+    let r = a
+        .ctl(Request::Disconnect {
+            peer: relay_key.clone(),
+            reason: None,
+        })
+        .await;
+    assert!(r.ok, "{:?}", r.error);
+    eventually(20, || async {
+        (u(&status(&a).await, "published") > published).then_some(())
+    })
+    .await;
+    let (up, by) = peer_state(&a, &relay_key).await;
+    assert!(
+        !up && by == "us",
+        "still parked by us: up {up}, parked_by {by}"
+    );
+    for n in [relay, a] {
+        n.stop().await;
+    }
+}
+
+/// A publishing node that restarts (or loses its connection without a bye) dials the relay
+/// it joined again: its presence document is work for it. A node that does not publish
+/// has no such work and leaves the relay be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publishing_node_rejoins_its_relay_after_its_own_restart() {
+    let relay = start_relay_at(TempDir::new().unwrap(), "tls:127.0.0.1:0").await;
+    let relay_key = relay.key();
+    let a = start_publisher(TempDir::new().unwrap()).await;
+    let quiet = start("quiet", false, false, None).await;
+    connect(&a, &relay).await;
+    connect(&quiet, &relay).await;
+    eventually(10, || async { held(&relay, &a.key()).await }).await;
+
+    let a = start_publisher(a.stop().await).await;
+    let quiet = start_in_home(quiet.stop().await).await;
+    // a is back on the relay (its new document may come within a second of the last one,
+    // which the relay's rate limit refuses: the connection is what this checks).
+    eventually(20, || async {
+        let (up, by) = peer_state(&a, &relay_key).await;
+        (up && by.is_null()).then_some(())
+    })
+    .await;
+    // The quiet node published nothing since its restart and has no work for the relay.
+    assert_eq!(u(&status(&quiet).await, "published"), 0);
+    assert!(!peer_state(&quiet, &relay_key).await.0, "quiet stays off");
+    for n in [relay, a, quiet] {
+        n.stop().await;
+    }
+}
+
+/// A node that does not publish, restarted in `home`.
+async fn start_in_home(home: TempDir) -> TestNode {
+    let handle = NodeHandle::start(NodeConfig {
+        home: home.path().to_path_buf(),
+        listen: vec!["tls:127.0.0.1:0".parse().unwrap()],
+        name: Some("quiet".into()),
+        ..Default::default()
+    })
+    .await
+    .expect("node starts");
+    TestNode { home, handle }
 }

@@ -221,9 +221,15 @@ pub fn peers_table(peers: &[Value], now_ms: i64) -> String {
         .iter()
         .filter_map(Value::as_object)
         .map(|p| {
+            // A peer down and parked: `parked` (by `awp disconnect`) or `bye` (it said
+            // bye); neither is redialed until new traffic.
             let up = match field(p, &["connected", "up"]) {
                 Some(Value::Bool(true)) => "up".to_string(),
-                Some(Value::Bool(false)) => "down".to_string(),
+                Some(Value::Bool(false)) => match str_field(p, &["parked_by"]) {
+                    Some("us") => "parked".to_string(),
+                    Some("peer") => "bye".to_string(),
+                    _ => "down".to_string(),
+                },
                 _ => str_field(p, &["state"]).unwrap_or("-").to_string(),
             };
             let queued = field(p, &["outbox", "queued"])
@@ -537,6 +543,17 @@ mod tests {
         for want in ["bob", "QQQQQQQQ", "up", "tls:10.0.0.2:7700", "5s ago", "3"] {
             assert!(row.contains(want), "{want} missing in {row:?}");
         }
+        let conn = |connected: bool, parked_by: Value| {
+            let p = json!({"key": "ed25519:QQQQQQQQQQQ", "connected": connected,
+                "parked_by": parked_by});
+            let out = peers_table(&[p], now);
+            let row = out.lines().nth(1).unwrap().to_string();
+            row.split_whitespace().nth(2).unwrap().to_string()
+        };
+        assert_eq!(conn(false, Value::Null), "down");
+        assert_eq!(conn(false, json!("us")), "parked");
+        assert_eq!(conn(false, json!("peer")), "bye");
+        assert_eq!(conn(true, Value::Null), "up");
     }
 
     #[test]

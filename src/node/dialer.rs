@@ -111,20 +111,27 @@ pub struct DialFacts {
     pub open_thread: bool,
     /// Has an open thread that we opened.
     pub open_thread_ours: bool,
+    /// We publish presence (`--presence`) and the peer's hello caps list `presence`: our
+    /// document is work for it, as long as the operator chose the peer (trusted or
+    /// user-dialed; a relay joined with `awp connect` stays joined).
+    pub presence: bool,
 }
 
 impl DialReason {
-    /// The rule. There must be work (queued lines or an open thread), and a reason to
-    /// reach this peer for it: it is trusted or allowed, the user dialed it, the lines are
-    /// ours, or we opened the thread. None: do not dial (e.g. a stranger whose only link
-    /// is a thread it opened here).
+    /// The rule. There must be work (queued lines, an open thread, or our presence
+    /// document for a presence peer), and a reason to reach this peer for it: it is trusted
+    /// or allowed, the user dialed it, the lines are ours, or we opened the thread (presence
+    /// alone counts only for the first two). None: do not dial (e.g. a stranger whose only
+    /// link is a thread it opened here).
     pub fn from_facts(f: DialFacts) -> Option<DialReason> {
-        if !(f.queued || f.open_thread) {
+        if !(f.queued || f.open_thread || f.presence) {
             None
         } else if f.trusted {
             Some(DialReason::Trusted)
         } else if f.user_dialed {
             Some(DialReason::UserDialed)
+        } else if !(f.queued || f.open_thread) {
+            None
         } else if f.queued {
             Some(DialReason::Queued)
         } else if f.open_thread_ours {
@@ -262,14 +269,21 @@ pub fn destination(addr: &Address) -> String {
 /// Thread states after which a thread no longer keeps a connection wanted.
 const TERMINAL: &[&str] = &["done", "failed", "closed"];
 
-/// Peers we have a reason to dial at start: queued lines, or open threads (each is then
-/// judged by [`reason`]).
+/// Peers we have a reason to dial at start: queued lines, open threads, or (when we
+/// publish presence) presence peers (each is then judged by [`reason`]).
 pub(super) fn wanted_peers(inner: &Inner) -> Vec<PeerKey> {
     let mut out = inner.store.outbox_peers().unwrap_or_default();
     if let Ok(threads) = inner.store.threads() {
         for t in threads {
             if is_open(t.mine.as_deref(), t.theirs.as_deref()) && !out.contains(&t.peer) {
                 out.push(t.peer);
+            }
+        }
+    }
+    if inner.presence.publish {
+        for p in inner.store.peers().unwrap_or_default() {
+            if p.caps.iter().any(|c| c == super::presence::CAP) && !out.contains(&p.key) {
+                out.push(p.key);
             }
         }
     }
@@ -284,13 +298,8 @@ fn is_open(mine: Option<&str>, theirs: Option<&str>) -> bool {
 
 /// Why we would dial `peer` now (None: no reason, or it said bye).
 pub(super) fn reason(inner: &Inner, peer: &PeerKey) -> Option<DialReason> {
-    if inner
-        .store
-        .peer(peer)
-        .ok()
-        .flatten()
-        .is_some_and(|p| p.parked)
-    {
+    let record = inner.store.peer(peer).ok().flatten();
+    if record.as_ref().is_some_and(|p| p.parked) {
         return None;
     }
     let s = &inner.settings;
@@ -302,6 +311,8 @@ pub(super) fn reason(inner: &Inner, peer: &PeerKey) -> Option<DialReason> {
         .iter()
         .any(|a| a.source == AddrSource::Connect);
     let queued = inner.store.outbox_len(peer).unwrap_or(0) > 0;
+    let presence = inner.presence.publish
+        && record.is_some_and(|p| p.caps.iter().any(|c| c == super::presence::CAP));
     let (mut open_thread, mut open_thread_ours) = (false, false);
     if !queued {
         for t in inner.store.threads().unwrap_or_default() {
@@ -317,6 +328,7 @@ pub(super) fn reason(inner: &Inner, peer: &PeerKey) -> Option<DialReason> {
         queued,
         open_thread,
         open_thread_ours,
+        presence,
     })
 }
 
@@ -600,9 +612,23 @@ mod policy_tests {
                 queued,
                 open_thread,
                 open_thread_ours,
+                presence: false,
             };
             assert_eq!(DialReason::from_facts(f), want, "{f:?}");
         }
+        // Our presence document is work only for a peer the operator chose.
+        let presence = |trusted, user_dialed| DialFacts {
+            trusted,
+            user_dialed,
+            presence: true,
+            ..DialFacts::default()
+        };
+        assert_eq!(DialReason::from_facts(presence(false, false)), None);
+        assert_eq!(
+            DialReason::from_facts(presence(false, true)),
+            Some(UserDialed)
+        );
+        assert_eq!(DialReason::from_facts(presence(true, false)), Some(Trusted));
     }
 
     #[test]

@@ -19,7 +19,10 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// waiting for the close at most [`CLOSE_WAIT`].
 pub(super) async fn disconnect(inner: &Arc<Inner>, peer: &str, reason: Option<&str>) -> Reply {
     let key = resolve_peer(inner, peer)?;
-    inner.store.set_parked(&key, true).map_err(internal)?;
+    inner
+        .store
+        .set_parked(&key, crate::store::Park::ByUs)
+        .map_err(internal)?;
     inner.store.flush().await.map_err(internal)?;
     let handles = inner
         .conns

@@ -164,6 +164,11 @@ pub(super) fn peers(inner: &Inner, page: &Page) -> Result<Value, Fail> {
             "last_seen": wire::time::format_ms(p.last_seen_ms),
             "last_seen_ms": p.last_seen_ms,
             "parked": p.parked,
+            "parked_by": match (p.parked, p.parked_by_us) {
+                (false, _) => None,
+                (true, true) => Some("us"),
+                (true, false) => Some("peer"),
+            },
             "introduced_by": p.introduced_by.map(|k| k.to_string()),
             "connected": up,
             "remote": remote,

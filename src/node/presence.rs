@@ -305,6 +305,44 @@ pub(crate) async fn run(inner: Arc<Inner>) {
     }
 }
 
+/// A publication is outbound traffic for the presence peers we chose to connect to
+/// (`awp connect`): one that said bye (a relay restarting says `bye shutdown`) is unparked
+/// and its dialer woken, as a queued line would (protocol-notes §bye: a peer that said bye
+/// is not redialed until new outbound traffic is queued for it). A peer parked by
+/// `awp disconnect` stays parked.
+fn redial_parked_relays(inner: &Arc<Inner>) {
+    let peers = match inner.store.peers() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!("presence: peers not read: {e}");
+            return;
+        }
+    };
+    for p in peers {
+        if !p.parked || p.parked_by_us || !p.caps.iter().any(|c| c == CAP) {
+            continue;
+        }
+        let dialed = inner
+            .store
+            .addresses(&p.key)
+            .unwrap_or_default()
+            .iter()
+            .any(|a| a.source == crate::store::AddrSource::Connect);
+        if !dialed {
+            continue;
+        }
+        if let Err(e) = inner.store.set_parked(&p.key, crate::store::Park::Clear) {
+            tracing::warn!("presence: could not unpark {}: {e}", p.key);
+            continue;
+        }
+        tracing::info!(
+            "presence: redialing {} (it said bye; our presence is traffic for it)",
+            p.key
+        );
+        super::dialer::ensure(inner, p.key);
+    }
+}
+
 /// Take back the watermarks saved by [`save_marks`] (those still fresh).
 fn load_marks(inner: &Inner) {
     match inner.store.meta_get(MARKS_KEY) {
@@ -342,7 +380,9 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Build, sign and send our document. The seq is stored and flushed before it is used.
-async fn publish_now(inner: &Inner) -> Result<(), crate::store::StoreError> {
+/// Relays we joined that said bye are redialed first ([`redial_parked_relays`]); the
+/// `published` count goes up after that.
+async fn publish_now(inner: &Arc<Inner>) -> Result<(), crate::store::StoreError> {
     let store = &inner.store;
     let inputs = gather(inner)?;
     let last = store
@@ -355,6 +395,7 @@ async fn publish_now(inner: &Inner) -> Result<(), crate::store::StoreError> {
     store.flush().await?;
     let d = doc::build_signed(&inner.identity, &inputs, seq, now);
     *inner.presence.own.lock().unwrap_or_else(|p| p.into_inner()) = Some(d.clone());
+    redial_parked_relays(inner);
     inner.presence.published.fetch_add(1, Ordering::Relaxed);
     let raw = serde_json::to_string(&d).unwrap_or_default();
     let n = match presence_line(inner, &raw, 0) {

@@ -1069,7 +1069,7 @@ impl Session {
                     reason: None,
                 });
                 self.control.push_back(bye.encode());
-                if let Err(e) = self.store.set_parked(&peer, true) {
+                if let Err(e) = self.store.set_parked(&peer, crate::store::Park::PeerBye) {
                     tracing::warn!("could not park peer {peer}: {e}");
                 }
                 self.finish(CloseReason::Bye { reason: b.reason });

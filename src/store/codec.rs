@@ -83,6 +83,9 @@ pub(crate) struct PeerRec {
     pub first: u64,
     pub last: u64,
     pub parked: bool,
+    /// The park came from `awp disconnect` (false for records written before this field).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub parked_by_us: bool,
     /// Hex key of the peer whose introduction created this record; None once the peer
     /// itself completed a handshake (and for records written before this field).
     #[serde(default, skip_serializing_if = "Option::is_none")]

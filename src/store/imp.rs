@@ -8,8 +8,8 @@ use super::group::Group;
 use super::threads::{add_threads, raise_seen, thread_count, tkey};
 use super::tx::{db_err, Trees, Tx, T};
 use super::{
-    AddrSource, AddressRecord, Dir, Introduced, LineBuilder, LogEntry, OutboxEntry, PeerRecord,
-    Received, StoreError, RETENTION_MS,
+    AddrSource, AddressRecord, Dir, Introduced, LineBuilder, LogEntry, OutboxEntry, Park,
+    PeerRecord, Received, StoreError, RETENTION_MS,
 };
 use crate::wire::ids::IdGen;
 use crate::wire::{self, Line, PeerKey};
@@ -444,6 +444,7 @@ impl Store {
             let mut p: PeerRec = dec("peers", &v)?;
             if p.parked {
                 p.parked = false;
+                p.parked_by_us = false;
                 tx.put(T::Peers, pk, enc(&p)?);
             }
         }
@@ -1015,6 +1016,7 @@ impl Store {
             first,
             last: now_ms,
             parked: false,
+            parked_by_us: false,
             introduced_by: None,
         };
         tx.put(T::Peers, k, enc(&rec)?);
@@ -1055,19 +1057,27 @@ impl Store {
         )
     }
 
-    /// Set or clear the parked mark (bye received / new traffic queued). Parking an unknown
-    /// peer creates its record (seen now); clearing an unknown peer does nothing.
-    pub fn set_parked(&self, key: &PeerKey, parked: bool) -> Result<(), StoreError> {
+    /// Change the parked mark (protocol-notes §bye) as `how` says: [`Park::PeerBye`] and
+    /// [`Park::ByUs`] park (an unknown peer gets a record, seen now), [`Park::Clear`] clears
+    /// (an unknown peer: nothing). A peer parked by us stays so on its `bye`.
+    pub fn set_parked(&self, key: &PeerKey, how: Park) -> Result<(), StoreError> {
         let _w = self.writer();
         let mut tx = Tx::new(&self.trees);
         let k = key.as_bytes().to_vec();
+        let (parked, by_us) = match how {
+            Park::Clear => (false, false),
+            Park::PeerBye => (true, false),
+            Park::ByUs => (true, true),
+        };
         let rec = match tx.get(T::Peers, &k)? {
             Some(v) => {
                 let mut p: PeerRec = dec("peers", &v)?;
-                if p.parked == parked {
+                let by_us = by_us || (how == Park::PeerBye && p.parked && p.parked_by_us);
+                if p.parked == parked && p.parked_by_us == by_us {
                     return Ok(());
                 }
                 p.parked = parked;
+                p.parked_by_us = by_us;
                 p
             }
             None if !parked => return Ok(()),
@@ -1080,6 +1090,7 @@ impl Store {
                     first: now,
                     last: now,
                     parked,
+                    parked_by_us: by_us,
                     introduced_by: None,
                 }
             }
@@ -1277,6 +1288,7 @@ impl Store {
                 first: now_ms,
                 last: now_ms,
                 parked: false,
+                parked_by_us: false,
                 introduced_by: Some(by.clone()),
             };
             tx.put(T::Peers, pk, enc(&rec)?);
@@ -1515,6 +1527,7 @@ fn peer_record(key: PeerKey, v: &[u8]) -> Result<PeerRecord, StoreError> {
         first_seen_ms: p.first,
         last_seen_ms: p.last,
         parked: p.parked,
+        parked_by_us: p.parked && p.parked_by_us,
         introduced_by: p
             .introduced_by
             .as_deref()

@@ -186,6 +186,10 @@ pub struct PeerRecord {
     pub last_seen_ms: u64,
     /// Said bye: not redialed until new outbound traffic is queued.
     pub parked: bool,
+    /// The park came from our side (`awp disconnect`), not from the peer's own `bye`: only
+    /// a send or `awp connect` clears it (a presence heartbeat does not; see
+    /// `node::presence`). False when not parked.
+    pub parked_by_us: bool,
     /// Known only from an introduction by this peer: its name is the introducer's claim
     /// and never shadows a peer that proved its key (see [`Store::introduce`]). None once
     /// the peer completed a handshake with us.
@@ -201,6 +205,19 @@ pub enum Introduced {
     Again,
     /// The introducer is at its quota of introduced keys: nothing stored.
     OverQuota,
+}
+
+/// How [`Store::set_parked`] changes a peer's parked mark (protocol-notes §bye: a peer
+/// that said bye is not redialed until new outbound traffic is queued for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Park {
+    /// New outbound traffic or a handshake: clear the mark.
+    Clear,
+    /// The peer said bye. A peer already parked by us stays parked by us (its bye is the
+    /// reply to ours).
+    PeerBye,
+    /// We closed the connection (`awp disconnect`).
+    ByUs,
 }
 
 /// Where an address came from.

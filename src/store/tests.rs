@@ -404,8 +404,9 @@ fn peers_upsert_and_parked() {
     assert!(s.peer(&p).unwrap().is_none());
     s.peer_seen(&p, Some("a@h"), None, &["blob".into()], 100)
         .unwrap();
-    s.set_parked(&p, true).unwrap();
-    assert!(s.peer(&p).unwrap().unwrap().parked);
+    s.set_parked(&p, Park::PeerBye).unwrap();
+    let r = s.peer(&p).unwrap().unwrap();
+    assert!(r.parked && !r.parked_by_us);
     s.peer_seen(&p, Some("b@h"), Some("about"), &[], 200)
         .unwrap();
     let r = s.peer(&p).unwrap().unwrap();
@@ -415,18 +416,44 @@ fn peers_upsert_and_parked() {
     assert_eq!((r.first_seen_ms, r.last_seen_ms), (100, 200));
     assert!(!r.parked, "handshake clears parked");
 
-    s.set_parked(&p, true).unwrap();
+    s.set_parked(&p, Park::PeerBye).unwrap();
     send(&s, &p, "T");
     assert!(
         !s.peer(&p).unwrap().unwrap().parked,
         "new traffic clears parked"
     );
 
-    s.set_parked(&key(2), false).unwrap();
+    s.set_parked(&key(2), Park::Clear).unwrap();
     assert!(s.peer(&key(2)).unwrap().is_none());
-    s.set_parked(&key(3), true).unwrap();
+    s.set_parked(&key(3), Park::PeerBye).unwrap();
     assert!(s.peer(&key(3)).unwrap().unwrap().parked);
     assert_eq!(s.peers().unwrap().len(), 2);
+}
+
+/// `awp disconnect` parks "by us"; the peer's bye in reply keeps that, and only new
+/// traffic (or a handshake) clears it; the mark survives a reopen.
+#[test]
+fn parked_by_us_survives_the_reply_bye_and_a_reopen() {
+    let d = tempfile::tempdir().unwrap();
+    let p = key(1);
+    {
+        let s = Store::open(d.path()).unwrap();
+        s.peer_seen(&p, Some("a@h"), None, &[], 100).unwrap();
+        s.set_parked(&p, Park::ByUs).unwrap();
+        s.set_parked(&p, Park::PeerBye).unwrap();
+        let r = s.peer(&p).unwrap().unwrap();
+        assert!(r.parked && r.parked_by_us, "the reply bye keeps our park");
+    }
+    let s = Store::open(d.path()).unwrap();
+    let r = s.peer(&p).unwrap().unwrap();
+    assert!(r.parked && r.parked_by_us, "reopened: {r:?}");
+    send(&s, &p, "T");
+    let r = s.peer(&p).unwrap().unwrap();
+    assert!(!r.parked && !r.parked_by_us, "traffic clears both: {r:?}");
+    // A park by the peer after traffic is the peer's own.
+    s.set_parked(&p, Park::PeerBye).unwrap();
+    let r = s.peer(&p).unwrap().unwrap();
+    assert!(r.parked && !r.parked_by_us);
 }
 
 #[test]
