@@ -123,7 +123,7 @@ impl Store {
         })
         .map_err(corrupt)?;
         let new_keys = index_keys(&rec.hash, rec.role, rec.stored_ms, &rec.object);
-        (&tree, &idx)
+        let res = (&tree, &idx)
             .transaction(|(t, i)| {
                 if let Some(old) = t.insert(rec.hash.as_bytes(), v.as_slice())? {
                     let old = decode(rec.hash.clone(), &old)
@@ -137,7 +137,10 @@ impl Store {
                 }
                 Ok(())
             })
-            .map_err(tx_err)
+            .map_err(tx_err);
+        // Written outside the store's transactions: durable through sled's flush.
+        self.trees.journal.needs_full();
+        res
     }
 
     /// One grant by hash.
@@ -255,13 +258,15 @@ impl Store {
         if idx.contains_key(INDEX_BUILT).map_err(db_err)? {
             return Ok(());
         }
+        self.trees.journal.needs_full();
         for rec in self.grants()? {
             for k in index_keys(&rec.hash, rec.role, rec.stored_ms, &rec.object) {
                 idx.insert(k, &[]).map_err(db_err)?;
             }
         }
-        idx.insert(INDEX_BUILT, &[]).map_err(db_err)?;
-        Ok(())
+        let r = idx.insert(INDEX_BUILT, &[]).map_err(db_err);
+        self.trees.journal.needs_full();
+        r.map(|_| ())
     }
 
     /// Remove a grant record and its index entries. Returns whether it existed.
@@ -269,7 +274,7 @@ impl Store {
         self.grant_index_ready()?;
         let tree = self.db.open_tree(TREE).map_err(db_err)?;
         let idx = self.db.open_tree(INDEX).map_err(db_err)?;
-        (&tree, &idx)
+        let res = (&tree, &idx)
             .transaction(|(t, i)| {
                 let Some(old) = t.remove(hash.as_bytes())? else {
                     return Ok(false);
@@ -281,15 +286,19 @@ impl Store {
                 }
                 Ok(true)
             })
-            .map_err(tx_err)
+            .map_err(tx_err);
+        self.trees.journal.needs_full();
+        res
     }
 
     /// Mark a grant hash revoked here (it is never honored again).
     pub fn grant_revoke(&self, hash: &str, now_ms: u64) -> Result<(), StoreError> {
         let tree = self.db.open_tree(REVOKED).map_err(db_err)?;
-        tree.insert(hash.as_bytes(), &now_ms.to_be_bytes())
-            .map_err(db_err)?;
-        Ok(())
+        let r = tree
+            .insert(hash.as_bytes(), &now_ms.to_be_bytes())
+            .map_err(db_err);
+        self.trees.journal.needs_full();
+        r.map(|_| ())
     }
 
     /// Whether a grant hash was revoked here.

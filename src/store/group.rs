@@ -4,7 +4,9 @@
 //! target = (generations started so far) + 1. If none is running it starts that one itself
 //! (the leader); otherwise it waits for the running one to finish and then either finds its
 //! target done (another caller led it) or leads it. At most one flush runs at a time, so
-//! callers arriving during a flush are all served by the next single flush.
+//! callers arriving during a flush are all served by the next single flush. What a flush
+//! does is the journal's (`journal.rs`): append the commits' records and sync that file,
+//! or a checkpoint through sled.
 
 use super::faults::Guard;
 use super::StoreError;
@@ -24,6 +26,8 @@ pub(crate) struct Group {
     /// process but not a power loss or kernel crash (it neither flushes the drive cache nor
     /// the file size); a `sync_data` on this file after every flush makes acks durable.
     data_file: Option<std::fs::File>,
+    /// The commits' journal: a flush syncs it alone, or checkpoints (`journal.rs`).
+    journal: Arc<super::journal::Journal>,
     /// Injected faults ([`super::StoreFaults::flush`]) and the free-space state.
     pub(crate) guard: Guard,
     st: Mutex<GState>,
@@ -39,10 +43,15 @@ enum Step {
 }
 
 impl Group {
-    pub(crate) fn new(db: sled::Db, data_file: Option<std::fs::File>) -> Arc<Group> {
+    pub(crate) fn new(
+        db: sled::Db,
+        data_file: Option<std::fs::File>,
+        journal: Arc<super::journal::Journal>,
+    ) -> Arc<Group> {
         Arc::new(Group {
             db,
             data_file,
+            journal,
             guard: Guard::default(),
             st: Mutex::new(GState {
                 started: 0,
@@ -156,18 +165,14 @@ struct Lead<G: std::ops::Deref<Target = Group>> {
 impl<G: std::ops::Deref<Target = Group>> Lead<G> {
     fn run(mut self) {
         let durable = self.group.guard.durable();
-        let res = self
-            .group
-            .guard
-            .before_flush()
-            .and_then(|()| match durable {
-                true => self.group.db.flush().map(|_| ()).map_err(|e| e.to_string()),
-                false => Ok(()),
-            })
-            .and_then(|()| match (&self.group.data_file, durable) {
-                (Some(f), true) => f.sync_data().map_err(|e| format!("fsync: {e}")),
-                _ => Ok(()),
-            });
+        let g = &*self.group;
+        let res = g.guard.before_flush().and_then(|()| match durable {
+            true => g.journal.flush(&g.db, g.data_file.as_ref()),
+            false => {
+                g.journal.discard();
+                Ok(())
+            }
+        });
         self.group.count.fetch_add(1, Ordering::Relaxed);
         self.done = true;
         self.group.complete(self.gen, res);

@@ -167,17 +167,54 @@ pub struct Store {
     pub(super) hook: std::sync::OnceLock<Arc<dyn super::InboundHook>>,
     /// Signs our content lines as they are queued (see `store/signing.rs`).
     pub(super) signer: std::sync::OnceLock<Arc<crate::identity::Identity>>,
-    /// Declared last: marks the directory closed after the sled handles are dropped.
-    _mark: OpenMark,
+    /// Declared last: holds the last sled handles and closes them (see [`Closer`]).
+    _close: Closer,
 }
 
-/// Marks a directory as closed by this process when dropped.
-struct OpenMark(Option<PathBuf>);
+/// How long dropping a [`Store`] waits for sled to close the database before it leaves
+/// the rest to a thread of its own.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
-impl Drop for OpenMark {
+/// The last handles of a [`Store`]'s database; dropped last. Its drop marks the directory
+/// closed by this process (a reopen here then waits for sled's lock, see [`open_db`]) and
+/// drops the handles on a thread named `store-close`, waiting at most [`CLOSE_WAIT`] for it.
+///
+/// sled 0.34.7 flushes when its last tree handle is dropped, in a loop that returns only
+/// when a flush finds nothing more to write; in rare test runs that loop never returned
+/// (seen at a runtime's teardown). Whatever the node acked was flushed before, so a close
+/// that takes longer is logged and left to finish or to end with the process: it no
+/// longer holds the thread that dropped the store (a runtime's worker, or the exit).
+struct Closer {
+    dir: Option<PathBuf>,
+    handles: Option<(sled::Db, Vec<sled::Tree>, Arc<Group>)>,
+}
+
+impl Drop for Closer {
     fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
+        if let Some(p) = self.dir.take() {
             set_opened(p, false);
+        }
+        let Some(handles) = self.handles.take() else {
+            return;
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("store-close".into())
+            .spawn(move || {
+                drop(handles);
+                let _ = tx.send(());
+            });
+        match spawned {
+            // The handles were dropped with the closure, on this thread.
+            Err(e) => tracing::warn!("cannot start a thread to close the store: {e}"),
+            Ok(_) => {
+                if rx.recv_timeout(CLOSE_WAIT).is_err() {
+                    tracing::error!(
+                        "the database did not close within {} s; its close goes on in the background (every acked line was flushed before)",
+                        CLOSE_WAIT.as_secs()
+                    );
+                }
+            }
         }
     }
 }
@@ -216,7 +253,10 @@ impl Store {
         let db = open_db(dir, quarantine)?;
         let path = canonical(dir);
         set_opened(path.clone(), true);
-        let guard = OpenMark(Some(path));
+        let mut close = Closer {
+            dir: Some(path),
+            handles: None,
+        };
         // Before the other trees are opened (and created when missing): a newer store is
         // refused as it was found, apart from sled's own recovery at open.
         check_format(
@@ -224,7 +264,21 @@ impl Store {
                 .map_err(db_err)?,
             dir,
         )?;
-        let trees = Trees::open(&db)?;
+        let mut trees = Trees::open(&db)?;
+        // sled keeps its data in one file, `db`, inside the directory.
+        let data_file = std::fs::File::open(dir.join("db")).ok();
+        if data_file.is_none() {
+            tracing::warn!(
+                "{}: no sled data file to fsync; flushes rely on sync_file_range",
+                dir.display()
+            );
+        }
+        // What sled lacks of the journal's records is applied before anything is read.
+        let journal = Arc::new(super::journal::open(dir, &db, &trees, data_file.as_ref())?);
+        // The first flush is a checkpoint: it covers the writes of the open itself made
+        // outside transactions (the format key).
+        journal.needs_full();
+        trees.journal = Arc::clone(&journal);
         let meta = trees.t(T::Meta);
         let last = match meta.get(META_LAST_ID).map_err(db_err)? {
             Some(v) => {
@@ -237,16 +291,9 @@ impl Store {
             Some(v) => read_u64("meta", &v)?,
             None => 0,
         };
-        // sled keeps its data in one file, `db`, inside the directory.
-        let data_file = std::fs::File::open(dir.join("db")).ok();
-        if data_file.is_none() {
-            tracing::warn!(
-                "{}: no sled data file to fsync; flushes rely on sync_file_range",
-                dir.display()
-            );
-        }
         restrict(dir);
-        let group = Group::new(db.clone(), data_file);
+        let group = Group::new(db.clone(), data_file, journal);
+        close.handles = Some((db.clone(), trees.all.clone(), group.clone()));
         let store = Store {
             db,
             trees,
@@ -260,7 +307,7 @@ impl Store {
             max_threads: std::sync::atomic::AtomicU64::new(super::threads::MAX_THREADS_PER_PEER),
             hook: std::sync::OnceLock::new(),
             signer: std::sync::OnceLock::new(),
-            _mark: guard,
+            _close: close,
         };
         store.key_threads_by_peer()?;
         store.count_outbox_bytes()?;
@@ -1414,18 +1461,18 @@ impl Store {
     pub fn meta_put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         let _w = self.writer();
         let k = [META_USER_PREFIX, key.as_bytes()].concat();
-        self.trees
-            .t(T::Meta)
-            .insert(k, value)
-            .map_err(db_err)
-            .map(|_| ())
+        let r = self.trees.t(T::Meta).insert(k, value).map_err(db_err);
+        self.trees.journal.needs_full();
+        r.map(|_| ())
     }
 
     /// Remove `key` (see [`Store::meta_get`]). Returns whether it existed.
     pub fn meta_remove(&self, key: &str) -> Result<bool, StoreError> {
         let _w = self.writer();
         let k = [META_USER_PREFIX, key.as_bytes()].concat();
-        Ok(self.trees.t(T::Meta).remove(k).map_err(db_err)?.is_some())
+        let r = self.trees.t(T::Meta).remove(k).map_err(db_err);
+        self.trees.journal.needs_full();
+        Ok(r?.is_some())
     }
 
     /// Approximate size of the database on disk, in bytes.

@@ -30,6 +30,11 @@
 //!
 //! Every mutation runs under one writer lock and commits as one multi-tree transaction, so a
 //! crash leaves either all or none of an operation.
+//!
+//! Durability: a commit also records its writes in the redo journal (`journal`, a file in
+//! the database directory); a flush appends them and syncs that one file, and sled's own
+//! log is synced at checkpoints. A store opened after a crash first applies the journal's
+//! records that sled lacks (see `journal.rs`).
 
 use crate::wire::{Line, PeerKey};
 
@@ -43,6 +48,7 @@ mod forget;
 mod grants;
 mod group;
 mod imp;
+mod journal;
 mod received;
 #[cfg(test)]
 mod tests;
@@ -57,6 +63,7 @@ pub use faults::{free_bytes, is_disk_full, StoreFaults, DISK_RESERVE};
 pub use forget::Forgotten;
 pub use grants::{GrantRecord, GrantRole};
 pub use imp::{Store, STORE_FORMAT};
+pub use journal::journal_lsns;
 pub use threads::MAX_THREADS_PER_PEER;
 
 /// Retention of outbox lines and log entries: 7 days, in milliseconds.

@@ -1,6 +1,7 @@
 //! A write set over all trees, committed as one sled transaction. Reads through the set see
 //! its own pending writes first, so one operation can update a record several times.
 
+use super::journal::{self, Journal, META_JOURNAL_LSN};
 use super::StoreError;
 use sled::Transactional;
 use std::collections::BTreeMap;
@@ -60,6 +61,9 @@ pub(crate) struct Trees {
     pub all: Vec<sled::Tree>,
     /// Transactions committed through [`Tx::commit`] since open.
     pub commits: std::sync::atomic::AtomicU64,
+    /// Where commits record their writes for the next flush (`journal.rs`); off until the
+    /// store's open replaced it.
+    pub journal: std::sync::Arc<Journal>,
 }
 
 impl Trees {
@@ -71,6 +75,7 @@ impl Trees {
         Ok(Trees {
             all,
             commits: Default::default(),
+            journal: std::sync::Arc::new(Journal::off(1)),
         })
     }
     pub(crate) fn t(&self, t: T) -> &sled::Tree {
@@ -121,10 +126,28 @@ impl<'a> Tx<'a> {
         self.w.iter().all(|p| p.is_empty())
     }
 
-    /// Apply every pending write atomically across the touched trees.
-    pub(crate) fn commit(self) -> Result<(), StoreError> {
+    /// Apply every pending write atomically across the touched trees. The commit takes the
+    /// journal's next LSN (stored in `meta` by the same transaction) and, while the journal
+    /// records, appends its writes for the next flush (`journal.rs`), all under the
+    /// journal's lock so that LSNs follow the order in which transactions apply.
+    pub(crate) fn commit(mut self) -> Result<(), StoreError> {
         if self.is_empty() {
             return Ok(());
+        }
+        let jr = std::sync::Arc::clone(&self.trees.journal);
+        let mut j = jr.lock();
+        let lsn = j.next_lsn;
+        self.put(T::Meta, META_JOURNAL_LSN, lsn.to_be_bytes().to_vec());
+        let mark = j.buf.len();
+        if jr.recording() {
+            journal::encode(
+                &mut j.buf,
+                lsn,
+                self.w.iter().enumerate().flat_map(|(i, p)| {
+                    p.iter()
+                        .map(move |(k, v)| (i as u8, k.as_slice(), v.as_deref()))
+                }),
+            );
         }
         let mut trees: Vec<&sled::Tree> = Vec::new();
         let mut batches: Vec<sled::Batch> = Vec::new();
@@ -152,6 +175,11 @@ impl<'a> Tx<'a> {
         self.trees
             .commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match res {
+            Ok(()) => j.next_lsn += 1,
+            Err(_) => j.buf.truncate(mark),
+        }
+        drop(j);
         res.map_err(|e| match e {
             sled::transaction::TransactionError::Abort(()) => {
                 StoreError::Db("transaction aborted".into())

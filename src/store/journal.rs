@@ -1,0 +1,651 @@
+//! Redo journal: a flush syncs one file, once.
+//!
+//! sled's own flush is two device waits (it writes its log buffer and waits for
+//! `sync_file_range`, and the data file then needs a `sync_data` for the file size and the
+//! drive cache, see `group.rs`). Instead, every [`super::tx::Tx::commit`] also appends its
+//! write set, numbered by a log sequence number (LSN), to an in-memory buffer, in the same
+//! critical section as its sled transaction, which itself records the LSN in `meta`
+//! ([`META_JOURNAL_LSN`]). A flush appends the buffer to the file `journal` in the
+//! database directory and syncs that file alone; sled writes its log in the background
+//! (its flusher thread) and at checkpoints.
+//!
+//! **Checkpoints.** A full flush (sled's flush and the data file's `sync_data`) makes every
+//! commit so far durable in sled itself; the journal is then emptied. It runs instead of
+//! the journal's sync when the journal is over [`JOURNAL_MAX`] bytes, after a write made
+//! outside [`super::tx::Tx`] ([`Journal::needs_full`]: grants, `meta_put`), and for the
+//! rest of the process once a write or sync of the journal failed (the journal is then
+//! broken and no longer written; sled's flushes carry durability as before).
+//!
+//! **Open.** Records with an LSN above the stored one are applied in order, each as a sled
+//! transaction that also stores its LSN, up to the first record that is torn, fails its
+//! CRC, does not decode or does not follow the one before (logged: a record that was never
+//! synced is simply the tail of a crash, since nothing of it was acked). Then a full flush
+//! and the journal emptied. This relies on sled recovering a prefix of its log with whole
+//! transactions, as the store's crash safety always has.
+//!
+//! **Record** (little-endian): `len u32 ‖ crc32 u32 ‖ lsn u64 ‖ payload` (`len` bytes;
+//! the CRC-32 (IEEE) covers the LSN's 8 bytes and the payload). Payload: entries
+//! `tree u8 ‖ klen u32 ‖ key ‖ vlen u32 ‖ value`, `vlen` = `u32::MAX` for a removal (no
+//! value bytes). `tree` indexes [`super::tx::NAMES`].
+
+use super::tx::{db_err, Trees, NAMES};
+use super::StoreError;
+use sled::Transactional;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// The journal's file name, inside the database directory.
+pub(crate) const FILE: &str = "journal";
+
+/// `meta` key of the LSN of the last committed transaction (u64 big-endian).
+pub(crate) const META_JOURNAL_LSN: &[u8] = b"journal_lsn";
+
+/// Journal size (bytes) past which the next flush is a checkpoint: 16 MiB.
+pub(crate) const JOURNAL_MAX: u64 = 16 * 1024 * 1024;
+
+/// Bytes of a record's header: length, CRC, LSN.
+const HEADER: usize = 16;
+
+/// The value length that marks a removal.
+const REMOVED: u32 = u32::MAX;
+
+/// One key's write in a record: `(tree index, key, Some(value) or None for a removal)`.
+pub(crate) type Entry<'a> = (u8, &'a [u8], Option<&'a [u8]>);
+
+/// A decoded record: its LSN and its entries.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Record<'a> {
+    pub lsn: u64,
+    pub entries: Vec<Entry<'a>>,
+}
+
+/// Why reading the journal stopped before its end.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Fewer bytes than a header, or than the header's length: a torn last record.
+    Torn { at: usize },
+    /// The CRC does not match.
+    Crc { at: usize },
+    /// The payload does not decode into entries.
+    Malformed { at: usize, why: &'static str },
+}
+
+/// Append one record to `buf`.
+pub(crate) fn encode<'a>(buf: &mut Vec<u8>, lsn: u64, entries: impl Iterator<Item = Entry<'a>>) {
+    let start = buf.len();
+    buf.extend_from_slice(&[0u8; HEADER]);
+    for (tree, key, val) in entries {
+        buf.push(tree);
+        buf.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        buf.extend_from_slice(key);
+        match val {
+            Some(v) => {
+                buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                buf.extend_from_slice(v);
+            }
+            None => buf.extend_from_slice(&REMOVED.to_le_bytes()),
+        }
+    }
+    let len = (buf.len() - start - HEADER) as u32;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&lsn.to_le_bytes());
+    h.update(&buf[start + HEADER..]);
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&h.finalize().to_le_bytes());
+    buf[start + 8..start + 16].copy_from_slice(&lsn.to_le_bytes());
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Decode the records of `data` in order; the second value says why reading stopped
+/// before the end (`None`: every byte was read). Never panics, whatever the bytes.
+pub(crate) fn decode(data: &[u8]) -> (Vec<Record<'_>>, Option<Stop>) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let Some(h) = data.get(at..at + HEADER) else {
+            return (out, Some(Stop::Torn { at }));
+        };
+        let len = le_u32(&h[0..4]) as usize;
+        let crc = le_u32(&h[4..8]);
+        let lsn_bytes = &h[8..16];
+        let Some(payload) = data.get(at + HEADER..).and_then(|rest| rest.get(..len)) else {
+            return (out, Some(Stop::Torn { at }));
+        };
+        let mut hs = crc32fast::Hasher::new();
+        hs.update(lsn_bytes);
+        hs.update(payload);
+        if hs.finalize() != crc {
+            return (out, Some(Stop::Crc { at }));
+        }
+        let entries = match entries(payload) {
+            Ok(e) => e,
+            Err(why) => return (out, Some(Stop::Malformed { at, why })),
+        };
+        let mut lsn = [0u8; 8];
+        lsn.copy_from_slice(lsn_bytes);
+        out.push(Record {
+            lsn: u64::from_le_bytes(lsn),
+            entries,
+        });
+        at += HEADER + len;
+    }
+    (out, None)
+}
+
+/// The LSNs of the well-formed records at the start of a journal file's bytes `data`, and
+/// why reading stopped before the end (`None`: every byte was read), as text. For the
+/// fuzz target and diagnostics; the store itself reads with [`decode`]. Never panics.
+pub fn journal_lsns(data: &[u8]) -> (Vec<u64>, Option<String>) {
+    let (recs, stop) = decode(data);
+    (
+        recs.iter().map(|r| r.lsn).collect(),
+        stop.map(|s| format!("{s:?}")),
+    )
+}
+
+fn entries(mut p: &[u8]) -> Result<Vec<Entry<'_>>, &'static str> {
+    let mut out = Vec::new();
+    while !p.is_empty() {
+        let tree = p[0];
+        if tree as usize >= NAMES.len() {
+            return Err("unknown tree");
+        }
+        let klen = p.get(1..5).map(le_u32).ok_or("short key length")? as usize;
+        let key = p.get(5..5 + klen).ok_or("short key")?;
+        let vat = 5 + klen;
+        let vlen = p
+            .get(vat..vat + 4)
+            .map(le_u32)
+            .ok_or("short value length")?;
+        let (val, next) = if vlen == REMOVED {
+            (None, vat + 4)
+        } else {
+            let v = p
+                .get(vat + 4..vat + 4 + vlen as usize)
+                .ok_or("short value")?;
+            (Some(v), vat + 4 + vlen as usize)
+        };
+        out.push((tree, key, val));
+        p = &p[next..];
+    }
+    Ok(out)
+}
+
+/// Commit-side state: the next LSN and the records not yet handed to a flush.
+pub(crate) struct Pending {
+    /// The LSN the next commit takes.
+    pub next_lsn: u64,
+    /// Encoded records waiting for the next flush.
+    pub buf: Vec<u8>,
+}
+
+/// Flush-side state: the file (`None` when the journal is off) and its length.
+struct FileState {
+    file: Option<File>,
+    len: u64,
+}
+
+/// The journal of one store (see the module doc).
+pub(crate) struct Journal {
+    pending: Mutex<Pending>,
+    file: Mutex<FileState>,
+    /// The next flush must be a checkpoint (a write outside `Tx`, or a failed one).
+    needs_full: AtomicBool,
+    /// A write or sync of the file failed: commits stop recording, flushes are full.
+    broken: AtomicBool,
+}
+
+impl Journal {
+    /// A journal that records nothing: every flush is sled's flush and `sync_data`.
+    pub(crate) fn off(next_lsn: u64) -> Journal {
+        Journal {
+            pending: Mutex::new(Pending {
+                next_lsn,
+                buf: Vec::new(),
+            }),
+            file: Mutex::new(FileState { file: None, len: 0 }),
+            needs_full: AtomicBool::new(false),
+            broken: AtomicBool::new(true),
+        }
+    }
+
+    /// The commit side, held across a commit's sled transaction so that LSNs follow the
+    /// order in which transactions apply.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether commits record their writes (the journal is on and not broken).
+    pub(crate) fn recording(&self) -> bool {
+        !self.broken.load(Ordering::Acquire)
+    }
+
+    /// Call after a write made outside [`super::tx::Tx`] returned: the next flush makes it
+    /// durable through sled (a flush that already started may not have seen it).
+    pub(crate) fn needs_full(&self) {
+        self.needs_full.store(true, Ordering::Release);
+    }
+
+    /// Drop what waits for the journal (no-durability mode: nothing is synced).
+    pub(crate) fn discard(&self) {
+        self.lock().buf.clear();
+    }
+
+    fn file(&self) -> MutexGuard<'_, FileState> {
+        self.file.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn break_off(&self, what: &str, e: &std::io::Error) {
+        if !self.broken.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                "{what} of the store's journal failed ({e}); flushes go through sled from now on"
+            );
+        }
+        self.lock().buf.clear();
+    }
+
+    /// Make every commit so far durable: the journal's records appended and synced, or a
+    /// checkpoint (see the module doc). Only the flush leader calls this, one at a time.
+    /// Errors: the failed step, as text (the flush fails for every caller sharing it).
+    pub(crate) fn flush(&self, db: &sled::Db, data_file: Option<&File>) -> Result<(), String> {
+        let mut fs = self.file();
+        let buf = std::mem::take(&mut self.lock().buf);
+        let mut full = self.needs_full.swap(false, Ordering::AcqRel) || !self.recording();
+        if !full && !buf.is_empty() {
+            let f = fs.file.as_mut().expect("a recording journal has a file");
+            match f.write_all(&buf) {
+                Ok(()) => {
+                    fs.len += buf.len() as u64;
+                    full = fs.len > JOURNAL_MAX;
+                }
+                Err(e) => {
+                    self.break_off("a write", &e);
+                    full = true;
+                }
+            }
+        }
+        if full {
+            let res = checkpoint(db, data_file);
+            if res.is_err() {
+                self.needs_full();
+                return res;
+            }
+            if fs.len > 0 && self.recording() {
+                let r = fs.file.as_ref().map(|f| f.set_len(0));
+                match r {
+                    Some(Err(e)) => self.break_off("emptying", &e),
+                    _ => fs.len = 0,
+                }
+            }
+            return Ok(());
+        }
+        if buf.is_empty() {
+            // Every earlier record was synced by an earlier flush (one runs at a time).
+            return Ok(());
+        }
+        let f = fs.file.as_ref().expect("a recording journal has a file");
+        f.sync_data().map_err(|e| {
+            self.break_off("a sync", &e);
+            self.needs_full();
+            format!("fsync of the journal: {e}")
+        })
+    }
+}
+
+/// sled's flush, then `sync_data` of its data file (see `group.rs`).
+fn checkpoint(db: &sled::Db, data_file: Option<&File>) -> Result<(), String> {
+    db.flush().map(|_| ()).map_err(|e| e.to_string())?;
+    match data_file {
+        Some(f) => f.sync_data().map_err(|e| format!("fsync: {e}")),
+        None => Ok(()),
+    }
+}
+
+/// Apply one record's entries as a sled transaction that also stores its LSN.
+fn apply(trees: &Trees, rec: &Record<'_>) -> Result<(), StoreError> {
+    let mut per: BTreeMap<u8, sled::Batch> = BTreeMap::new();
+    for (t, k, v) in &rec.entries {
+        let b = per.entry(*t).or_default();
+        match v {
+            Some(v) => b.insert(*k, *v),
+            None => b.remove(*k),
+        }
+    }
+    per.entry(super::tx::T::Meta as u8)
+        .or_default()
+        .insert(META_JOURNAL_LSN, &rec.lsn.to_be_bytes());
+    let trees_v: Vec<&sled::Tree> = per.keys().map(|t| &trees.all[*t as usize]).collect();
+    let batches: Vec<&sled::Batch> = per.values().collect();
+    let res: sled::transaction::TransactionResult<(), ()> = trees_v.as_slice().transaction(|tts| {
+        for (tt, b) in tts.iter().zip(&batches) {
+            tt.apply_batch(b)?;
+        }
+        Ok(())
+    });
+    res.map_err(|e| match e {
+        sled::transaction::TransactionError::Abort(()) => {
+            StoreError::Db("journal replay aborted".into())
+        }
+        sled::transaction::TransactionError::Storage(e) => db_err(e),
+    })
+}
+
+/// The stored LSN of the last committed transaction (0 for a store without one).
+pub(crate) fn stored_lsn(trees: &Trees) -> Result<u64, StoreError> {
+    match trees
+        .t(super::tx::T::Meta)
+        .get(META_JOURNAL_LSN)
+        .map_err(db_err)?
+    {
+        None => Ok(0),
+        Some(v) => {
+            let b: [u8; 8] = v.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+                tree: "meta",
+                detail: "journal_lsn is not 8 bytes".into(),
+            })?;
+            Ok(u64::from_be_bytes(b))
+        }
+    }
+}
+
+/// Open the journal of the database in `dir`: replay what sled lacks (see the module
+/// doc), checkpoint, empty the file, and return the journal ready for commits. Errors:
+/// the file cannot be opened, read or emptied, or sled fails to apply or flush.
+pub(crate) fn open(
+    dir: &Path,
+    db: &sled::Db,
+    trees: &Trees,
+    data_file: Option<&File>,
+) -> Result<Journal, StoreError> {
+    let io = |what: &str, e: std::io::Error| {
+        StoreError::Db(format!("{}: {what} the journal: {e}", dir.display()))
+    };
+    let path = dir.join(FILE);
+    let existed = path.exists();
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true).append(true).create(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut file = opts.open(&path).map_err(|e| io("cannot open", e))?;
+    if !existed {
+        // The new name itself must survive a crash before any record relies on it.
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io("cannot sync the directory of", e))?;
+    }
+    let mut data = Vec::new();
+    file.read_to_end(&mut data)
+        .map_err(|e| io("cannot read", e))?;
+    let stored = stored_lsn(trees)?;
+    let mut last = stored;
+    let (records, stop) = decode(&data);
+    let mut replayed = 0u64;
+    let mut gap = None;
+    for rec in &records {
+        if rec.lsn <= last {
+            continue;
+        }
+        if rec.lsn != last + 1 {
+            gap = Some(rec.lsn);
+            break;
+        }
+        apply(trees, rec)?;
+        last = rec.lsn;
+        replayed += 1;
+    }
+    if let Some(lsn) = gap {
+        tracing::error!(
+            "{}: the journal skips from LSN {last} to {lsn}; its later records are not applied",
+            dir.display()
+        );
+    }
+    if let Some(stop) = stop {
+        tracing::warn!(
+            "{}: the journal ends in a record that was not completely written ({stop:?}); the records before it were read",
+            dir.display()
+        );
+    }
+    if replayed > 0 {
+        tracing::info!(
+            "{}: applied {replayed} journal records (LSN {} to {last})",
+            dir.display(),
+            stored + 1
+        );
+    }
+    if !data.is_empty() {
+        checkpoint(db, data_file).map_err(StoreError::Db)?;
+        file.set_len(0).map_err(|e| io("cannot empty", e))?;
+        file.sync_data().map_err(|e| io("cannot sync", e))?;
+    }
+    Ok(Journal {
+        pending: Mutex::new(Pending {
+            next_lsn: last + 1,
+            buf: Vec::new(),
+        }),
+        file: Mutex::new(FileState {
+            file: Some(file),
+            len: 0,
+        }),
+        needs_full: AtomicBool::new(false),
+        broken: AtomicBool::new(false),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(lsn: u64) -> Vec<u8> {
+        let mut b = Vec::new();
+        encode(
+            &mut b,
+            lsn,
+            [
+                (0u8, &b"k1"[..], Some(&b"v1"[..])),
+                (7u8, &b"k2"[..], None),
+                (19u8, &b""[..], Some(&b""[..])),
+            ]
+            .into_iter(),
+        );
+        b
+    }
+
+    #[test]
+    fn records_round_trip_in_order() {
+        let mut data = rec(5);
+        data.extend(rec(6));
+        let (recs, stop) = decode(&data);
+        assert_eq!(stop, None);
+        assert_eq!(recs.len(), 2);
+        assert_eq!((recs[0].lsn, recs[1].lsn), (5, 6));
+        assert_eq!(
+            recs[0].entries,
+            vec![
+                (0u8, &b"k1"[..], Some(&b"v1"[..])),
+                (7u8, &b"k2"[..], None),
+                (19u8, &b""[..], Some(&b""[..]))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_torn_tail_keeps_the_records_before_it() {
+        let one = rec(1);
+        let mut data = one.clone();
+        data.extend(rec(2));
+        for cut in one.len() + 1..data.len() {
+            let (recs, stop) = decode(&data[..cut]);
+            assert_eq!(recs.len(), 1, "cut at {cut}");
+            assert_eq!(stop, Some(Stop::Torn { at: one.len() }), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_changed_byte_fails_the_crc() {
+        let one = rec(1);
+        let mut data = one.clone();
+        data.extend(rec(2));
+        // Any byte of the second record's CRC, LSN or payload.
+        for i in one.len() + 4..data.len() {
+            let mut d = data.clone();
+            d[i] ^= 0x40;
+            let (recs, stop) = decode(&d);
+            assert_eq!(recs.len(), 1, "byte {i}");
+            assert_eq!(stop, Some(Stop::Crc { at: one.len() }), "byte {i}");
+        }
+    }
+
+    #[test]
+    fn payloads_that_do_not_decode_are_refused() {
+        let frame = |payload: &[u8]| {
+            let mut b = vec![0u8; HEADER];
+            b[0..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            let mut h = crc32fast::Hasher::new();
+            h.update(&9u64.to_le_bytes());
+            h.update(payload);
+            b[4..8].copy_from_slice(&h.finalize().to_le_bytes());
+            b[8..16].copy_from_slice(&9u64.to_le_bytes());
+            b.extend_from_slice(payload);
+            b
+        };
+        for (payload, why) in [
+            (&[20u8, 0, 0, 0, 0, 0, 0, 0, 0][..], "unknown tree"),
+            (&[0u8, 1, 0][..], "short key length"),
+            (&[0u8, 9, 0, 0, 0, b'k'][..], "short key"),
+            (&[0u8, 1, 0, 0, 0, b'k', 1][..], "short value length"),
+            (
+                &[0u8, 1, 0, 0, 0, b'k', 5, 0, 0, 0, b'v'][..],
+                "short value",
+            ),
+        ] {
+            let data = frame(payload);
+            let (recs, stop) = decode(&data);
+            assert!(recs.is_empty());
+            assert_eq!(stop, Some(Stop::Malformed { at: 0, why }));
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for n in 0..2000usize {
+            let mut d = Vec::with_capacity(n % 97);
+            for _ in 0..n % 97 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                d.push(x as u8);
+            }
+            let _ = decode(&d);
+        }
+    }
+
+    /// A store reopened with journal records sled lacks: the ones after its LSN are applied
+    /// in order (an older one is skipped, a torn tail ignored), the file is emptied and
+    /// later commits go on from the last LSN.
+    #[test]
+    fn open_applies_the_records_after_the_stored_lsn() {
+        let d = tempfile::TempDir::new().unwrap();
+        let dir = d.path().join("db");
+        let lsn = {
+            let s = crate::store::Store::open(&dir).unwrap();
+            s.meta_put("a", b"old").unwrap();
+            s.flush_blocking().unwrap();
+            stored_lsn(&s.trees).unwrap()
+        };
+        let meta = super::super::tx::T::Meta as u8;
+        let mut data = Vec::new();
+        // Already in sled: skipped (it would set "z").
+        encode(
+            &mut data,
+            lsn,
+            [(meta, &b"x/z"[..], Some(&b"1"[..]))].into_iter(),
+        );
+        encode(
+            &mut data,
+            lsn + 1,
+            [
+                (meta, &b"x/a"[..], Some(&b"new"[..])),
+                (meta, &b"x/b"[..], Some(&b"b"[..])),
+            ]
+            .into_iter(),
+        );
+        encode(&mut data, lsn + 2, [(meta, &b"x/b"[..], None)].into_iter());
+        let mut torn = Vec::new();
+        encode(
+            &mut torn,
+            lsn + 3,
+            [(meta, &b"x/c"[..], Some(&b"c"[..]))].into_iter(),
+        );
+        data.extend_from_slice(&torn[..torn.len() - 1]);
+        std::fs::write(dir.join(FILE), &data).unwrap();
+
+        let s = crate::store::Store::open(&dir).unwrap();
+        assert_eq!(s.meta_get("a").unwrap().as_deref(), Some(&b"new"[..]));
+        assert_eq!(s.meta_get("b").unwrap(), None);
+        assert_eq!(s.meta_get("c").unwrap(), None);
+        assert_eq!(s.meta_get("z").unwrap(), None);
+        assert_eq!(stored_lsn(&s.trees).unwrap(), lsn + 2);
+        assert_eq!(std::fs::metadata(dir.join(FILE)).unwrap().len(), 0);
+        // The next commit takes the following LSN and is recorded for the next flush.
+        let put = |v: &[u8]| {
+            let mut tx = super::super::tx::Tx::new(&s.trees);
+            tx.put(super::super::tx::T::Meta, b"x/p".to_vec(), v.to_vec());
+            tx.commit().unwrap();
+        };
+        put(b"1");
+        assert_eq!(stored_lsn(&s.trees).unwrap(), lsn + 3);
+        s.flush_blocking().unwrap(); // a checkpoint: the first flush after open
+        assert_eq!(decode_file(&dir), (vec![], None));
+        put(b"2");
+        s.flush_blocking().unwrap();
+        let (recs, stop) = decode_file(&dir);
+        assert_eq!(stop, None);
+        assert_eq!(recs, vec![lsn + 4]);
+    }
+
+    /// A record that does not follow the stored LSN is not applied, nor any after it.
+    #[test]
+    fn a_gap_stops_the_replay() {
+        let d = tempfile::TempDir::new().unwrap();
+        let dir = d.path().join("db");
+        let lsn = {
+            let s = crate::store::Store::open(&dir).unwrap();
+            s.flush_blocking().unwrap();
+            stored_lsn(&s.trees).unwrap()
+        };
+        let meta = super::super::tx::T::Meta as u8;
+        let mut data = Vec::new();
+        encode(
+            &mut data,
+            lsn + 2,
+            [(meta, &b"x/a"[..], Some(&b"1"[..]))].into_iter(),
+        );
+        encode(
+            &mut data,
+            lsn + 3,
+            [(meta, &b"x/b"[..], Some(&b"1"[..]))].into_iter(),
+        );
+        std::fs::write(dir.join(FILE), &data).unwrap();
+        let s = crate::store::Store::open(&dir).unwrap();
+        assert_eq!(s.meta_get("a").unwrap(), None);
+        assert_eq!(s.meta_get("b").unwrap(), None);
+        assert_eq!(stored_lsn(&s.trees).unwrap(), lsn);
+    }
+
+    fn decode_file(dir: &Path) -> (Vec<u64>, Option<Stop>) {
+        let data = std::fs::read(dir.join(FILE)).unwrap();
+        let (recs, stop) = decode(&data);
+        (recs.iter().map(|r| r.lsn).collect(), stop)
+    }
+}
