@@ -362,6 +362,17 @@ async fn json_errors_are_one_object_on_stdout() {
     let o = awp(&home, &["--json", "send", "nobody-here", "hi"]).await;
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(json_error(&o)["code"], "no_such_peer");
+    // `connect` to a name never met: neither a peer nor an address, and every address
+    // form is named (relay: included).
+    let o = awp(&home, &["--json", "connect", "nobody-here"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = json_error(&o);
+    assert_eq!(e["code"], "no_such_peer", "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("neither a known peer"), "{m}");
+    for form in ["tls:HOST:PORT", "tcp:", "unix:", "relay:tls:"] {
+        assert!(m.contains(form), "{form}: {m}");
+    }
 
     // A grammar error too.
     let o = awp(&home, &["--json", "read", "--limit", "0"]).await;

@@ -47,12 +47,15 @@ pub enum Address {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AddressError {
     /// No known `scheme:` prefix.
-    #[error("unknown scheme in {0:?}: use tls:HOST:PORT, tcp:HOST:PORT or unix:/path")]
+    #[error("unknown scheme in {0:?}: use {SCHEMES}")]
     Scheme(String),
     /// The scheme is known but the rest is not valid: the input and the reason.
     #[error("bad address {0:?}: {1}")]
     Malformed(String, String),
 }
+
+/// Every address form, as the errors that ask for one name them.
+pub const SCHEMES: &str = "tls:HOST:PORT[#ed25519:KEY], tcp:HOST:PORT, unix:/path or relay:tls:HOST:PORT#ed25519:RELAYKEY/ed25519:PEERKEY";
 
 const MAX_HOST_NAME: usize = 253;
 

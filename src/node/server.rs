@@ -943,8 +943,19 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
     {
         Ok(a) => (None, vec![(a.to_string(), a)]),
         Err(parse_err) => {
-            let Ok(key) = resolve_peer(inner, address) else {
-                return Err(Fail::new("bad_request", parse_err.to_string()));
+            let key = match resolve_peer(inner, address) {
+                Ok(key) => key,
+                // Neither a scheme nor a peer: most likely a name this node has not met.
+                Err(_) if matches!(parse_err, crate::net::AddressError::Scheme(_)) => {
+                    return Err(Fail::new(
+                        "no_such_peer",
+                        format!(
+                            "{address:?} is neither a known peer (key, key prefix of 4+ characters, or name) nor an address: use {}",
+                            crate::net::address::SCHEMES
+                        ),
+                    ))
+                }
+                Err(_) => return Err(Fail::new("bad_request", parse_err.to_string())),
             };
             let mut recs = inner.store.addresses(&key).map_err(internal)?;
             // Introduced hints that never worked are dialed only when nothing better is
