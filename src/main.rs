@@ -45,9 +45,10 @@ fn main() {
         Ok(cli) => cli,
         Err(code) => std::process::exit(code),
     };
-    // The node logs at info by default; client commands only report problems.
+    // The node and the relay log at info by default; client commands only report problems.
     let default = match cli.command {
         Command::Daemon(_) | Command::Listen { .. } => "info",
+        Command::Relay(ref r) if r.action.is_none() => "info",
         _ => "warn",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));

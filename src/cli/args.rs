@@ -19,7 +19,7 @@ A peer argument that starts with `-` is accepted as is; when it consists only of
 letters (e.g. `-ts`), put it after `--`.
 
 Only `awp up` starts a node; other commands that need one exit 3 when none runs.
-Environment: AWP_HOME (default ~/.awp), RUST_LOG (log filter, default info for the node).";
+Environment: AWP_HOME (default ~/.awp), RUST_LOG (log filter, default info for the node and the relay).";
 
 /// `awp`: a peer-to-peer node for the Agent Wire Protocol.
 #[derive(Debug, Parser)]
