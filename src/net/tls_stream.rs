@@ -165,7 +165,9 @@ impl<C: Side> TlsStream<C> {
             if next == Next::Closed || s.engine.peer_closed || s.eof {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    "peer closed the connection during the TLS handshake",
+                    "peer closed the connection during the TLS handshake (a node at its \
+                     connection or handshake limit closes new sockets like this; or what \
+                     listens there is not an AWP node)",
                 ));
             }
             let n = std::future::poll_fn(|cx| s.poll_fill(cx)).await?;
