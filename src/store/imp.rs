@@ -274,7 +274,13 @@ impl Store {
             );
         }
         // What sled lacks of the journal's records is applied before anything is read.
-        let journal = Arc::new(super::journal::open(dir, &db, &trees, data_file.as_ref())?);
+        let journal = Arc::new(super::journal::open(
+            dir,
+            quarantine,
+            &db,
+            &trees,
+            data_file.as_ref(),
+        )?);
         // The first flush is a checkpoint: it covers the writes of the open itself made
         // outside transactions (the format key).
         journal.needs_full();

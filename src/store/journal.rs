@@ -44,7 +44,8 @@ pub(crate) const FILE: &str = "journal";
 /// `meta` key of the LSN of the last committed transaction (u64 big-endian).
 pub(crate) const META_JOURNAL_LSN: &[u8] = b"journal_lsn";
 
-/// Journal size (bytes) past which the next flush is a checkpoint: 16 MiB.
+/// The journal file's size bound (bytes): a flush whose records would take the file past
+/// it is a checkpoint instead, and an open reads no more than this: 16 MiB.
 pub(crate) const JOURNAL_MAX: u64 = 16 * 1024 * 1024;
 
 /// Bytes of a record's header: length, CRC, LSN.
@@ -233,9 +234,11 @@ impl Journal {
         self.needs_full.store(true, Ordering::Release);
     }
 
-    /// Drop what waits for the journal (no-durability mode: nothing is synced).
+    /// Drop what waits for the journal (no-durability mode: nothing is synced). The next
+    /// durable flush is then a checkpoint: the journal must not go on after missing LSNs.
     pub(crate) fn discard(&self) {
         self.lock().buf.clear();
+        self.needs_full();
     }
 
     fn file(&self) -> MutexGuard<'_, FileState> {
@@ -257,14 +260,15 @@ impl Journal {
     pub(crate) fn flush(&self, db: &sled::Db, data_file: Option<&File>) -> Result<(), String> {
         let mut fs = self.file();
         let buf = std::mem::take(&mut self.lock().buf);
-        let mut full = self.needs_full.swap(false, Ordering::AcqRel) || !self.recording();
+        // Past the size bound, the records are not written: the checkpoint covers them,
+        // so the file never holds more than JOURNAL_MAX bytes.
+        let mut full = self.needs_full.swap(false, Ordering::AcqRel)
+            || !self.recording()
+            || fs.len + buf.len() as u64 > JOURNAL_MAX;
         if !full && !buf.is_empty() {
             let f = fs.file.as_mut().expect("a recording journal has a file");
             match f.write_all(&buf) {
-                Ok(()) => {
-                    fs.len += buf.len() as u64;
-                    full = fs.len > JOURNAL_MAX;
-                }
+                Ok(()) => fs.len += buf.len() as u64,
                 Err(e) => {
                     self.break_off("a write", &e);
                     full = true;
@@ -337,6 +341,26 @@ fn apply(trees: &Trees, rec: &Record<'_>) -> Result<(), StoreError> {
     })
 }
 
+/// Write `data` (a damaged journal's bytes) into `quarantine` (mode 0700) as
+/// `<unix ms>-journal`, mode 0600, synced with its directory. Returns its path.
+fn keep(data: &[u8], quarantine: &Path) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(quarantine)?;
+    let to = quarantine.join(format!("{}-{FILE}", crate::wire::time::now_ms()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&to)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    File::open(quarantine)?.sync_all()?;
+    Ok(to)
+}
+
 /// The stored LSN of the last committed transaction (0 for a store without one).
 pub(crate) fn stored_lsn(trees: &Trees) -> Result<u64, StoreError> {
     match trees
@@ -360,6 +384,7 @@ pub(crate) fn stored_lsn(trees: &Trees) -> Result<u64, StoreError> {
 /// the file cannot be opened, read or emptied, or sled fails to apply or flush.
 pub(crate) fn open(
     dir: &Path,
+    quarantine: &Path,
     db: &sled::Db,
     trees: &Trees,
     data_file: Option<&File>,
@@ -383,9 +408,26 @@ pub(crate) fn open(
             .and_then(|d| d.sync_all())
             .map_err(|e| io("cannot sync the directory of", e))?;
     }
+    // A FIFO or a device there would never end a read.
+    let meta = file.metadata().map_err(|e| io("cannot stat", e))?;
+    if !meta.is_file() {
+        return Err(StoreError::Db(format!(
+            "{}: the journal is not a regular file",
+            path.display()
+        )));
+    }
     let mut data = Vec::new();
-    file.read_to_end(&mut data)
+    (&mut file)
+        .take(JOURNAL_MAX)
+        .read_to_end(&mut data)
         .map_err(|e| io("cannot read", e))?;
+    if meta.len() > JOURNAL_MAX {
+        tracing::error!(
+            "{}: the journal is {} bytes, over its {JOURNAL_MAX}-byte bound; only the first {JOURNAL_MAX} are read",
+            path.display(),
+            meta.len()
+        );
+    }
     let stored = stored_lsn(trees)?;
     let mut last = stored;
     let (records, stop) = decode(&data);
@@ -403,15 +445,28 @@ pub(crate) fn open(
         last = rec.lsn;
         replayed += 1;
     }
-    if let Some(lsn) = gap {
+    // Damage (not a torn last record, which is what a crash during a flush leaves, none
+    // of it acked): the file is kept in the quarantine before it is emptied.
+    let damage = match (&stop, gap) {
+        (_, Some(lsn)) => Some(format!("it skips from LSN {last} to {lsn}")),
+        (Some(Stop::Crc { at }), None) => Some(format!("the record at byte {at} fails its CRC")),
+        (Some(Stop::Malformed { at, why }), None) => {
+            Some(format!("the record at byte {at} does not decode ({why})"))
+        }
+        _ => None,
+    };
+    if let Some(what) = damage {
+        let kept = keep(&data, quarantine)
+            .map(|p| format!("the file was copied to {}", p.display()))
+            .unwrap_or_else(|e| format!("copying it to the quarantine failed: {e}"));
         tracing::error!(
-            "{}: the journal skips from LSN {last} to {lsn}; its later records are not applied",
-            dir.display()
+            "{}: the journal is damaged: {what}; the records from there on are not applied ({} records applied, through LSN {last}); {kept}",
+            dir.display(),
+            replayed
         );
-    }
-    if let Some(stop) = stop {
+    } else if let Some(Stop::Torn { at }) = stop {
         tracing::warn!(
-            "{}: the journal ends in a record that was not completely written ({stop:?}); the records before it were read",
+            "{}: the journal ends in a record that was not completely written (byte {at}): a crash during a flush, nothing of it was acked",
             dir.display()
         );
     }
@@ -647,5 +702,129 @@ mod tests {
         let data = std::fs::read(dir.join(FILE)).unwrap();
         let (recs, stop) = decode(&data);
         (recs.iter().map(|r| r.lsn).collect(), stop)
+    }
+
+    fn put(s: &crate::store::Store, key: &[u8], v: &[u8]) {
+        let mut tx = super::super::tx::Tx::new(&s.trees);
+        tx.put(super::super::tx::T::Meta, key.to_vec(), v.to_vec());
+        tx.commit().unwrap();
+    }
+
+    /// A store whose first (checkpoint) flush is done: later flushes go to the journal.
+    fn opened(dir: &Path) -> crate::store::Store {
+        let s = crate::store::Store::open(dir).unwrap();
+        s.flush_blocking().unwrap();
+        s
+    }
+
+    /// A damaged record with records after it: nothing from it on is applied, and the file
+    /// is kept, byte for byte, in the quarantine before the journal is emptied.
+    #[test]
+    fn a_damaged_record_is_kept_in_the_quarantine() {
+        let d = tempfile::TempDir::new().unwrap();
+        let dir = d.path().join("db");
+        let lsn = stored_lsn(&opened(&dir).trees).unwrap();
+        let meta = super::super::tx::T::Meta as u8;
+        let mut data = Vec::new();
+        encode(
+            &mut data,
+            lsn + 1,
+            [(meta, &b"x/a"[..], Some(&b"1"[..]))].into_iter(),
+        );
+        let second = data.len();
+        encode(
+            &mut data,
+            lsn + 2,
+            [(meta, &b"x/b"[..], Some(&b"1"[..]))].into_iter(),
+        );
+        encode(
+            &mut data,
+            lsn + 3,
+            [(meta, &b"x/c"[..], Some(&b"1"[..]))].into_iter(),
+        );
+        data[second + HEADER + 2] ^= 1;
+        std::fs::write(dir.join(FILE), &data).unwrap();
+        let s = crate::store::Store::open(&dir).unwrap();
+        assert_eq!(s.meta_get("a").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(s.meta_get("b").unwrap(), None);
+        assert_eq!(s.meta_get("c").unwrap(), None);
+        assert_eq!(std::fs::metadata(dir.join(FILE)).unwrap().len(), 0);
+        let kept: Vec<_> = std::fs::read_dir(d.path().join(super::super::files::QUARANTINE_DIR))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert!(kept[0].to_string_lossy().ends_with("-journal"));
+        assert_eq!(std::fs::read(&kept[0]).unwrap(), data);
+    }
+
+    /// A journal that is not a regular file (a FIFO would never end a read) is refused.
+    #[test]
+    fn a_journal_that_is_not_a_file_is_refused() {
+        let d = tempfile::TempDir::new().unwrap();
+        let dir = d.path().join("db");
+        drop(opened(&dir));
+        std::fs::remove_file(dir.join(FILE)).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.join(FILE))
+            .status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipped the FIFO case: mkfifo is not available");
+            std::fs::create_dir(dir.join(FILE)).unwrap();
+        }
+        let e = crate::store::Store::open(&dir).err().expect("refused");
+        let e = e.to_string();
+        assert!(e.contains("journal"), "{e}");
+    }
+
+    /// Records dropped in the no-durability mode leave no hole: the next durable flush is
+    /// a checkpoint, and what it acked survives the journal's replay.
+    #[test]
+    fn the_first_durable_flush_after_no_durability_is_a_checkpoint() {
+        struct NoSync;
+        impl crate::store::StoreFaults for NoSync {
+            fn durable(&self) -> bool {
+                false
+            }
+        }
+        let d = tempfile::TempDir::new().unwrap();
+        let dir = d.path().join("db");
+        let s = opened(&dir);
+        s.set_faults(Some(std::sync::Arc::new(NoSync)));
+        put(&s, b"x/a", b"1");
+        s.flush_blocking().unwrap();
+        s.set_faults(None);
+        put(&s, b"x/b", b"1");
+        s.flush_blocking().unwrap();
+        assert_eq!(
+            decode_file(&dir),
+            (vec![], None),
+            "a checkpoint, not a record"
+        );
+        put(&s, b"x/c", b"1");
+        s.flush_blocking().unwrap();
+        let (lsns, stop) = decode_file(&dir);
+        assert_eq!((lsns.len(), stop), (1, None));
+    }
+
+    /// Records that would take the file past its bound are covered by a checkpoint
+    /// instead: the file never holds more than JOURNAL_MAX bytes.
+    #[test]
+    fn the_journal_stays_within_its_bound() {
+        let d = tempfile::TempDir::new().unwrap();
+        let dir = d.path().join("db");
+        let s = opened(&dir);
+        let big = vec![7u8; (JOURNAL_MAX / 2) as usize];
+        put(&s, b"x/a", &big);
+        s.flush_blocking().unwrap();
+        let len = std::fs::metadata(dir.join(FILE)).unwrap().len();
+        assert!(len > JOURNAL_MAX / 2 && len <= JOURNAL_MAX, "{len}");
+        put(&s, b"x/b", &big);
+        s.flush_blocking().unwrap();
+        assert_eq!(std::fs::metadata(dir.join(FILE)).unwrap().len(), 0);
+        drop(s);
+        let s = crate::store::Store::open(&dir).unwrap();
+        assert_eq!(s.meta_get("b").unwrap().map(|v| v.len()), Some(big.len()));
     }
 }

@@ -138,10 +138,12 @@ impl<'a> Tx<'a> {
         let mut j = jr.lock();
         let lsn = j.next_lsn;
         self.put(T::Meta, META_JOURNAL_LSN, lsn.to_be_bytes().to_vec());
-        let mark = j.buf.len();
+        // Encoded aside and appended only once the transaction committed: a failure (or a
+        // panic) in between leaves no record behind.
+        let mut rec = Vec::new();
         if jr.recording() {
             journal::encode(
-                &mut j.buf,
+                &mut rec,
                 lsn,
                 self.w.iter().enumerate().flat_map(|(i, p)| {
                     p.iter()
@@ -175,9 +177,13 @@ impl<'a> Tx<'a> {
         self.trees
             .commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        match res {
-            Ok(()) => j.next_lsn += 1,
-            Err(_) => j.buf.truncate(mark),
+        if res.is_ok() {
+            j.next_lsn += 1;
+            if j.buf.is_empty() {
+                j.buf = rec;
+            } else {
+                j.buf.extend_from_slice(&rec);
+            }
         }
         drop(j);
         res.map_err(|e| match e {
