@@ -621,11 +621,7 @@ mod tests {
         let meta = super::super::tx::T::Meta as u8;
         let mut data = Vec::new();
         // Already in sled: skipped (it would set "z").
-        encode(
-            &mut data,
-            lsn,
-            [(meta, &b"x/z"[..], Some(&b"1"[..]))].into_iter(),
-        );
+        meta_rec(&mut data, lsn, b"x/z", Some(b"1"));
         encode(
             &mut data,
             lsn + 1,
@@ -635,13 +631,9 @@ mod tests {
             ]
             .into_iter(),
         );
-        encode(&mut data, lsn + 2, [(meta, &b"x/b"[..], None)].into_iter());
+        meta_rec(&mut data, lsn + 2, b"x/b", None);
         let mut torn = Vec::new();
-        encode(
-            &mut torn,
-            lsn + 3,
-            [(meta, &b"x/c"[..], Some(&b"c"[..]))].into_iter(),
-        );
+        meta_rec(&mut torn, lsn + 3, b"x/c", Some(b"c"));
         data.extend_from_slice(&torn[..torn.len() - 1]);
         std::fs::write(dir.join(FILE), &data).unwrap();
 
@@ -679,18 +671,9 @@ mod tests {
             s.flush_blocking().unwrap();
             stored_lsn(&s.trees).unwrap()
         };
-        let meta = super::super::tx::T::Meta as u8;
         let mut data = Vec::new();
-        encode(
-            &mut data,
-            lsn + 2,
-            [(meta, &b"x/a"[..], Some(&b"1"[..]))].into_iter(),
-        );
-        encode(
-            &mut data,
-            lsn + 3,
-            [(meta, &b"x/b"[..], Some(&b"1"[..]))].into_iter(),
-        );
+        meta_rec(&mut data, lsn + 2, b"x/a", Some(b"1"));
+        meta_rec(&mut data, lsn + 3, b"x/b", Some(b"1"));
         std::fs::write(dir.join(FILE), &data).unwrap();
         let s = crate::store::Store::open(&dir).unwrap();
         assert_eq!(s.meta_get("a").unwrap(), None);
@@ -702,6 +685,12 @@ mod tests {
         let data = std::fs::read(dir.join(FILE)).unwrap();
         let (recs, stop) = decode(&data);
         (recs.iter().map(|r| r.lsn).collect(), stop)
+    }
+
+    /// Append a record of one `meta` write (`None`: a removal) to `data`.
+    fn meta_rec(data: &mut Vec<u8>, lsn: u64, key: &[u8], val: Option<&[u8]>) {
+        let meta = super::super::tx::T::Meta as u8;
+        encode(data, lsn, [(meta, key, val)].into_iter());
     }
 
     fn put(s: &crate::store::Store, key: &[u8], v: &[u8]) {
@@ -724,24 +713,11 @@ mod tests {
         let d = tempfile::TempDir::new().unwrap();
         let dir = d.path().join("db");
         let lsn = stored_lsn(&opened(&dir).trees).unwrap();
-        let meta = super::super::tx::T::Meta as u8;
         let mut data = Vec::new();
-        encode(
-            &mut data,
-            lsn + 1,
-            [(meta, &b"x/a"[..], Some(&b"1"[..]))].into_iter(),
-        );
+        meta_rec(&mut data, lsn + 1, b"x/a", Some(b"1"));
         let second = data.len();
-        encode(
-            &mut data,
-            lsn + 2,
-            [(meta, &b"x/b"[..], Some(&b"1"[..]))].into_iter(),
-        );
-        encode(
-            &mut data,
-            lsn + 3,
-            [(meta, &b"x/c"[..], Some(&b"1"[..]))].into_iter(),
-        );
+        meta_rec(&mut data, lsn + 2, b"x/b", Some(b"1"));
+        meta_rec(&mut data, lsn + 3, b"x/c", Some(b"1"));
         data[second + HEADER + 2] ^= 1;
         std::fs::write(dir.join(FILE), &data).unwrap();
         let s = crate::store::Store::open(&dir).unwrap();
