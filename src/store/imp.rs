@@ -201,6 +201,7 @@ impl Drop for Closer {
         let spawned = std::thread::Builder::new()
             .name("store-close".into())
             .spawn(move || {
+                handles.2.close_checkpoint();
                 drop(handles);
                 let _ = tx.send(());
             });

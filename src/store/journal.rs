@@ -857,4 +857,20 @@ mod tests {
         let s = crate::store::Store::open(&bare).unwrap();
         assert!(acked.iter().all(|k| s.meta_get(k).unwrap().is_none()));
     }
+
+    /// A store closed cleanly checkpoints and leaves an empty journal; what it held is in
+    /// sled's file.
+    #[test]
+    fn a_clean_close_empties_the_journal() {
+        let d = tempfile::TempDir::new().unwrap();
+        let dir = d.path().join("db");
+        let s = opened(&dir);
+        put(&s, b"x/a", b"1");
+        s.flush_blocking().unwrap();
+        assert_eq!(decode_file(&dir).0.len(), 1);
+        drop(s);
+        assert_eq!(std::fs::metadata(dir.join(FILE)).unwrap().len(), 0);
+        let s = crate::store::Store::open(&dir).unwrap();
+        assert_eq!(s.meta_get("a").unwrap().as_deref(), Some(&b"1"[..]));
+    }
 }
