@@ -335,10 +335,18 @@ async fn errors_are_tool_errors_with_the_cli_words() {
         let cli = awp_cli(home.path(), &cli_args).await;
         assert_eq!(cli.status.code(), Some(3));
         assert_eq!(text(&r), stderr_text(&cli).trim_end(), "{tool}");
-        assert!(text(&r).contains("start one with `awp up`"), "{tool}");
+        // The hint names the home: a plain `awp up` would start a node elsewhere.
+        let up = format!("start one with `awp --home {} up`", home.path().display());
+        assert!(text(&r).contains(&up), "{tool}: {}", text(&r));
     }
     let r = call(&c, "awp_peers", json!({})).await;
-    assert_eq!(text(&r), "awp: no node running; start one with `awp up`");
+    assert_eq!(
+        text(&r),
+        format!(
+            "awp: no node running; start one with `awp --home {} up`",
+            home.path().display()
+        )
+    );
     c.cancel().await.unwrap();
 }
 

@@ -387,9 +387,13 @@ async fn commands_never_start_a_node() {
     for args in cases {
         let o = awp(h, args).await;
         assert_eq!(o.status.code(), Some(3), "{args:?}: {}", stderr(&o));
+        // The hint names the home: a plain `awp up` would start a node elsewhere.
         assert_eq!(
             error_line(&o),
-            "awp: no node running; start one with `awp up`",
+            format!(
+                "awp: no node running; start one with `awp --home {} up`",
+                h.display()
+            ),
             "{args:?}"
         );
         for f in ["awp.sock", "node.lock", "node.log"] {

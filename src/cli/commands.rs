@@ -886,7 +886,7 @@ pub(crate) async fn status_body(ctx: &Ctx) -> Result<Map<String, Value>, Failure
         Err(ClientError::NotRunning { .. }) => Err(Failure::new(
             Exit::NoNode,
             format!("no node running on {}", ctx.home.display()),
-            "start one with `awp up`",
+            super::start_hint(&ctx.home),
         )),
         Err(e) => Err(client_failure(&e, &ctx.home)),
         Ok(resp) => ctx.body(resp),

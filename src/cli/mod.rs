@@ -166,14 +166,38 @@ pub fn node_failure(err: &ControlError, home: &Path) -> Failure {
         .with_code(err.code.clone())
 }
 
+/// The hint of exit 3: the `awp up` that starts a node on `home`, with `--home` unless a
+/// plain `awp up` (`AWP_HOME`, else `~/.awp`) would use that home anyway.
+pub fn start_hint(home: &Path) -> String {
+    let plain = std::env::var_os("AWP_HOME")
+        .filter(|h| !h.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(crate::daemon::default_home)
+        .and_then(|p| std::path::absolute(p).ok());
+    if plain.as_deref() == Some(home) {
+        return "start one with `awp up`".into();
+    }
+    let shown = home.display().to_string();
+    let safe = shown
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+@:,=".contains(c));
+    if safe {
+        format!("start one with `awp --home {shown} up`")
+    } else {
+        format!(
+            "start one with `awp --home '{}' up`",
+            shown.replace('\'', "'\\''")
+        )
+    }
+}
+
 /// A failure for a control request that got no answer.
 pub fn client_failure(err: &ClientError, home: &Path) -> Failure {
     let log = home.join(crate::daemon::LOG_FILE);
     match err {
         // Commands never start a node as a side effect (usability #2): exit 3, as `status`.
         ClientError::NotRunning { .. } => {
-            Failure::new(Exit::NoNode, "no node running", "start one with `awp up`")
-                .with_code("no_node")
+            Failure::new(Exit::NoNode, "no node running", start_hint(home)).with_code("no_node")
         }
         ClientError::Refused(e) => node_failure(e, home),
         other => Failure::new(

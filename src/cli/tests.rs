@@ -664,3 +664,17 @@ fn every_peer_argument_allows_hyphen_values() {
     walk(&Cli::command(), "", &mut seen);
     assert!(seen >= 12, "found only {seen} peer arguments");
 }
+
+/// Exit 3's hint names a home that a plain `awp up` would not use, quoted for the shell
+/// when it needs to be.
+#[test]
+fn start_hint_names_the_home_quoted_for_the_shell() {
+    assert_eq!(
+        super::start_hint(Path::new("/nonexistent/awp-homes/a")),
+        "start one with `awp --home /nonexistent/awp-homes/a up`"
+    );
+    assert_eq!(
+        super::start_hint(Path::new("/nonexistent/it's a home")),
+        "start one with `awp --home '/nonexistent/it'\\''s a home' up`"
+    );
+}

@@ -320,10 +320,14 @@ pub async fn cli(ctx: &crate::cli::Ctx, peer: &str) -> Result<(), crate::cli::Fa
     use crate::cli::{Exit, Failure};
     match run(&ctx.home, peer, tokio::io::stdin(), tokio::io::stdout()).await {
         Ok(()) => Ok(()),
-        Err(RollExit::Peer(node::ResolveError::Client(ClientError::NotRunning { .. }))) => Err(
-            Failure::new(Exit::NoNode, "no node running", "start one with `awp up`")
-                .with_code("no_node"),
-        ),
+        Err(RollExit::Peer(node::ResolveError::Client(ClientError::NotRunning { .. }))) => {
+            Err(Failure::new(
+                Exit::NoNode,
+                "no node running",
+                crate::cli::start_hint(&ctx.home),
+            )
+            .with_code("no_node"))
+        }
         Err(RollExit::Peer(e @ node::ResolveError::NoSuchPeer(_))) => Err(Failure::usage(
             e.to_string(),
             "list known peers with `awp peers`, or dial one with `awp connect ADDRESS`",
