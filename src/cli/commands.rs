@@ -464,6 +464,13 @@ pub fn send_request(args: &SendArgs) -> Result<Request, Failure> {
 pub fn nothing_to_send(peer: Option<&str>, thread: Option<&str>) -> Failure {
     let to = match (peer, thread) {
         (_, Some(th)) => format!(" in {th}"),
+        // Text given alone: it was taken as the peer.
+        (Some(p), None) if p.contains(char::is_whitespace) => {
+            return Failure::usage(
+                format!("nothing to send to {p:?}: a single argument is the peer, and the text comes after it"),
+                "`awp send PEER TEXT`; or reply in a thread with `awp send -t TH TEXT`",
+            );
+        }
         (Some(p), None) => format!(" to {p}"),
         (None, None) => String::new(),
     };

@@ -438,6 +438,15 @@ fn send_request_input_errors_are_usage() {
         f.what,
         "nothing to send to bob: the text, a file or data is missing"
     );
+    // The text alone: taken as the peer, which the message says.
+    let f = send_request(&send_args(&["hello there"])).unwrap_err();
+    assert_eq!(f.exit, Exit::Usage);
+    assert!(
+        f.what
+            .starts_with("nothing to send to \"hello there\": a single argument is the peer"),
+        "{}",
+        f.what
+    );
     // -f alone (no positional, no thread): the peer is missing.
     let f = send_request(&send_args(&["-f", "/etc/hostname"])).unwrap_err();
     assert!(f.what.contains("needs a peer"), "{}", f.what);
