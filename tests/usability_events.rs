@@ -190,6 +190,36 @@ async fn wait_consumes_the_line_it_reports() {
     server.stop().await;
 }
 
+/// A peer name with a typo gets the known name it is closest to; a text close to none
+/// does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typo_in_a_peer_name_gets_the_close_name() {
+    let (client, server) = pair().await;
+    let home = client.path();
+    let o = awp(&home, &["--json", "send", "sever", "hi"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = json_error(&o);
+    assert_eq!(e["code"], "no_such_peer", "{e}");
+    assert_eq!(
+        e["message"], "no peer named \"sever\"; did you mean \"server\"?",
+        "{e}"
+    );
+    let o = awp(&home, &["--json", "connect", "sever"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        json_error(&o)["message"],
+        "no peer named \"sever\"; did you mean \"server\"?"
+    );
+    let o = awp(&home, &["--json", "send", "zzzzzz", "hi"]).await;
+    let e = json_error(&o);
+    assert!(
+        !e["message"].as_str().unwrap().contains("did you mean"),
+        "{e}"
+    );
+    client.stop().await;
+    server.stop().await;
+}
+
 /// #5b: `read --limit N` says when more unread lines exist (`{"more":true,"next":C}` as
 /// the last JSON line; a text line otherwise), `--after C` continues, `--all` has no limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -150,6 +150,35 @@ async fn handle(inner: &Arc<Inner>, req: Request, page: &Page) -> Response {
 
 pub(super) type Reply = Result<Value, Fail>;
 
+/// The known peer name closest to `text` (a typo: at most one edit for a text of up to 4
+/// characters, two beyond), compared with whole names and with their part before `@`;
+/// `None` when none is that close or two are equally close. The name is cut for display.
+fn close_name(peers: &[crate::store::PeerRecord], text: &str) -> Option<String> {
+    let max = if text.chars().count() <= 4 { 1 } else { 2 };
+    let mut best: Option<(usize, String)> = None;
+    let mut tie = false;
+    for name in peers.iter().filter_map(|p| p.name.as_deref()) {
+        let local = name.split('@').next().unwrap_or(name);
+        let d =
+            strsim::damerau_levenshtein(text, name).min(strsim::damerau_levenshtein(text, local));
+        if d == 0 || d > max {
+            continue;
+        }
+        match &best {
+            Some((b, n)) if d == *b && n != name => tie = true,
+            Some((b, _)) if d >= *b => {}
+            _ => {
+                best = Some((d, name.to_string()));
+                tie = false;
+            }
+        }
+    }
+    match (best, tie) {
+        (Some((_, n)), false) => Some(crate::control::shown(&n)),
+        _ => None,
+    }
+}
+
 /// A failed control request: an error code of [`crate::control::ControlError`], a message
 /// saying what went wrong (no advice in it), and at most one hint.
 #[derive(Debug)]
@@ -574,6 +603,13 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
     }
     match hits.len() {
         1 => Ok(hits[0].key),
+        0 if close_name(&peers, text).is_some() => {
+            let name = close_name(&peers, text).unwrap_or_default();
+            Err(Fail::new(
+                "no_such_peer",
+                format!("no peer named {text:?}; did you mean {name:?}?"),
+            ))
+        }
         0 if prefix.len() < 4 => Err(Fail::new(
             "no_such_peer",
             format!("no peer named {text:?} (a key prefix needs at least 4 characters)"),
@@ -946,6 +982,8 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
             let key = match resolve_peer(inner, address) {
                 Ok(key) => key,
                 // Neither a scheme nor a peer: most likely a name this node has not met.
+                // A name with a typo: the close name says more than the address forms.
+                Err(f) if f.0 .1.contains("did you mean") => return Err(f),
                 Err(_) if matches!(parse_err, crate::net::AddressError::Scheme(_)) => {
                     return Err(Fail::new(
                         "no_such_peer",
