@@ -412,7 +412,8 @@ pub enum PeersAction {
 /// `awp relay` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum RelayAction {
-    /// Connected nodes, documents held, forwarded and dropped counts.
+    /// Connected nodes (sessions, and nodes standing by for circuits), documents held,
+    /// forwarded and dropped counts.
     Status,
 }
 

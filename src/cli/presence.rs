@@ -174,8 +174,11 @@ async fn relay_status(ctx: &Ctx) -> Result<(), Failure> {
             }
         ),
         format!(
-            "connected:   {} ({} presence peers, limit {}, {} refused)",
+            "connected:   {} sessions; {} standing by for circuits (--via); {} presence peers; limit {}; {} refused",
             n("connections"),
+            body.get("circuits")
+                .and_then(|c| c.get("listeners"))
+                .map_or("0".into(), Value::to_string),
             n("presence_peers"),
             n("max_connections"),
             n("refused_connections")
