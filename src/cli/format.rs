@@ -263,24 +263,35 @@ pub fn peers_table(peers: &[Value], now_ms: i64) -> String {
 pub fn key_values(obj: &Map<String, Value>) -> String {
     let width = obj.keys().map(|k| k.chars().count()).max().unwrap_or(0);
     obj.iter()
-        .map(|(k, v)| {
-            let value = match v {
-                Value::String(s) => s.clone(),
-                Value::Array(items) => items
-                    .iter()
-                    .map(|i| {
-                        i.as_str()
-                            .map(str::to_string)
-                            .unwrap_or_else(|| i.to_string())
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                other => other.to_string(),
-            };
-            format!("{k:width$}  {value}")
-        })
+        .map(|(k, v)| format!("{k:width$}  {}", plain_value(v)))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A JSON value as text for people: strings without quotes, `-` for null and for what is
+/// empty, array items joined by `, ` (objects among them by `; `), objects as `k=v` pairs.
+fn plain_value(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) if s.is_empty() => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(items) if items.is_empty() => "-".into(),
+        Value::Array(items) => {
+            let sep = if items.iter().any(Value::is_object) {
+                "; "
+            } else {
+                ", "
+            };
+            items.iter().map(plain_value).collect::<Vec<_>>().join(sep)
+        }
+        Value::Object(m) if m.is_empty() => "-".into(),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| format!("{k}={}", plain_value(v)))
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => other.to_string(),
+    }
 }
 
 /// One part of a msg in a few words.
@@ -588,5 +599,23 @@ mod tests {
             json!({"key": "k1", "addresses": ["a", "b"], "pid": 7}),
         ));
         assert_eq!(out, "key        k1\naddresses  a, b\npid        7");
+    }
+
+    /// Null and empty values show as `-`, objects as `k=v` pairs (never raw JSON).
+    #[test]
+    fn key_values_show_empty_and_nested_values_plainly() {
+        let out = key_values(&obj(json!({
+            "artifactr": null,
+            "via": [],
+            "notices": "",
+            "connections": [
+                {"peer": "ed25519:AA", "up": true},
+                {"peer": "ed25519:BB", "up": false}
+            ]
+        })));
+        assert_eq!(
+            out,
+            "artifactr    -\nvia          -\nnotices      -\nconnections  peer=ed25519:AA up=true; peer=ed25519:BB up=false"
+        );
     }
 }
