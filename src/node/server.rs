@@ -152,15 +152,28 @@ pub(super) type Reply = Result<Value, Fail>;
 
 /// The known peer name closest to `text` (a typo: at most one edit for a text of up to 4
 /// characters, two beyond), compared with whole names and with their part before `@`;
-/// `None` when none is that close or two are equally close. The name is cut for display.
+/// `None` when none is that close, two are equally close, or `text` is over 64 characters.
+/// Only names within the edit budget in length are compared (bounded work whatever the
+/// peers named themselves). The name is cut for display.
 fn close_name(peers: &[crate::store::PeerRecord], text: &str) -> Option<String> {
     let max = if text.chars().count() <= 4 { 1 } else { 2 };
+    if text.chars().count() > 64 {
+        return None;
+    }
     let mut best: Option<(usize, String)> = None;
     let mut tie = false;
+    let len = text.chars().count();
+    // An edit distance is at least the difference in length: names (the peers' choice, of
+    // any length) that cannot be close are not compared, so the work stays bounded.
+    let near = |s: &str| s.chars().count().abs_diff(len) <= max;
     for name in peers.iter().filter_map(|p| p.name.as_deref()) {
         let local = name.split('@').next().unwrap_or(name);
-        let d =
-            strsim::damerau_levenshtein(text, name).min(strsim::damerau_levenshtein(text, local));
+        let d = [name, local]
+            .into_iter()
+            .filter(|s| near(s))
+            .map(|s| strsim::damerau_levenshtein(text, s))
+            .min()
+            .unwrap_or(usize::MAX);
         if d == 0 || d > max {
             continue;
         }
@@ -581,10 +594,15 @@ const READ_PAGE_LINES: usize = 1000;
 /// introduction count only when no peer that completed a handshake matches: an introducer
 /// cannot shadow a known peer by introducing a key under its name.
 pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
+    resolve_or_suggest(inner, text).map_err(|(f, _)| f)
+}
+
+/// [`resolve_peer`], with whether its failure suggests a close known name (a typo).
+fn resolve_or_suggest(inner: &Inner, text: &str) -> Result<PeerKey, (Fail, bool)> {
     if let Ok(k) = PeerKey::parse(text) {
         return Ok(k);
     }
-    let peers = inner.store.peers().map_err(internal)?;
+    let peers = inner.store.peers().map_err(|e| (internal(e), false))?;
     let prefix = text.strip_prefix("ed25519:").unwrap_or(text);
     let mut hits: Vec<&crate::store::PeerRecord> = peers
         .iter()
@@ -601,23 +619,24 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
     if hits.iter().any(|p| p.introduced_by.is_none()) {
         hits.retain(|p| p.introduced_by.is_none());
     }
-    match hits.len() {
-        1 => Ok(hits[0].key),
-        0 if close_name(&peers, text).is_some() => {
-            let name = close_name(&peers, text).unwrap_or_default();
-            Err(Fail::new(
+    if hits.len() == 1 {
+        return Ok(hits[0].key);
+    }
+    if let (true, Some(name)) = (hits.is_empty(), close_name(&peers, text)) {
+        return Err((
+            Fail::new(
                 "no_such_peer",
                 format!("no peer named {text:?}; did you mean {name:?}?"),
-            ))
-        }
-        0 if prefix.len() < 4 => Err(Fail::new(
+            ),
+            true,
+        ));
+    }
+    let fail = match hits.len() {
+        0 if prefix.len() < 4 => Fail::new(
             "no_such_peer",
             format!("no peer named {text:?} (a key prefix needs at least 4 characters)"),
-        )),
-        0 => Err(Fail::new(
-            "no_such_peer",
-            format!("no known peer matches {text:?}"),
-        )),
+        ),
+        0 => Fail::new("no_such_peer", format!("no known peer matches {text:?}")),
         n => {
             // Names are the peers' choice: a few of them, each cut to size.
             let mut list: Vec<String> = hits
@@ -631,16 +650,17 @@ pub(super) fn resolve_peer(inner: &Inner, text: &str) -> Result<PeerKey, Fail> {
             if n > AMBIGUOUS_SHOWN {
                 list.push(format!("and {} more", n - AMBIGUOUS_SHOWN));
             }
-            Err(Fail::new(
+            Fail::new(
                 "ambiguous_peer",
                 format!(
                     "{:?} matches {}",
                     crate::control::shown(text),
                     list.join(", ")
                 ),
-            ))
+            )
         }
-    }
+    };
+    Err((fail, false))
 }
 
 /// Most matching peers an `ambiguous_peer` message names.
@@ -979,11 +999,11 @@ async fn connect(inner: &Arc<Inner>, address: &str, timeout_ms: Option<u64>) -> 
     {
         Ok(a) => (None, vec![(a.to_string(), a)]),
         Err(parse_err) => {
-            let key = match resolve_peer(inner, address) {
+            let key = match resolve_or_suggest(inner, address) {
                 Ok(key) => key,
-                // Neither a scheme nor a peer: most likely a name this node has not met.
                 // A name with a typo: the close name says more than the address forms.
-                Err(f) if f.0 .1.contains("did you mean") => return Err(f),
+                Err((f, true)) => return Err(f),
+                // Neither a scheme nor a peer: most likely a name this node has not met.
                 Err(_) if matches!(parse_err, crate::net::AddressError::Scheme(_)) => {
                     return Err(Fail::new(
                         "no_such_peer",
