@@ -4,7 +4,8 @@
 //! 1. fsync latency of the file system that holds the node homes (4 KiB append +
 //!    `sync_data`), and for comparison one `Store::flush` after a one-line enqueue;
 //! 2. handshake time (TCP + TLS + hello/auth until the node's resume), raw client → node;
-//! 3. durable msg → ack round trip, sequential, over TLS on loopback;
+//! 3. durable msg → ack round trip, sequential, over TLS on loopback, then ping → pong on the
+//!    same connection (the trip without storage);
 //! 4. pipelined throughput: a writer task sends every msg at once, a reader counts acks;
 //!    4b. the same with lines signed by the client (`signed-lines`), verified by the node;
 //! 5. resume replay of a prefilled outbox (`Store::enqueue` before the node starts);
@@ -609,8 +610,9 @@ async fn phase_handshake(node: &Daemon, n: usize) -> Result<Samples> {
     Ok(Samples::new(v))
 }
 
-/// 3. One msg at a time; time from write to its ack.
-async fn phase_rtt(node: &Daemon, n: usize) -> Result<Samples> {
+/// Phase 3: one msg at a time, timed from write to its ack. Then as many pings, each timed
+/// to its pong: the same trip without the store.
+async fn phase_rtt(node: &Daemon, n: usize) -> Result<(Samples, Samples)> {
     let identity = Identity::generate();
     let tls = TlsConfig::new(&identity)?;
     let mut c = Client::connect(&node.addr, &tls).await?;
@@ -632,8 +634,28 @@ async fn phase_rtt(node: &Daemon, n: usize) -> Result<Samples> {
         }
         v.push(t.elapsed());
     }
+    // The same trip without storage: ping → pong on the same connection (TLS, framing,
+    // parsing and the node's tasks; no commit, no fsync). The floor under the round trip.
+    let mut p = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = c.next_id();
+        let line = Line::Ping(awp_node::wire::Ping {
+            id: id.clone(),
+            ts: now_ts(),
+        })
+        .encode();
+        let t = Instant::now();
+        c.write_line(&line).await?;
+        loop {
+            match c.read().await? {
+                Line::Pong(pong) if pong.re == id => break,
+                _ => continue,
+            }
+        }
+        p.push(t.elapsed());
+    }
     c.close().await;
-    Ok(Samples::new(v))
+    Ok((Samples::new(v), Samples::new(p)))
 }
 
 struct PipeResult {
@@ -1184,9 +1206,20 @@ async fn run() -> bool {
     if let Some(a) = &node_a {
         let cpu0 = a.cpu();
         match timed(cfg.phase_limit, "round trip", phase_rtt(a, cfg.rtt_n)).await {
-            Ok(s) => {
+            Ok((s, ping)) => {
                 println!("   round trip           {}", s.summary());
                 summary(&cfg, "rtt_p50_ms", s.pct(50.0).as_secs_f64() * 1000.0);
+                println!("   ping → pong          {}", ping.summary());
+                summary(&cfg, "ping_p50_ms", ping.pct(50.0).as_secs_f64() * 1000.0);
+                if let Some(f) = &fsync {
+                    // What storing adds to the trip, against what the disk itself takes.
+                    let added = s.pct(50.0).saturating_sub(ping.pct(50.0));
+                    println!(
+                        "   round trip p50 − ping p50 = {} = {:.2} × fsync p50 (the rest of the round trip is the ping's: TLS, loopback, the node's tasks)",
+                        ms(added),
+                        added.as_secs_f64() / f.pct(50.0).as_secs_f64()
+                    );
+                }
                 println!(
                     "   node CPU             {:.2} s for {} msgs",
                     a.cpu() - cpu0,

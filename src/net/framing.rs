@@ -123,7 +123,7 @@ impl LineReader {
     /// Cut the next complete line out of the buffer, if there is one.
     fn take_line(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
         let from = self.start + self.scanned;
-        match self.buf[from..self.end].iter().position(|&b| b == b'\n') {
+        match memchr::memchr(b'\n', &self.buf[from..self.end]) {
             Some(i) => {
                 let nl = from + i;
                 let len = nl - self.start;

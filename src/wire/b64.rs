@@ -27,7 +27,9 @@ pub fn decode_any(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
 /// unspecified after an error): for chunk data, decoded into one buffer per receiver.
 pub fn decode_any_into(s: &str, out: &mut Vec<u8>) -> Result<(), base64::DecodeError> {
     let padded = s.ends_with('=');
-    let url = s.contains(['-', '_']);
+    // A byte scan (the characters are ASCII): `str::contains` with a char set decodes
+    // UTF-8 as it goes, which cost more than the base64 decode itself on 1 MiB chunks.
+    let url = memchr::memchr2(b'-', b'_', s.as_bytes()).is_some();
     let engines: [&base64::engine::GeneralPurpose; 2] = match (url, padded) {
         (true, false) => [&URL_SAFE_NO_PAD, &STANDARD_NO_PAD],
         (true, true) => [&URL_SAFE, &STANDARD],
