@@ -178,10 +178,8 @@ PY
 
 if [ "$QUICK" = 1 ]; then
     # Gross-regression guard: generous bounds so a noisy shared machine does not flake it.
-    pipe=$(get pipe_msgs_s)
-    rtt=$(get rtt_p50_ms)
-    fs=$(get fsync_p50_ms)
-    if ! python3 - "$pipe" "$rtt" "$fs" "$node_rc" <<'PY'; then
+    guard() {
+        python3 - "$(get pipe_msgs_s)" "$(get rtt_p50_ms)" "$(get fsync_p50_ms)" "$node_rc" <<'PY'
 import sys
 pipe, rtt, fs, rc = sys.argv[1:5]
 bad = []
@@ -196,7 +194,20 @@ for b in bad:
     print(f"REGRESSION: {b}")
 sys.exit(1 if bad else 0)
 PY
-        exit 1
+    }
+    if ! guard; then
+        [ "$node_rc" = 0 ] || exit 1
+        # A busy moment of a shared machine passes the second time; a regression fails
+        # both. The second run's figures (appended to the summary) are the ones judged.
+        echo "measuring once more: a gross regression fails twice in a row"
+        AWP_BIN="$AWP" AWP_BENCH_DIR="$WORK" AWP_BENCH_PIDS="$PIDS" AWP_BENCH_SUMMARY="$SUMMARY" \
+            BENCH_FSYNC_N="${BENCH_FSYNC_N:-100}" BENCH_HANDSHAKE_N="${BENCH_HANDSHAKE_N:-5}" \
+            BENCH_RTT_N="${BENCH_RTT_N:-300}" BENCH_PIPE_N="${BENCH_PIPE_N:-30000}" \
+            BENCH_REPLAY_N="${BENCH_REPLAY_N:-20000}" BENCH_CLI_N="${BENCH_CLI_N:-20}" \
+            BENCH_PHASE_LIMIT_S="${BENCH_PHASE_LIMIT_S:-20}" BENCH_CIRCUIT_N="${BENCH_CIRCUIT_N:-0}" \
+            cargo bench --quiet --bench node >/dev/null || node_rc=$?
+        echo "second run: pipelined $(get pipe_msgs_s) msgs/s, round trip p50 $(get rtt_p50_ms) ms, fsync p50 $(get fsync_p50_ms) ms"
+        guard || exit 1
     fi
     echo "quick guard: passed (pipelined >= 10,000 msgs/s, round trip <= max(5 x fsync p50, 1 ms))"
 fi
