@@ -156,13 +156,13 @@ pub(super) type Reply = Result<Value, Fail>;
 /// Only names within the edit budget in length are compared (bounded work whatever the
 /// peers named themselves). The name is cut for display.
 fn close_name(peers: &[crate::store::PeerRecord], text: &str) -> Option<String> {
-    let max = if text.chars().count() <= 4 { 1 } else { 2 };
-    if text.chars().count() > 64 {
+    let len = text.chars().count();
+    if len > 64 {
         return None;
     }
+    let max = if len <= 4 { 1 } else { 2 };
     let mut best: Option<(usize, String)> = None;
     let mut tie = false;
-    let len = text.chars().count();
     // An edit distance is at least the difference in length: names (the peers' choice, of
     // any length) that cannot be close are not compared, so the work stays bounded.
     let near = |s: &str| s.chars().count().abs_diff(len) <= max;
@@ -622,7 +622,8 @@ fn resolve_or_suggest(inner: &Inner, text: &str) -> Result<PeerKey, (Fail, bool)
     if hits.len() == 1 {
         return Ok(hits[0].key);
     }
-    if let (true, Some(name)) = (hits.is_empty(), close_name(&peers, text)) {
+    // Only when nothing matched: the typo search is not run for an ambiguous text.
+    if let Some(name) = hits.is_empty().then(|| close_name(&peers, text)).flatten() {
         return Err((
             Fail::new(
                 "no_such_peer",
