@@ -18,7 +18,8 @@
 //!   ([`BlobReceiver::sync`]). A replay after a crash therefore starts at the recorded
 //!   offset and never duplicates bytes.
 //! - Complete = the `last` chunk arrived, the naming msg arrived and the sizes agree. The
-//!   SHA-256 is computed, a free final name chosen, and the record marked complete with
+//!   SHA-256 is taken (from the hash kept while the chunks were written in order from
+//!   offset 0, else by reading the partial file: `running`), a free final name chosen, and the record marked complete with
 //!   that path in one transaction; the file is moved there once that transaction is
 //!   durable ([`BlobReceiver::after_flush`]; [`BlobReceiver::recover`] finishes moves a
 //!   crash interrupted).
@@ -287,7 +288,8 @@ impl BlobReceiver {
         }
         let i = self.dirty_entry(peer, &c.blob_ref, st)?;
         let d = &mut self.dirty[i];
-        match d.file.write_all_at(data, st.offset) {
+        let write = || d.file.write_all_at(data, st.offset);
+        match running::write_hashed(&self.root, peer, &c.blob_ref, st.offset, data, write) {
             Err(e) if crate::store::is_disk_full(&e) => {
                 tracing::warn!("blob {}: {e}", d.path.display());
                 return Ok(Some(refuse(NO_ROOM.into())));
@@ -540,6 +542,7 @@ impl BlobReceiver {
         st.updated_ms = wire::time::now_ms();
         self.dirty
             .retain(|d| !(d.peer == *peer && d.blob_ref == blob_ref));
+        running::forget(&self.root, peer, blob_ref);
         let partial = partial_path(&peer_dir(&self.root, peer), blob_ref);
         match std::fs::remove_file(&partial) {
             Ok(()) => {}
@@ -566,7 +569,10 @@ impl BlobReceiver {
         }
         let dir = peer_dir(&self.root, peer);
         let partial = partial_path(&dir, blob_ref);
-        let sha = sha256_file(&partial)?;
+        let sha = match running::finish(&self.root, peer, blob_ref, st.offset) {
+            Some(sha) => sha,
+            None => sha256_file(&partial)?,
+        };
         let base = sanitize_name(st.name.as_deref().unwrap_or("blob"));
         let path = self.free_path(&dir, &base);
         st.status = InStatus::Complete;
@@ -699,5 +705,6 @@ fn place(from: &Path, to: &Path, durable: bool) -> Result<(), BlobError> {
     Ok(())
 }
 
+mod running;
 #[cfg(test)]
 mod tests;

@@ -109,16 +109,10 @@ fn parse_stub(line: &[u8]) -> Option<Stub> {
 
 /// `stub` (ending `"data":""}`) with `data` as standard padded base64 in its data field.
 fn splice(stub: &[u8], data: &[u8]) -> Vec<u8> {
-    use base64::Engine;
     let head = &stub[..stub.len() - 2];
     let mut out = Vec::with_capacity(head.len() + data.len().div_ceil(3) * 4 + 2);
     out.extend_from_slice(head);
-    let at = out.len();
-    out.resize(at + data.len().div_ceil(3) * 4, 0);
-    let n = base64::engine::general_purpose::STANDARD
-        .encode_slice(data, &mut out[at..])
-        .unwrap_or(0);
-    out.truncate(at + n);
+    wire::b64::encode_std_append(data, &mut out);
     out.extend_from_slice(b"\"}");
     out
 }

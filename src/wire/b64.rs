@@ -11,7 +11,12 @@ pub fn encode_url(bytes: &[u8]) -> String {
 
 /// Standard base64 (RFC 4648 §4) with `=` padding: the form of chunk `data`.
 pub fn encode_std(bytes: &[u8]) -> String {
-    STANDARD.encode(bytes)
+    base64_simd::STANDARD.encode_to_string(bytes)
+}
+
+/// [`encode_std`] appended to `out` (for chunk lines built around their data: one copy).
+pub fn encode_std_append(bytes: &[u8], out: &mut Vec<u8>) {
+    base64_simd::STANDARD.encode_append(bytes, out);
 }
 
 /// Decode any of the four forms (base64url or standard alphabet, padded or not), as
@@ -36,6 +41,20 @@ pub fn decode_any_into(s: &str, out: &mut Vec<u8>) -> Result<(), base64::DecodeE
         (false, false) => [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD],
         (false, true) => [&STANDARD, &URL_SAFE],
     };
+    // The SIMD decoder (about 4 times the speed of the `base64` crate's on 1 MiB chunks,
+    // issue 10 §3) accepts exactly what the engine of the same form accepts (canonical
+    // padding, zero trailing bits: `simd_and_engine_agree` below); on a failure the
+    // engines decide and give the error.
+    let simd = match (url, padded) {
+        (true, false) => &base64_simd::URL_SAFE_NO_PAD,
+        (true, true) => &base64_simd::URL_SAFE,
+        (false, false) => &base64_simd::STANDARD_NO_PAD,
+        (false, true) => &base64_simd::STANDARD,
+    };
+    out.clear();
+    if simd.decode_append(s.as_bytes(), out).is_ok() {
+        return Ok(());
+    }
     out.clear();
     if engines[0].decode_vec(s, out).is_ok() {
         return Ok(());
@@ -78,6 +97,40 @@ mod tests {
         assert_eq!(decode_canonical_url("-_8").unwrap(), [0xfb, 0xff]);
         for s in ["+/8", "-_8=", "-_9", "a", "!!!"] {
             assert!(decode_canonical_url(s).is_err(), "{s}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The SIMD codec and the `base64` engines agree on every string over the
+        /// alphabets and `=`: the same strings decode, to the same bytes, and encoding
+        /// gives the same text.
+        #[test]
+        fn simd_and_engine_agree(
+            s in "[A-Za-z0-9+/=_-]{0,80}",
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80),
+            last in "[A-Za-z0-9+/=_-]",
+        ) {
+            for (simd, engine) in [
+                (&base64_simd::STANDARD, &STANDARD),
+                (&base64_simd::STANDARD_NO_PAD, &STANDARD_NO_PAD),
+                (&base64_simd::URL_SAFE, &URL_SAFE),
+                (&base64_simd::URL_SAFE_NO_PAD, &URL_SAFE_NO_PAD),
+            ] {
+                proptest::prop_assert_eq!(simd.decode_to_vec(&s).ok(), engine.decode(&s).ok(), "{}", s);
+                let text = engine.encode(&bytes);
+                proptest::prop_assert_eq!(simd.encode_to_string(&bytes), text.clone());
+                proptest::prop_assert_eq!(simd.decode_to_vec(&text).ok(), Some(bytes.clone()));
+                // A valid text with its last symbol replaced: trailing bits and padding.
+                let mut near = text.clone();
+                if let Some(i) = near.trim_end_matches('=').len().checked_sub(1) {
+                    near.replace_range(i..i + 1, &last);
+                    proptest::prop_assert_eq!(simd.decode_to_vec(&near).ok(), engine.decode(&near).ok(), "{}", near);
+                }
+            }
+            let mut appended = b"x".to_vec();
+            encode_std_append(&bytes, &mut appended);
+            let want = STANDARD.encode(&bytes);
+            proptest::prop_assert_eq!(&appended[1..], want.as_bytes());
         }
     }
 
