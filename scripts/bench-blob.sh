@@ -59,6 +59,10 @@ WANT=$(sha256sum "$FILE" | cut -d' ' -f1)
 t0=$(date +%s.%N)
 "$AWP" --home "$WORK/a" --json send bob@bench -f "$FILE" >"$WORK/sent.json"
 t_queued=$(date +%s.%N)
+# Block until the msg naming the blob arrives (it is stored with, or after, the last
+# chunk), then confirm with the listing: a CLI process every 20 ms from the start would
+# take CPU from the two nodes on a small machine.
+"$AWP" --home "$WORK/b" wait --timeout 120s >/dev/null 2>&1 || true
 got=""
 for _ in $(seq 1 6000); do
     if "$AWP" --home "$WORK/b" --json blobs | grep -q '"status":"complete"'; then

@@ -127,6 +127,43 @@ async fn files_arrive_identical_and_are_listed_on_both_sides() {
     assert_eq!(parts[1]["name"], "big.bin");
 }
 
+/// On a runtime with worker threads (as the daemon runs), large commits run in
+/// `block_in_place` and large write batches in a task of their own (issue 10): several
+/// blobs of many chunks each still arrive byte-identical, and the outbox empties.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_arrive_identical_on_a_multi_thread_runtime() {
+    let a = TestNode::start("alice@test").await;
+    let b = TestNode::start("bob@test").await;
+    a.connect(&b).await;
+    let dir = TempDir::new().unwrap();
+    let len = 6 * awp_node::blob::CHUNK_SIZE + 5;
+    let files: Vec<(String, String)> = (0..3)
+        .map(|i| random_file(dir.path(), &format!("f{i}.bin"), len))
+        .collect();
+    let paths: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
+    let reply = send_files(&a, "bob@test", &paths).await;
+    let sent = reply["blobs"].as_array().unwrap().clone();
+    assert_eq!(sent.len(), 3);
+    for (i, (_, want)) in files.iter().enumerate() {
+        let r = sent[i]["ref"].as_str().unwrap().to_string();
+        let got = eventually(30, || async {
+            let l = blobs(&b).await;
+            by_ref(&l, &r)
+                .filter(|x| x["status"] == "complete")
+                .cloned()
+        })
+        .await;
+        assert_eq!(got["sha256"], want.as_str());
+        let data = std::fs::read(got["path"].as_str().unwrap()).unwrap();
+        assert_eq!(data.len(), len);
+        assert_eq!(&sha_hex(&data), want);
+    }
+    eventually(10, || async {
+        (a.ctl(Request::Status).await.body["outbox"] == 0).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn over_limit_is_refused_and_the_sender_drops_the_chunks() {
     let a = TestNode::start("alice@test").await;

@@ -26,6 +26,10 @@ use tokio::sync::Notify;
 
 /// Received bytes the session may hold before a commit and flush.
 const COMMIT_BYTES: usize = 4 * 1024 * 1024;
+/// A commit of at least this many bytes of lines runs in `block_in_place`
+/// ([`commit_off_worker`]); smaller ones (a round trip's single msg) run in line, where
+/// handing the worker over would cost more than the commit.
+const BLOCKING_COMMIT_BYTES: usize = 256 * 1024;
 /// Bytes per write batch.
 const WRITE_BATCH: usize = 256 * 1024;
 /// Lines fed to the session before one group-committed flush.
@@ -228,10 +232,11 @@ pub fn run_with(
     // parsed, and for a signing peer with their signatures checked in one batch.
     let signer: crate::session::Signer = Default::default();
     let mut read_side = ReadSide::new(reader, &signer, !inner.relay);
-    // Writes run inside this task, one batch at a time ([`start_write`]): no writer task,
-    // channel or error watch per connection (issue 10: relay memory per connection). The
-    // batch being written is polled beside reading, so a peer that does not read never
-    // stops this side from reading.
+    // Writes run one batch at a time ([`start_write`]), inside this task (a large batch in
+    // a task of its own while it lasts): no writer task, channel or error watch per
+    // connection (issue 10: relay memory per connection). The batch being written is
+    // polled beside reading, so a peer that does not read never stops this side from
+    // reading.
     let mut writer: Option<net::BoxWriter> = Some(writer);
     let mut writing: Option<Write> = None;
 
@@ -454,19 +459,13 @@ pub fn run_with(
                     None => break,
                 }
             }
-            // Fill the pending write batch.
-            while pending.len() < WRITE_BATCH {
-                match session.poll_transmit() {
-                    Some(l) => {
-                        pending.extend_from_slice(&l);
-                        pending.push(b'\n');
-                    }
-                    None => break,
-                }
-            }
+            // Fill the pending write batch; once its write runs, the next one (prepared
+            // while a large write runs in its own task: `start_write`).
+            fill_pending(&mut session, &mut pending);
             if writing.is_none() && !pending.is_empty() {
                 if let Some(w) = writer.take() {
                     writing = Some(start_write(w, std::mem::take(&mut pending)));
+                    fill_pending(&mut session, &mut pending);
                 }
             }
             if signer.get().is_none() {
@@ -521,9 +520,9 @@ pub fn run_with(
                 }
                 (w, res) = in_write(&mut writing) => {
                     writing = None;
-                    match res {
-                        Ok(()) => writer = Some(w),
-                        Err(_) => {
+                    match (w, res) {
+                        (Some(w), Ok(())) => writer = Some(w),
+                        _ => {
                             write_failed = true;
                             if flight.is_none() {
                                 break;
@@ -635,9 +634,40 @@ type Flush = std::pin::Pin<
 /// returned flush completes ([`flushed`]). The flush picks its generation when first
 /// polled, after this commit, so it holds every line committed here.
 fn commit_and_flush(inner: &Inner, session: &mut Session) -> Flush {
-    session.commit();
+    commit_off_worker(session);
     let store = inner.store.clone();
     Box::pin(async move { store.flush().await })
+}
+
+/// [`Session::commit`], run so that the runtime keeps polling sockets meanwhile when the
+/// batch is large ([`BLOCKING_COMMIT_BYTES`]) and the runtime has worker threads to spare:
+/// a commit of megabytes (blob chunks decoded, written and fsynced; thousands of lines
+/// in one transaction) takes milliseconds, and a worker blocked that long while it holds
+/// the runtime's I/O driver leaves every socket of the node unread until it returns. The
+/// reader task of this very connection then stops too, and the peer's data waits in the
+/// kernel (issue 10: blob transfers were paced by the receiver's commits).
+fn commit_off_worker(session: &mut Session) {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi && session.pending_bytes() >= BLOCKING_COMMIT_BYTES {
+        tokio::task::block_in_place(|| session.commit());
+    } else {
+        session.commit();
+    }
+}
+
+/// Take lines from the session into `pending` (each with its `\n`) until it holds
+/// [`WRITE_BATCH`] bytes or the session has nothing more to send now.
+fn fill_pending(session: &mut Session, pending: &mut Vec<u8>) {
+    while pending.len() < WRITE_BATCH {
+        match session.poll_transmit() {
+            Some(l) => {
+                pending.extend_from_slice(&l);
+                pending.push(b'\n');
+            }
+            None => break,
+        }
+    }
 }
 
 /// The running flush's result; never ready when none runs.

@@ -194,24 +194,60 @@ fn cut_detail(e: &std::io::Error) -> String {
 
 /// A write of one batch in progress. It owns the connection's writer until it completes,
 /// then hands it back (the batch's buffer is dropped: an idle connection holds none).
+/// The writer is None only when a write task ended without returning it (it panicked).
 pub(super) type Write = std::pin::Pin<
-    Box<dyn std::future::Future<Output = (net::BoxWriter, std::io::Result<()>)> + Send>,
+    Box<dyn std::future::Future<Output = (Option<net::BoxWriter>, std::io::Result<()>)> + Send>,
 >;
 
-/// Write `buf` (whole `\n`-terminated lines) and flush (TLS sends its records).
+/// A batch of at least this many bytes is written by a task of its own
+/// ([`start_write`]) when the runtime has worker threads to spare.
+const SPAWN_WRITE_BYTES: usize = 256 * 1024;
+
+/// Write `buf` (whole `\n`-terminated lines) and flush (TLS sends its records). A large
+/// batch (blob chunks, a replay) is written by a task of its own, so that its encryption
+/// and socket writes run on another worker while the connection's task prepares the next
+/// batch (reading chunk data from a file, hashing and encoding it: issue 10, blob
+/// throughput); a small one is polled in the connection's task (no task per write).
 pub(super) fn start_write(mut writer: net::BoxWriter, buf: Vec<u8>) -> Write {
-    Box::pin(async move {
+    let big = buf.len() >= SPAWN_WRITE_BYTES;
+    let write = async move {
         let res = async {
             writer.write_all(&buf).await?;
             writer.flush().await
         }
         .await;
         (writer, res)
+    };
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi && big {
+        let mut task = AbortOnDrop(tokio::spawn(write));
+        return Box::pin(async move {
+            match (&mut task.0).await {
+                Ok((w, res)) => (Some(w), res),
+                Err(e) => (None, Err(std::io::Error::other(e))),
+            }
+        });
+    }
+    Box::pin(async move {
+        let (w, res) = write.await;
+        (Some(w), res)
     })
+}
+/// A write task that is stopped when the connection drops its [`Write`] (a connection
+/// that ends, or a node that stops, leaves no write running on its own).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The running write's result; never ready when none runs.
-pub(super) async fn in_write(writing: &mut Option<Write>) -> (net::BoxWriter, std::io::Result<()>) {
+pub(super) async fn in_write(
+    writing: &mut Option<Write>,
+) -> (Option<net::BoxWriter>, std::io::Result<()>) {
     match writing {
         Some(w) => w.await,
         None => std::future::pending().await,
@@ -229,8 +265,8 @@ pub(super) async fn finish_writes(
 ) {
     let mut writer = match (writing, writer) {
         (Some(w), _) => match w.await {
-            (w, Ok(())) => w,
-            (_, Err(_)) => return,
+            (Some(w), Ok(())) => w,
+            _ => return,
         },
         (None, Some(w)) => w,
         (None, None) => return,
