@@ -930,3 +930,57 @@ async fn same_id_with_other_content_is_acked_kept_and_logged_once_a_minute() {
         warnings[0]
     );
 }
+
+/// A peer that sends without pause on an old connection while it connects again: the
+/// old connection is stopped (replaced by the newer one) although it keeps finding new
+/// lines to commit. (The stop is looked at only between flushes; this checks that a
+/// steady stream of lines does not keep the replaced connection open beside the new one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_connection_stops_while_its_peer_keeps_sending() {
+    let node = TestNode::start("node@test").await;
+    let mut old = Raw::dial(&node.address(), 41).await;
+    old.handshake().await;
+    let Raw { reader, writer, .. } = old;
+    let (mut reader, mut writer) = (reader, writer);
+    let stop_sending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = stop_sending.clone();
+    // Lines back to back for at most 15 s or 200,000 lines, until a write fails.
+    let sender = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let start = tokio::time::Instant::now();
+        for n in 0..200_000u64 {
+            if stop.load(std::sync::atomic::Ordering::Relaxed)
+                || start.elapsed() > Duration::from_secs(15)
+            {
+                break;
+            }
+            let id = format!("01K{:023}", n + 10);
+            let line = serde_json::json!({"t":"msg","id":id,"ts":"2026-01-01T00:00:00.000Z",
+                "th":"trickle","parts":[{"k":"text","text":"x"}]});
+            let mut bytes = line.to_string().into_bytes();
+            bytes.push(b'\n');
+            if writer.write_all(&bytes).await.is_err() || writer.flush().await.is_err() {
+                break;
+            }
+            if n % 16 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    // Let the stream of lines and commits get going, then connect again as the same peer.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut new = Raw::dial(&node.address(), 41).await;
+    new.handshake().await;
+    // The old connection ends (EOF, or its closing lines then EOF) well before the
+    // sender's 15 s are up.
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = reader.read_line().await {}
+    })
+    .await;
+    stop_sending.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = sender.await;
+    assert!(
+        ended.is_ok(),
+        "the replaced connection was still open 5 s after the new one was admitted"
+    );
+}

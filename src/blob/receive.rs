@@ -289,7 +289,8 @@ impl BlobReceiver {
         let i = self.dirty_entry(peer, &c.blob_ref, st)?;
         let d = &mut self.dirty[i];
         let write = || d.file.write_all_at(data, st.offset);
-        match running::write_hashed(&self.root, peer, &c.blob_ref, st.offset, data, write) {
+        let (root, file) = (&self.root, &d.file);
+        match running::write_hashed(root, peer, &c.blob_ref, file, st.offset, data, write) {
             Err(e) if crate::store::is_disk_full(&e) => {
                 tracing::warn!("blob {}: {e}", d.path.display());
                 return Ok(Some(refuse(NO_ROOM.into())));
@@ -370,7 +371,10 @@ impl BlobReceiver {
             .truncate(false)
             .open(&path)
             .map_err(io_err(&path))?;
-        file.set_len(st.offset).map_err(io_err(&path))?;
+        running::cut(&self.root, peer, blob_ref, &file, st.offset, || {
+            file.set_len(st.offset)
+        })
+        .map_err(io_err(&path))?;
         let recorded = self.store.blob_in(peer, blob_ref)?;
         self.dirty.push(Dirty {
             peer: *peer,
@@ -569,7 +573,7 @@ impl BlobReceiver {
         }
         let dir = peer_dir(&self.root, peer);
         let partial = partial_path(&dir, blob_ref);
-        let sha = match running::finish(&self.root, peer, blob_ref, st.offset) {
+        let sha = match running::finish(&self.root, peer, blob_ref, &partial, st.offset) {
             Some(sha) => sha,
             None => sha256_file(&partial)?,
         };

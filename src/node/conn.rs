@@ -444,7 +444,13 @@ pub fn run_with(
                     }
                 }
             }
-            if session.wants_flush() && flight.is_none() && !ending {
+            // A connection told to stop (replaced by a newer one) or a node shutting down
+            // starts no new commit: the select below then sees the stop with no flush
+            // running (what it reads meanwhile is not acked; the peer sends it again). A
+            // peer that kept sending would otherwise give every flush a successor, and
+            // the stop would wait for a pause that never comes.
+            let stopping = handles.stop.load(Ordering::Acquire) || inner.shutdown.is_cancelled();
+            if session.wants_flush() && flight.is_none() && !ending && !stopping {
                 // Lines received so far (also those held during admission, processed by
                 // `admit`): stored now, acked when their flush completes.
                 flight = Some(commit_and_flush(&inner, &mut session));
