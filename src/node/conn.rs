@@ -26,10 +26,6 @@ use tokio::sync::Notify;
 
 /// Received bytes the session may hold before a commit and flush.
 const COMMIT_BYTES: usize = 4 * 1024 * 1024;
-/// A commit of at least this many bytes of lines runs in `block_in_place`
-/// ([`commit_off_worker`]); smaller ones (a round trip's single msg) run in line, where
-/// handing the worker over would cost more than the commit.
-const BLOCKING_COMMIT_BYTES: usize = 256 * 1024;
 /// Bytes per write batch.
 const WRITE_BATCH: usize = 256 * 1024;
 /// Lines fed to the session before one group-committed flush.
@@ -640,26 +636,9 @@ type Flush = std::pin::Pin<
 /// returned flush completes ([`flushed`]). The flush picks its generation when first
 /// polled, after this commit, so it holds every line committed here.
 fn commit_and_flush(inner: &Inner, session: &mut Session) -> Flush {
-    commit_off_worker(session);
+    session.commit();
     let store = inner.store.clone();
     Box::pin(async move { store.flush().await })
-}
-
-/// [`Session::commit`], run so that the runtime keeps polling sockets meanwhile when the
-/// batch is large ([`BLOCKING_COMMIT_BYTES`]) and the runtime has worker threads to spare:
-/// a commit of megabytes (blob chunks decoded, written and fsynced; thousands of lines
-/// in one transaction) takes milliseconds, and a worker blocked that long while it holds
-/// the runtime's I/O driver leaves every socket of the node unread until it returns. The
-/// reader task of this very connection then stops too, and the peer's data waits in the
-/// kernel (issue 10: blob transfers were paced by the receiver's commits).
-fn commit_off_worker(session: &mut Session) {
-    let multi = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi && session.pending_bytes() >= BLOCKING_COMMIT_BYTES {
-        tokio::task::block_in_place(|| session.commit());
-    } else {
-        session.commit();
-    }
 }
 
 /// Take lines from the session into `pending` (each with its `\n`) until it holds
