@@ -72,6 +72,15 @@ fn by_ref<'a>(list: &'a [Value], r: &str) -> Option<&'a Value> {
     list.iter().find(|b| b["ref"] == r)
 }
 
+/// The listing entry of blob `r` at `node` once it is complete (waits up to `secs`).
+async fn completed(node: &TestNode, r: &str, secs: u64) -> Value {
+    eventually(secs, || async {
+        let l = blobs(node).await;
+        by_ref(&l, r).filter(|x| x["status"] == "complete").cloned()
+    })
+    .await
+}
+
 #[tokio::test]
 async fn files_arrive_identical_and_are_listed_on_both_sides() {
     let a = TestNode::start("alice@test").await;
@@ -92,13 +101,7 @@ async fn files_arrive_identical_and_are_listed_on_both_sides() {
 
     for (i, want) in [&big_sha, &small_sha, &sha_hex(b"")].iter().enumerate() {
         let r = sent[i]["ref"].as_str().unwrap().to_string();
-        let got = eventually(20, || async {
-            let l = blobs(&b).await;
-            by_ref(&l, &r)
-                .filter(|x| x["status"] == "complete")
-                .cloned()
-        })
-        .await;
+        let got = completed(&b, &r, 20).await;
         assert_eq!(got["dir"], "in");
         assert_eq!(got["sha256"], want.as_str());
         let path = got["path"].as_str().unwrap();
@@ -146,13 +149,7 @@ async fn blobs_arrive_identical_on_a_multi_thread_runtime() {
     assert_eq!(sent.len(), 3);
     for (i, (_, want)) in files.iter().enumerate() {
         let r = sent[i]["ref"].as_str().unwrap().to_string();
-        let got = eventually(30, || async {
-            let l = blobs(&b).await;
-            by_ref(&l, &r)
-                .filter(|x| x["status"] == "complete")
-                .cloned()
-        })
-        .await;
+        let got = completed(&b, &r, 30).await;
         assert_eq!(got["sha256"], want.as_str());
         let data = std::fs::read(got["path"].as_str().unwrap()).unwrap();
         assert_eq!(data.len(), len);
@@ -313,13 +310,7 @@ async fn dropped_connection_resumes_from_seen_without_duplicate_bytes() {
             _ => {}
         }
     }
-    let got = eventually(10, || async {
-        let l = blobs(&b).await;
-        by_ref(&l, "r1")
-            .filter(|x| x["status"] == "complete")
-            .cloned()
-    })
-    .await;
+    let got = completed(&b, "r1", 10).await;
     let path = got["path"].as_str().unwrap();
     assert!(path.ends_with("/passwd"), "{path}");
     assert!(path.starts_with(&b.path().display().to_string()));
@@ -380,13 +371,7 @@ async fn receiver_restarted_mid_transfer_completes_without_duplicate_bytes() {
     let home = b.stop().await;
     let b = TestNode::start_in(home, "bob@test").await;
     a.connect(&b).await;
-    let got = eventually(30, || async {
-        let l = blobs(&b).await;
-        by_ref(&l, &r)
-            .filter(|x| x["status"] == "complete")
-            .cloned()
-    })
-    .await;
+    let got = completed(&b, &r, 30).await;
     assert_eq!(got["sha256"], sha.as_str());
     let bytes = std::fs::read(got["path"].as_str().unwrap()).unwrap();
     assert_eq!(bytes.len(), 12 * 1024 * 1024);
