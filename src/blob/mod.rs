@@ -25,7 +25,7 @@ pub mod receive;
 pub mod send;
 pub mod stream;
 
-pub use receive::{BlobError, BlobReceiver, Completed, Verdict};
+pub use receive::{BlobError, BlobReceiver, BlobSync, Completed, Verdict};
 pub use send::{FileSlice, Outgoing, SendError, Streamed};
 
 use sha2::{Digest, Sha256};

@@ -17,6 +17,10 @@
 //!   together with seen[th] = the last chunk id, in one store transaction per blob
 //!   ([`BlobReceiver::sync`]). A replay after a crash therefore starts at the recorded
 //!   offset and never duplicates bytes.
+//! - A driver may run those fsyncs off its own thread: [`BlobReceiver::begin_sync`] hands
+//!   out the files ([`BlobSync`]), and [`BlobReceiver::finish_sync`] records the blobs
+//!   once they ran. Chunks taken meanwhile (the next batch's, written while the fsync runs)
+//!   see the state being synced and are recorded by the next sync, never by this one.
 //! - Complete = the `last` chunk arrived, the naming msg arrived and the sizes agree. The
 //!   SHA-256 is taken (from the hash kept while the chunks were written in order from
 //!   offset 0, else by reading the partial file: `running`), a free final name chosen, and the record marked complete with
@@ -126,8 +130,13 @@ pub struct BlobReceiver {
     limit: u64,
     moves: Vec<Move>,
     /// Blobs written to by [`BlobReceiver::take_chunk`] since the last
-    /// [`BlobReceiver::sync`]: data written, not yet fsynced nor recorded.
+    /// [`BlobReceiver::sync`] or [`BlobReceiver::begin_sync`]: data written, not yet
+    /// fsynced nor recorded.
     dirty: Vec<Dirty>,
+    /// Blobs handed to a [`BlobSync`] by [`BlobReceiver::begin_sync`]: recorded by
+    /// [`BlobReceiver::finish_sync`] once their fsync ran (oldest first; a blob may appear
+    /// twice when a sync was begun again before the last one finished).
+    syncing: Vec<Dirty>,
     /// Decoded chunk data (reused).
     buf: Vec<u8>,
 }
@@ -144,10 +153,44 @@ struct Dirty {
     recorded_offset: u64,
     /// seen entries to raise with the record: (th, chunk id).
     seen: Vec<(String, String)>,
-    file: File,
+    file: Arc<File>,
     path: PathBuf,
     /// The file was created in this batch (its directory is fsynced too).
     created: bool,
+}
+
+/// The fsyncs that make a batch's blob data durable, taken from the receiver by
+/// [`BlobReceiver::begin_sync`] so that a driver can run them off its own thread
+/// ([`BlobSync::run`] blocks) while the next lines are read and their chunks written.
+#[derive(Debug)]
+pub struct BlobSync {
+    /// Each partial file written, its path (for errors), and whether it was created (its
+    /// directory is fsynced too).
+    files: Vec<(Arc<File>, PathBuf, bool)>,
+}
+
+impl BlobSync {
+    /// Partial files to fsync (none in the no-durability mode).
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether there is nothing to fsync.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// fsync (`fdatasync`) each partial file, and the directory of each one created.
+    /// Blocks. Errors: [`BlobError::Io`] naming the file or directory.
+    pub fn run(self) -> Result<(), BlobError> {
+        for (file, path, created) in &self.files {
+            file.sync_data().map_err(io_err(path))?;
+            if *created {
+                sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl BlobReceiver {
@@ -159,6 +202,7 @@ impl BlobReceiver {
             limit,
             moves: Vec::new(),
             dirty: Vec::new(),
+            syncing: Vec::new(),
             buf: Vec::new(),
         }
     }
@@ -316,23 +360,28 @@ impl BlobReceiver {
 
     /// The state of `blob_ref` from `peer`: as written this batch, else as recorded.
     fn state(&self, peer: &PeerKey, blob_ref: &str) -> Result<Option<InBlobState>, BlobError> {
-        if let Some(d) = self.dirty_of(peer, blob_ref) {
+        if let Some(d) = self.unrecorded(peer, blob_ref) {
             return Ok(Some(d.st.clone()));
         }
         Ok(self.store.blob_in(peer, blob_ref)?)
     }
 
-    fn dirty_of(&self, peer: &PeerKey, blob_ref: &str) -> Option<&Dirty> {
+    /// The newest state of `blob_ref` not yet recorded: written this batch, else being
+    /// synced.
+    fn unrecorded(&self, peer: &PeerKey, blob_ref: &str) -> Option<&Dirty> {
+        let is = |d: &&Dirty| d.peer == *peer && d.blob_ref == blob_ref;
         self.dirty
             .iter()
-            .find(|d| d.peer == *peer && d.blob_ref == blob_ref)
+            .find(is)
+            .or_else(|| self.syncing.iter().rev().find(is))
     }
 
     /// Pending blobs of `peer` and the bytes their partial files hold, counting what this
     /// batch wrote.
     fn pending(&self, peer: &PeerKey) -> Result<(usize, u64), BlobError> {
         let (mut n, mut bytes) = self.store.pending_blobs_in(peer)?;
-        for d in self.dirty.iter().filter(|d| d.peer == *peer) {
+        let unrecorded = self.syncing.iter().chain(&self.dirty);
+        for d in unrecorded.filter(|d| d.peer == *peer) {
             if !d.recorded {
                 n += 1;
             }
@@ -343,7 +392,8 @@ impl BlobReceiver {
 
     /// Index of the dirty entry of `blob_ref` (state `st`), opening its partial file for
     /// this batch when needed: created (0600, directory 0700) when missing, cut to the
-    /// recorded offset (dropping whatever a crash left past it).
+    /// recorded offset (dropping whatever a crash left past it). For a blob being synced,
+    /// the offset being synced counts as recorded.
     fn dirty_entry(
         &mut self,
         peer: &PeerKey,
@@ -375,17 +425,27 @@ impl BlobReceiver {
             file.set_len(st.offset)
         })
         .map_err(io_err(&path))?;
-        let recorded = self.store.blob_in(peer, blob_ref)?;
+        let syncing = self
+            .syncing
+            .iter()
+            .rev()
+            .find(|d| d.peer == *peer && d.blob_ref == blob_ref);
+        let (recorded, recorded_offset) = match syncing {
+            Some(d) => (true, d.st.offset),
+            None => {
+                let r = self.store.blob_in(peer, blob_ref)?;
+                let offset = r.as_ref().filter(|r| r.status == InStatus::Pending);
+                (r.is_some(), offset.map_or(0, |r| r.offset))
+            }
+        };
         self.dirty.push(Dirty {
             peer: *peer,
             blob_ref: blob_ref.to_string(),
             st: st.clone(),
-            recorded: recorded.is_some(),
-            recorded_offset: recorded
-                .filter(|r| r.status == InStatus::Pending)
-                .map_or(0, |r| r.offset),
+            recorded,
+            recorded_offset,
             seen: Vec::new(),
-            file,
+            file: Arc::new(file),
             path,
             created,
         });
@@ -397,18 +457,49 @@ impl BlobReceiver {
     /// entries (and, when it is now complete, its final path: the move follows the store
     /// flush, [`BlobReceiver::after_flush`]). Call before the store flush whose acks cover
     /// these chunks. On an error nothing more is recorded (the session fails without acks).
+    /// The same as [`BlobReceiver::begin_sync`], [`BlobSync::run`] and
+    /// [`BlobReceiver::finish_sync`] in line.
     pub fn sync(&mut self) -> Result<(), BlobError> {
-        let dirty = std::mem::take(&mut self.dirty);
+        let job = self.begin_sync();
+        if let Err(e) = job.run() {
+            self.abort_sync();
+            return Err(e);
+        }
+        self.finish_sync()
+    }
+
+    /// Whether chunks were taken since the last sync began (their data is written, not
+    /// yet fsynced nor recorded).
+    pub fn has_unsynced(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Hand the blobs written since the last sync to a [`BlobSync`] (the fsyncs, to run on
+    /// any thread) and keep them, still visible to the next chunks' checks, until
+    /// [`BlobReceiver::finish_sync`] (after the job succeeded) records them or
+    /// [`BlobReceiver::abort_sync`] (it failed) forgets them. Chunks taken in between are
+    /// written at the offsets after the synced data and recorded by a later sync.
+    pub fn begin_sync(&mut self) -> BlobSync {
+        self.syncing.append(&mut self.dirty);
         // Skipped only in the fuzzing harnesses' no-durability mode
         // ([`crate::store::StoreFaults::durable`]); the node always syncs.
         let durable = self.store.durable();
-        for d in dirty.iter().filter(|_| durable) {
-            d.file.sync_data().map_err(io_err(&d.path))?;
-            if d.created {
-                sync_dir(d.path.parent().unwrap_or(Path::new(".")))?;
-            }
-        }
-        for mut d in dirty {
+        let files = self
+            .syncing
+            .iter()
+            .filter(|_| durable)
+            .map(|d| (Arc::clone(&d.file), d.path.clone(), d.created))
+            .collect();
+        BlobSync { files }
+    }
+
+    /// After the [`BlobSync`] of [`BlobReceiver::begin_sync`] succeeded: record each
+    /// synced blob's new offset with its seen entries (and, when it is now complete, its
+    /// final path: the move follows the store flush, [`BlobReceiver::after_flush`]). Call
+    /// before the store flush whose acks cover these chunks. On an error nothing more is
+    /// recorded (the session fails without acks).
+    pub fn finish_sync(&mut self) -> Result<(), BlobError> {
+        for mut d in std::mem::take(&mut self.syncing) {
             self.maybe_complete(&d.peer, &d.blob_ref, &mut d.st)?;
             let mut seen = d.seen.iter().map(|(t, i)| (t.as_str(), i.as_str()));
             self.store
@@ -419,6 +510,13 @@ impl BlobReceiver {
             }
         }
         Ok(())
+    }
+
+    /// After the [`BlobSync`] of [`BlobReceiver::begin_sync`] failed: forget the blobs it
+    /// held without recording anything (their data past the recorded offsets is cut off
+    /// when they are written to next).
+    pub fn abort_sync(&mut self) {
+        self.syncing.clear();
     }
 
     /// Take in the blob parts of a msg from `peer` (idempotent: a replayed msg changes
@@ -481,11 +579,12 @@ impl BlobReceiver {
             st.mime = b.mime.clone();
             st.msg_id = Some(m.id.clone());
             st.updated_ms = now;
-            if let Some(d) = self
-                .dirty
-                .iter_mut()
-                .find(|d| d.peer == *peer && d.blob_ref == b.blob_ref)
-            {
+            let is = |d: &&mut Dirty| d.peer == *peer && d.blob_ref == b.blob_ref;
+            let unrecorded = match self.dirty.iter_mut().find(is) {
+                Some(d) => Some(d),
+                None => self.syncing.iter_mut().rev().find(is),
+            };
+            if let Some(d) = unrecorded {
                 // Data of this batch not yet durable: completed and recorded by `sync`.
                 d.st = st;
             } else {
@@ -545,6 +644,9 @@ impl BlobReceiver {
         st.offset = 0;
         st.updated_ms = wire::time::now_ms();
         self.dirty
+            .retain(|d| !(d.peer == *peer && d.blob_ref == blob_ref));
+        // A sync running for it must not record it after the refusal.
+        self.syncing
             .retain(|d| !(d.peer == *peer && d.blob_ref == blob_ref));
         running::forget(&self.root, peer, blob_ref);
         let partial = partial_path(&peer_dir(&self.root, peer), blob_ref);

@@ -13,6 +13,7 @@ mod io;
 
 use super::ephemeral::Ephemeral;
 use super::{ConnEntry, Inner, SIMULTANEOUS_OPEN};
+use crate::blob::BlobError;
 use crate::net;
 use crate::session::{CloseReason, Phase, Session, SessionConfig, SessionEvent};
 use crate::store::AddrSource;
@@ -249,7 +250,7 @@ pub fn run_with(
     // The flush of the last committed batch, while it runs (at most one at a time: a
     // batch is committed only after the previous flush completed, so each flush holds
     // every line whose ack it releases).
-    let mut flight: Option<Flush> = None;
+    let mut flight: Option<Flight> = None;
     // The loop ends once the running flush (if any) has completed.
     let mut ending = false;
 
@@ -453,13 +454,12 @@ pub fn run_with(
             }
             if session.is_closed() || ending {
                 // What a running flush makes durable is still acted on (events) before the end.
-                match flight.take() {
-                    Some(f) => {
-                        flushed(&mut session, f.await);
-                        continue;
-                    }
-                    None => break,
+                if flight.is_none() {
+                    break;
                 }
+                let res = in_flight(&mut flight).await;
+                flight = landed(&inner, &mut session, res);
+                continue;
             }
             // Fill the pending write batch; once its write runs, the next one (prepared
             // while a large write runs in its own task: `start_write`).
@@ -534,8 +534,7 @@ pub fn run_with(
                     }
                 }
                 res = in_flight(&mut flight) => {
-                    flight = None;
-                    flushed(&mut session, res);
+                    flight = landed(&inner, &mut session, res);
                 }
                 // While a flush runs, the next lines are read and parsed up to the commit size.
                 batch = read_side.recv(&signer), if !(session.backlogged()
@@ -565,6 +564,9 @@ pub fn run_with(
                     }
                     if session.wants_flush() && flight.is_none() {
                         flight = Some(commit_and_flush(&inner, &mut session));
+                    } else if flight.is_some() {
+                        // Write the chunks read so far while the commit's fsyncs run.
+                        session.prewrite_blobs();
                     }
                 }
                 _ = handles.outbox.notified(), if registered.is_some() => session.outbox_changed(),
@@ -631,14 +633,61 @@ type Flush = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<(), crate::store::StoreError>> + Send>,
 >;
 
+/// A commit on its way to disk: the fsync of its blob data (on the blocking pool), then
+/// the store flush.
+enum Flight {
+    Sync(std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BlobError>> + Send>>),
+    Flush(Flush),
+}
+
+/// What a [`Flight`] stage ended with.
+enum Landed {
+    Synced(Result<(), BlobError>),
+    Flushed(Result<(), crate::store::StoreError>),
+}
+
 /// One transaction for the lines fed since the last commit, and the flush (one fsync,
 /// shared with other connections) that makes them durable. Their acks go out when the
-/// returned flush completes ([`flushed`]). The flush picks its generation when first
-/// polled, after this commit, so it holds every line committed here.
-fn commit_and_flush(inner: &Inner, session: &mut Session) -> Flush {
-    session.commit();
+/// flush completes ([`flushed`]). The flush picks its generation when first polled, after
+/// this commit, so it holds every line committed here. When the commit wrote blob data,
+/// the partial files are fsynced first on the blocking pool ([`crate::blob::BlobSync`]),
+/// while this task goes on reading and writing the next chunks
+/// ([`Session::prewrite_blobs`]); the blob records and the commit's other lines are stored
+/// after that fsync ([`landed`]), then flushed.
+fn commit_and_flush(inner: &Inner, session: &mut Session) -> Flight {
+    match session.commit_start() {
+        Some(job) => Flight::Sync(Box::pin(async move {
+            match tokio::task::spawn_blocking(move || job.run()).await {
+                Ok(r) => r,
+                Err(e) => Err(BlobError::Io {
+                    path: "(blob fsync task)".into(),
+                    source: std::io::Error::other(e.to_string()),
+                }),
+            }
+        })),
+        None => Flight::Flush(store_flush(inner)),
+    }
+}
+
+fn store_flush(inner: &Inner) -> Flush {
     let store = inner.store.clone();
     Box::pin(async move { store.flush().await })
+}
+
+/// Act on a finished flight stage: after the blob fsync, record and store the commit
+/// ([`Session::commit_synced`]) and start its flush (the next stage, returned); after the
+/// flush, release the acks ([`flushed`]).
+fn landed(inner: &Inner, session: &mut Session, res: Landed) -> Option<Flight> {
+    match res {
+        Landed::Synced(r) => {
+            session.commit_synced(r);
+            Some(Flight::Flush(store_flush(inner)))
+        }
+        Landed::Flushed(r) => {
+            flushed(session, r);
+            None
+        }
+    }
 }
 
 /// Take lines from the session into `pending` (each with its `\n`) until it holds
@@ -655,10 +704,11 @@ fn fill_pending(session: &mut Session, pending: &mut Vec<u8>) {
     }
 }
 
-/// The running flush's result; never ready when none runs.
-async fn in_flight(flight: &mut Option<Flush>) -> Result<(), crate::store::StoreError> {
+/// The running flight stage's result; never ready when none runs.
+async fn in_flight(flight: &mut Option<Flight>) -> Landed {
     match flight {
-        Some(f) => f.await,
+        Some(Flight::Sync(f)) => Landed::Synced(f.await),
+        Some(Flight::Flush(f)) => Landed::Flushed(f.await),
         None => std::future::pending().await,
     }
 }

@@ -229,6 +229,12 @@ pub struct Session {
     lines_in: u64,
     /// Assembles inbound blobs; without it chunks are handed out as [`SessionEvent::Other`].
     blobs: Option<crate::blob::BlobReceiver>,
+    /// The lines of a commit whose blob data is being fsynced ([`Session::commit_start`]):
+    /// stored by [`Session::commit_synced`], after the blob records.
+    after_sync: Option<Vec<(Line, Vec<u8>)>>,
+    /// `err blob_refused` lines for chunks taken by [`Session::prewrite_blobs`]: held with
+    /// the acks of the next commit.
+    prewrite_errs: Vec<Vec<u8>>,
     /// Input received during [`Phase::Admission`], with its byte count.
     held_input: Vec<HeldInput>,
     held_input_bytes: usize,
@@ -302,6 +308,8 @@ impl Session {
             close: None,
             lines_in: 0,
             blobs: None,
+            after_sync: None,
+            prewrite_errs: Vec::new(),
             held_input: Vec::new(),
             held_input_bytes: 0,
             ping_idle: PING_IDLE,
@@ -383,15 +391,35 @@ impl Session {
     /// the lines before it are stored (not acked: the session is closed), it and the
     /// lines after it are not.
     pub fn commit(&mut self) {
+        if let Some(job) = self.commit_start() {
+            let res = job.run();
+            self.commit_synced(res);
+        }
+    }
+
+    /// [`Session::commit`] for a driver that runs the fsync of blob data off its own task:
+    /// the blob data of the lines received since the last call is written, and when there
+    /// is any, the returned [`crate::blob::BlobSync`] must be run (it blocks) and its
+    /// result given to [`Session::commit_synced`], which records the blobs and stores the
+    /// other lines; then the store flush follows as after [`Session::commit`]. With `None`
+    /// the commit is complete. Until [`Session::commit_synced`], lines may be fed and
+    /// [`Session::prewrite_blobs`] called, but not this again.
+    pub fn commit_start(&mut self) -> Option<crate::blob::BlobSync> {
         self.pending_bytes = 0;
-        if self.pending_rx.is_empty() {
+        // Refusals of chunks taken early go out with this commit's acks.
+        self.held_acks.append(&mut self.prewrite_errs);
+        let unsynced = self
+            .blobs
+            .as_ref()
+            .is_some_and(crate::blob::BlobReceiver::has_unsynced);
+        if self.pending_rx.is_empty() && !unsynced {
             self.apply_acks();
-            return;
+            return None;
         }
         let mut batch = std::mem::take(&mut self.pending_rx);
         let sigs = std::mem::take(&mut self.pending_sigs);
         let sig_at = std::mem::take(&mut self.pending_sig_at);
-        let Some(peer) = self.peer else { return };
+        let peer = self.peer?;
         if !sigs.is_empty() {
             if let Err((bad, e)) = wire::sig::verify_batch(&peer, &sigs) {
                 let at = sig_at[bad];
@@ -407,16 +435,88 @@ impl Session {
             // Blob data first: its records go in before the msgs that name the blobs, so a
             // msg is never acked ahead of chunk data that arrived before it.
             let res = self.take_blobs(&mut blobs, &peer, &batch);
+            let job = res.map(|()| blobs.has_unsynced().then(|| blobs.begin_sync()));
             self.blobs = Some(blobs);
-            if let Err(e) = res {
-                self.fail_storage(None, &e.into_store_error());
-                return;
-            }
             batch.retain(|(l, _)| !matches!(l, Line::Chunk(_)));
-            if batch.is_empty() {
-                self.apply_acks();
-                return;
+            match job {
+                Err(e) => {
+                    self.fail_storage(None, &e.into_store_error());
+                    return None;
+                }
+                Ok(Some(job)) => {
+                    // The other lines wait for the blob records (`commit_synced`).
+                    self.after_sync = Some(batch);
+                    return Some(job);
+                }
+                Ok(None) => {}
             }
+        }
+        self.commit_lines(peer, batch);
+        None
+    }
+
+    /// The second half of [`Session::commit_start`], with the result of its
+    /// [`crate::blob::BlobSync::run`]: on success the blobs are recorded and the commit's
+    /// other lines stored; a failure fails the session as any storage error does (`err
+    /// internal`, nothing acked).
+    pub fn commit_synced(&mut self, res: Result<(), crate::blob::BlobError>) {
+        let batch = self.after_sync.take().unwrap_or_default();
+        let Some(mut blobs) = self.blobs.take() else {
+            return;
+        };
+        let res = res.and_then(|()| blobs.finish_sync());
+        if res.is_err() {
+            blobs.abort_sync();
+        }
+        self.blobs = Some(blobs);
+        if let Err(e) = res {
+            self.fail_storage(None, &e.into_store_error());
+            return;
+        }
+        match self.peer {
+            Some(peer) if !batch.is_empty() => self.commit_lines(peer, batch),
+            _ => self.apply_acks(),
+        }
+    }
+
+    /// Take in, while a commit's flush runs, the chunks at the head of the lines received
+    /// since (issue 10 §2, overlap): their data is decoded, checked and written now, and
+    /// made durable and recorded by the next commit, so that writing one batch's blob data
+    /// overlaps the fsync of the last. Does nothing for a closed session, or while lines
+    /// with signatures wait for their check (their data must not be written before it).
+    pub fn prewrite_blobs(&mut self) {
+        if self.phase == Phase::Closed || !self.pending_sigs.is_empty() {
+            return;
+        }
+        let Some(peer) = self.peer else { return };
+        let n = self
+            .pending_rx
+            .iter()
+            .take_while(|(l, _)| matches!(l, Line::Chunk(_)))
+            .count();
+        if n == 0 {
+            return;
+        }
+        let Some(mut blobs) = self.blobs.take() else {
+            return;
+        };
+        let chunks: Vec<(Line, Vec<u8>)> = self.pending_rx.drain(..n).collect();
+        let held = std::mem::take(&mut self.held_acks);
+        let res = self.take_blobs(&mut blobs, &peer, &chunks);
+        let errs = std::mem::replace(&mut self.held_acks, held);
+        self.prewrite_errs.extend(errs);
+        self.blobs = Some(blobs);
+        if let Err(e) = res {
+            self.fail_storage(None, &e.into_store_error());
+        }
+    }
+
+    /// Store the non-chunk lines of a commit (and the acks received) in one transaction,
+    /// holding their acks for the flush.
+    fn commit_lines(&mut self, peer: PeerKey, batch: Vec<(Line, Vec<u8>)>) {
+        if batch.is_empty() {
+            self.apply_acks();
+            return;
         }
         let refs: Vec<(&Line, &[u8])> = batch.iter().map(|(l, r)| (l, r.as_slice())).collect();
         let acks = std::mem::take(&mut self.pending_acks);
@@ -536,7 +636,9 @@ impl Session {
     }
 
     /// Feed the chunks and blob-naming msgs of a batch to the blob receiver, in arrival
-    /// order; refusals become `err blob_refused` lines held with the acks.
+    /// order; refusals become `err blob_refused` lines held with the acks. The data is
+    /// written, not yet durable: the caller syncs it ([`crate::blob::BlobReceiver::sync`]
+    /// or its halves) before the acks.
     fn take_blobs(
         &mut self,
         blobs: &mut crate::blob::BlobReceiver,
@@ -577,8 +679,7 @@ impl Session {
                 self.held_acks.push(err.encode());
             }
         }
-        // One fsync per partial file written, then the records: before the acks.
-        blobs.sync()
+        Ok(())
     }
 
     /// Whether the driver should stop reading for now: the control queue and the lines
@@ -598,7 +699,12 @@ impl Session {
     /// The driver ran [`Store::flush`] successfully: release held acks and events. Lines
     /// fed since the last [`Session::commit`] (while the flush ran) still want theirs.
     pub fn flushed(&mut self) {
-        self.needs_flush = !self.pending_rx.is_empty();
+        // Chunks taken early ([`Session::prewrite_blobs`]) still want their sync.
+        let unsynced = self
+            .blobs
+            .as_ref()
+            .is_some_and(crate::blob::BlobReceiver::has_unsynced);
+        self.needs_flush = !self.pending_rx.is_empty() || unsynced;
         if self.phase == Phase::Closed {
             // Nothing goes out after a closing err or bye; what was stored is still news.
             self.held_acks.clear();

@@ -1042,3 +1042,190 @@ fn unsigned_line_from_a_signing_peer_is_refused_on_arrival() {
     assert_eq!(err_code(&out[0]).as_deref(), Some("auth"));
     assert_eq!(a.store.received_line(&b.id.key(), id).unwrap(), None);
 }
+
+/// A chunk line of blob `r` in `th`, signed by `from` when `sign`.
+fn chunk_line(
+    from: &Identity,
+    id: &str,
+    r: &str,
+    n: u64,
+    last: bool,
+    data: &[u8],
+    sign: bool,
+) -> Vec<u8> {
+    let line = Line::Chunk(crate::wire::Chunk {
+        id: id.into(),
+        ts: "2026-01-01T00:00:00.000Z".into(),
+        th: Some("thr_blob".into()),
+        blob_ref: r.into(),
+        n,
+        last,
+        data: crate::wire::b64::encode_std(data),
+    })
+    .encode();
+    if sign {
+        crate::wire::sig::sign_encoded(from, &line).unwrap()
+    } else {
+        line
+    }
+}
+
+/// The msg naming blob `r` of `size` bytes.
+fn blob_msg(id: &str, r: &str, size: u64) -> Vec<u8> {
+    format!(
+        r#"{{"t":"msg","id":"{id}","ts":"2026-01-01T00:00:00Z","th":"thr_blob","parts":[{{"k":"blob","ref":"{r}","size":{size},"name":"f.bin"}}]}}"#
+    )
+    .into_bytes()
+}
+
+fn with_blobs(e: &mut End) -> std::path::PathBuf {
+    let root = e._dir.path().join("blobs");
+    e.s.set_blob_receiver(crate::blob::BlobReceiver::new(
+        e.store.clone(),
+        root.clone(),
+        1 << 20,
+    ));
+    root
+}
+
+#[test]
+fn chunks_read_while_a_blob_fsync_runs_are_written_then_and_recorded_after_the_next() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let root = with_blobs(&mut a);
+    let peer = b.id.key();
+    let data: Vec<u8> = (0..5000u32).map(|i| (i % 241) as u8).collect();
+    let partial = crate::blob::partial_path(&crate::blob::peer_dir(&root, &peer), "r1");
+    a.s.handle_line(
+        &chunk_line(
+            &b.id,
+            "01K40000000000000000000001",
+            "r1",
+            0,
+            false,
+            &data[..2000],
+            false,
+        ),
+        now,
+    );
+    let job = a.s.commit_start().expect("blob data to fsync");
+    // Read while that fsync runs: the last chunk and the msg naming the blob.
+    a.s.handle_line(
+        &chunk_line(
+            &b.id,
+            "01K40000000000000000000002",
+            "r1",
+            1,
+            true,
+            &data[2000..],
+            false,
+        ),
+        now,
+    );
+    let msg_id = "01K40000000000000000000003";
+    a.s.handle_line(&blob_msg(msg_id, "r1", 5000), now);
+    a.s.prewrite_blobs();
+    assert_eq!(
+        std::fs::read(&partial).unwrap(),
+        data,
+        "the chunk is written while the fsync runs"
+    );
+    assert!(
+        a.store.blob_in(&peer, "r1").unwrap().is_none(),
+        "nothing recorded before the fsync"
+    );
+    job.run().unwrap();
+    a.s.commit_synced(Ok(()));
+    let st = a.store.blob_in(&peer, "r1").unwrap().unwrap();
+    assert_eq!(
+        (st.offset, st.next_n),
+        (2000, 1),
+        "only the synced chunk is recorded"
+    );
+    a.store.flush_blocking().unwrap();
+    a.s.flushed();
+    assert!(drain_transmit(&mut a).is_empty(), "chunks are not acked");
+    assert!(
+        a.s.wants_flush(),
+        "the chunk written early still needs its commit"
+    );
+    // The next commit syncs and records it, stores the msg, and acks it after the flush.
+    let out = drain(&mut a);
+    assert_eq!(kinds(&out), ["ack"]);
+    assert!(String::from_utf8_lossy(&out[0]).contains(msg_id));
+    let done: Vec<_> = a
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            SessionEvent::BlobReceived(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done.len(), 1);
+    assert_eq!(std::fs::read(&done[0].path).unwrap(), data);
+    assert_eq!(
+        done[0].sha256,
+        crate::blob::hex(&<sha2::Sha256 as sha2::Digest>::digest(&data))
+    );
+    assert!(!a.s.wants_flush());
+}
+
+#[test]
+fn a_chunk_behind_a_signed_line_is_not_written_before_that_line_is_checked() {
+    // Chunks are not a signed kind, but one read behind a signed msg waits for the msg's
+    // check (made at the commit): when it fails, the lines after it are never taken.
+    let now = Instant::now();
+    let (mut a, mut b) = signing_pair(now);
+    pump(&mut a, &mut b, now);
+    let root = with_blobs(&mut a);
+    let peer = b.id.key();
+    let partial = crate::blob::partial_path(&crate::blob::peer_dir(&root, &peer), "r1");
+    let c0 = chunk_line(
+        &b.id,
+        "01K50000000000000000000001",
+        "r1",
+        0,
+        false,
+        b"abc",
+        false,
+    );
+    a.s.handle_line(&c0, now);
+    let job = a.s.commit_start().expect("blob data to fsync");
+    // Altered after signing.
+    let mut bad = peer_msg(
+        &b.id,
+        "01K50000000000000000000002",
+        "thr_blob",
+        "text",
+        true,
+    );
+    let at = bad.windows(4).position(|w| w == b"text").unwrap();
+    bad[at] = b'T';
+    a.s.handle_line(&bad, now);
+    let c1 = chunk_line(
+        &b.id,
+        "01K50000000000000000000003",
+        "r1",
+        1,
+        true,
+        b"def",
+        false,
+    );
+    a.s.handle_line(&c1, now);
+    a.s.prewrite_blobs();
+    assert_eq!(
+        std::fs::read(&partial).unwrap(),
+        b"abc",
+        "nothing written before the check"
+    );
+    job.run().unwrap();
+    a.s.commit_synced(Ok(()));
+    a.store.flush_blocking().unwrap();
+    a.s.flushed();
+    let out = drain(&mut a);
+    assert_eq!(err_code(&out[0]).as_deref(), Some("auth"));
+    assert!(a.s.is_closed());
+    assert_eq!(std::fs::read(&partial).unwrap(), b"abc");
+    assert_eq!(a.store.blob_in(&peer, "r1").unwrap().unwrap().offset, 3);
+}

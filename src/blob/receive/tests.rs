@@ -437,3 +437,85 @@ fn a_batch_of_chunks_is_recorded_only_after_sync() {
     assert_eq!(t.state("r1").status, InStatus::Refused);
     assert!(!t.partial("r1").exists());
 }
+
+/// Take `data` as chunk `n` of `r` without syncing.
+fn take(t: &mut T, r: &str, n: u64, last: bool, data: &[u8]) -> Verdict {
+    let c = t.chunk_line(r, n, last, &wire::b64::encode_std(data));
+    t.rx.take_chunk(&t.peer, &c).unwrap()
+}
+
+#[test]
+fn chunks_taken_while_a_sync_runs_are_recorded_by_the_next_sync_only() {
+    let mut t = setup(1 << 20);
+    let data: Vec<u8> = (0..3000u32).map(|i| (i % 253) as u8).collect();
+    assert_eq!(take(&mut t, "r1", 0, false, &data[..1000]), Verdict::Stored);
+    let job = t.rx.begin_sync();
+    assert_eq!(job.len(), 1);
+    assert!(!t.rx.has_unsynced());
+    // The next batch's chunks see the state being synced: n 1 is next, n 0 a replay, n 2
+    // a gap would be refused (not tried here: it drops the blob).
+    assert_eq!(take(&mut t, "r1", 0, false, &data[..1000]), Verdict::Replay);
+    assert_eq!(
+        take(&mut t, "r1", 1, false, &data[1000..2000]),
+        Verdict::Stored
+    );
+    assert!(t.rx.has_unsynced());
+    assert!(
+        t.store.blob_in(&t.peer, "r1").unwrap().is_none(),
+        "nothing recorded before the fsync ran"
+    );
+    job.run().unwrap();
+    t.rx.finish_sync().unwrap();
+    // Recorded: the synced offset, not the one written after.
+    let st = t.state("r1");
+    assert_eq!((st.offset, st.next_n), (1000, 1));
+    // The pending budget counts each byte once (synced 1000 recorded, 1000 unsynced).
+    assert_eq!(t.rx.pending(&t.peer).unwrap(), (1, 2000));
+    assert_eq!(take(&mut t, "r1", 2, true, &data[2000..]), Verdict::Stored);
+    t.rx.sync().unwrap();
+    let st = t.state("r1");
+    assert_eq!((st.offset, st.next_n, st.last_seen), (3000, 3, true));
+    assert_eq!(t.msg("r1", 3000, "f.bin"), vec![Verdict::Stored]);
+    let done = t.done();
+    assert_eq!(done.len(), 1);
+    assert_eq!(std::fs::read(&done[0].path).unwrap(), data);
+    assert_eq!(done[0].sha256, sha_hex(&data));
+}
+
+#[test]
+fn a_refusal_while_a_sync_runs_is_not_overwritten_by_it() {
+    let mut t = setup(1 << 20);
+    assert_eq!(take(&mut t, "r1", 0, false, b"abc"), Verdict::Stored);
+    let job = t.rx.begin_sync();
+    // A gap while chunk 0 is being synced: the blob is refused and its partial dropped.
+    assert!(refused(&take(&mut t, "r1", 5, false, b"x")));
+    assert!(!t.partial("r1").exists());
+    job.run().unwrap();
+    t.rx.finish_sync().unwrap();
+    assert_eq!(t.state("r1").status, InStatus::Refused);
+    assert!(!t.partial("r1").exists());
+    // Its later chunks are ignored.
+    assert_eq!(take(&mut t, "r1", 1, false, b"d"), Verdict::Stored);
+    assert!(!t.rx.has_unsynced());
+}
+
+#[test]
+fn a_failed_sync_records_nothing_and_the_blob_resumes_from_its_record() {
+    let mut t = setup(1 << 20);
+    assert_eq!(t.chunk("r1", 0, false, b"abc"), Verdict::Stored);
+    assert_eq!(take(&mut t, "r1", 1, false, b"def"), Verdict::Stored);
+    let _job = t.rx.begin_sync();
+    assert_eq!(take(&mut t, "r1", 2, false, b"ghi"), Verdict::Stored);
+    // The fsync failed: the session fails, so the connection's unsynced data goes too.
+    t.rx.abort_sync();
+    let st = t.state("r1");
+    assert_eq!((st.offset, st.next_n), (3, 1));
+    let mut u = BlobReceiver::new(t.store.clone(), t.root.clone(), 1 << 20);
+    std::mem::swap(&mut t.rx, &mut u);
+    // The peer sends again from chunk 1: written at the recorded offset, the rest cut.
+    assert_eq!(t.chunk("r1", 1, true, b"DEF"), Verdict::Stored);
+    assert_eq!(std::fs::read(t.partial("r1")).unwrap(), b"abcDEF");
+    assert_eq!(t.msg("r1", 6, "g.bin"), vec![Verdict::Stored]);
+    let done = t.done();
+    assert_eq!(done[0].sha256, sha_hex(b"abcDEF"));
+}
