@@ -10,7 +10,7 @@
 #[path = "shared.rs"]
 mod shared;
 
-use awp_node::blob::BlobReceiver;
+use awp_node::blob::{BlobReceiver, BlobSync};
 use awp_node::store::Store;
 use awp_node::wire::{parse_line, Line, PeerKey};
 use libfuzzer_sys::fuzz_target;
@@ -59,26 +59,50 @@ fuzz_target!(|data: &[u8]| {
         *env = Env::new();
         env.inputs = inputs;
     }
-    for raw in data.split(|b| *b == b'\n').take(64) {
-        let Ok(line) = parse_line(raw) else { continue };
-        let verdicts = match &line {
-            Line::Chunk(c) => env.rx.on_chunk(&peer, c).map(|v| vec![v]),
-            Line::Msg(m) => env.rx.on_msg(&peer, m),
-            _ => continue,
-        };
-        // Storage errors are possible (the store is real); refusals are verdicts.
-        let _ = verdicts;
+    // Chunks are taken without their fsync; every third line, the running sync (if any)
+    // finishes and the next one begins, so chunks are also taken while a sync runs, as the
+    // node's connection does (`BlobReceiver::begin_sync`).
+    let mut running: Option<BlobSync> = None;
+    for (i, raw) in data.split(|b| *b == b'\n').take(64).enumerate() {
+        if let Ok(line) = parse_line(raw) {
+            let verdicts = match &line {
+                Line::Chunk(c) => env.rx.take_chunk(&peer, c).map(|v| vec![v]),
+                Line::Msg(m) => env.rx.on_msg(&peer, m),
+                _ => Ok(Vec::new()),
+            };
+            // Storage errors are possible (the store is real); refusals are verdicts.
+            let _ = verdicts;
+        }
+        if i % 3 == 2 {
+            finish(&mut env.rx, running.take());
+            running = Some(env.rx.begin_sync());
+        }
     }
+    finish(&mut env.rx, running.take());
+    let _ = env.rx.sync();
     // Completed blobs are moved after a flush; their files must hold what was recorded.
     let _ = env.store.flush_blocking();
     for done in env.rx.after_flush() {
         let rec = env.store.blob_in(&done.peer, &done.blob_ref).ok().flatten();
         if let Some(rec) = rec {
             if let (Some(path), Some(size)) = (rec.path, rec.size) {
-                if let Ok(meta) = std::fs::metadata(&path) {
-                    assert_eq!(meta.len(), size, "a complete blob has its declared size");
+                if let Ok(bytes) = std::fs::read(&path) {
+                    assert_eq!(bytes.len() as u64, size, "a complete blob has its declared size");
+                    let sha = awp_node::blob::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+                    assert_eq!(Some(sha), rec.sha256, "a complete blob has its recorded SHA-256");
                 }
             }
         }
     }
 });
+
+/// Finish a sync begun by `BlobReceiver::begin_sync`: record on success, forget on failure.
+fn finish(rx: &mut BlobReceiver, job: Option<BlobSync>) {
+    let Some(job) = job else { return };
+    match job.run() {
+        Ok(()) => {
+            let _ = rx.finish_sync();
+        }
+        Err(_) => rx.abort_sync(),
+    }
+}
