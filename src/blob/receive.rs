@@ -513,10 +513,13 @@ impl BlobReceiver {
     }
 
     /// After the [`BlobSync`] of [`BlobReceiver::begin_sync`] failed: forget the blobs it
-    /// held without recording anything (their data past the recorded offsets is cut off
-    /// when they are written to next).
+    /// held, and the chunks written since, without recording anything (their data past
+    /// the recorded offsets is cut off when they are written to next). The later chunks go
+    /// too: after a failed fsync a later one may succeed without the earlier data, so no
+    /// offset past the failure may ever be recorded from this state.
     pub fn abort_sync(&mut self) {
         self.syncing.clear();
+        self.dirty.clear();
     }
 
     /// Take in the blob parts of a msg from `peer` (idempotent: a replayed msg changes

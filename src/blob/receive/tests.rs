@@ -506,8 +506,10 @@ fn a_failed_sync_records_nothing_and_the_blob_resumes_from_its_record() {
     assert_eq!(take(&mut t, "r1", 1, false, b"def"), Verdict::Stored);
     let _job = t.rx.begin_sync();
     assert_eq!(take(&mut t, "r1", 2, false, b"ghi"), Verdict::Stored);
-    // The fsync failed: the session fails, so the connection's unsynced data goes too.
+    // The fsync failed: nothing is recorded, neither what it held nor what came after.
     t.rx.abort_sync();
+    assert!(!t.rx.has_unsynced());
+    t.rx.sync().unwrap();
     let st = t.state("r1");
     assert_eq!((st.offset, st.next_n), (3, 1));
     let mut u = BlobReceiver::new(t.store.clone(), t.root.clone(), 1 << 20);
