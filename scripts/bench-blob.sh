@@ -65,8 +65,9 @@ t_queued=$(date +%s.%N)
 "$AWP" --home "$WORK/b" wait --timeout 120s >/dev/null 2>&1 || true
 got=""
 for _ in $(seq 1 6000); do
-    if "$AWP" --home "$WORK/b" --json blobs | grep -q '"status":"complete"'; then
-        got=$("$AWP" --home "$WORK/b" --json blobs | grep '"status":"complete"' |
+    listing=$("$AWP" --home "$WORK/b" --json blobs || true)
+    if echo "$listing" | grep -q '"status":"complete"'; then
+        got=$(echo "$listing" | grep '"status":"complete"' |
             sed -E 's/.*"sha256":"([0-9a-f]+)".*/\1/' | head -1)
         break
     fi
