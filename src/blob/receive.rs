@@ -259,6 +259,9 @@ impl BlobReceiver {
             // Later chunks of a refused blob were in flight when we refused: ignore them.
             InStatus::Refused => return Ok(Verdict::Stored),
             InStatus::Complete => return Ok(Verdict::Replay),
+            // Every byte and the naming msg are here: complete once synced (whether that
+            // sync ran already or runs now), so what follows is a replay as well.
+            InStatus::Pending if completes(&st) => return Ok(Verdict::Replay),
             InStatus::Pending => {}
         }
         if c.n < st.next_n {
@@ -500,6 +503,15 @@ impl BlobReceiver {
     /// recorded (the session fails without acks).
     pub fn finish_sync(&mut self) -> Result<(), BlobError> {
         for mut d in std::mem::take(&mut self.syncing) {
+            // Another connection of the peer (its own receiver) may have refused or
+            // finished the blob, or recorded more of it, while this sync ran: its record
+            // stands (this one would undo a refusal, or move the offset back behind seen).
+            if let Some(now) = self.store.blob_in(&d.peer, &d.blob_ref)? {
+                if now.status != InStatus::Pending || now.offset > d.st.offset {
+                    tracing::info!(peer = %d.peer, blob_ref = %d.blob_ref, "blob recorded by another connection meanwhile; not recording this one's state");
+                    continue;
+                }
+            }
             self.maybe_complete(&d.peer, &d.blob_ref, &mut d.st)?;
             let mut seen = d.seen.iter().map(|(t, i)| (t.as_str(), i.as_str()));
             self.store
@@ -670,10 +682,7 @@ impl BlobReceiver {
         blob_ref: &str,
         st: &mut InBlobState,
     ) -> Result<(), BlobError> {
-        if st.status != InStatus::Pending || !st.last_seen || st.msg_id.is_none() {
-            return Ok(());
-        }
-        if st.size != Some(st.offset) {
+        if st.status != InStatus::Pending || !completes(st) {
             return Ok(());
         }
         let dir = peer_dir(&self.root, peer);
@@ -759,6 +768,12 @@ impl BlobReceiver {
         }
         Ok(n)
     }
+}
+
+/// Whether a pending blob has everything it needs to complete: its last chunk, its naming
+/// msg, and as many bytes as that msg declared.
+fn completes(st: &InBlobState) -> bool {
+    st.last_seen && st.msg_id.is_some() && st.size == Some(st.offset)
 }
 
 /// The ref as it may be echoed in an err line (omitted when absurdly long).

@@ -564,8 +564,13 @@ pub fn run_with(
                     }
                     if session.wants_flush() && flight.is_none() {
                         flight = Some(commit_and_flush(&inner, &mut session));
-                    } else if flight.is_some() {
-                        // Write the chunks read so far while the commit's fsyncs run.
+                    } else if flight.is_some()
+                        && !handles.stop.load(Ordering::Acquire)
+                        && !inner.shutdown.is_cancelled()
+                    {
+                        // Write the chunks read so far while the commit's fsyncs run (not
+                        // on a connection told to stop: a newer one may be writing the same
+                        // partial files).
                         session.prewrite_blobs();
                     }
                 }

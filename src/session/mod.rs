@@ -232,6 +232,9 @@ pub struct Session {
     /// The lines of a commit whose blob data is being fsynced ([`Session::commit_start`]):
     /// stored by [`Session::commit_synced`], after the blob records.
     after_sync: Option<Vec<(Line, Vec<u8>)>>,
+    /// The length of `held_acks` when that commit's blob fsync began: what is held after
+    /// it (pongs to pings read meanwhile) goes out after the commit's acks.
+    sync_mark: usize,
     /// `err blob_refused` lines for chunks taken by [`Session::prewrite_blobs`]: held with
     /// the acks of the next commit.
     prewrite_errs: Vec<Vec<u8>>,
@@ -309,6 +312,7 @@ impl Session {
             lines_in: 0,
             blobs: None,
             after_sync: None,
+            sync_mark: 0,
             prewrite_errs: Vec::new(),
             held_input: Vec::new(),
             held_input_bytes: 0,
@@ -446,6 +450,7 @@ impl Session {
                 Ok(Some(job)) => {
                     // The other lines wait for the blob records (`commit_synced`).
                     self.after_sync = Some(batch);
+                    self.sync_mark = self.held_acks.len();
                     return Some(job);
                 }
                 Ok(None) => {}
@@ -461,6 +466,10 @@ impl Session {
     /// internal`, nothing acked).
     pub fn commit_synced(&mut self, res: Result<(), crate::blob::BlobError>) {
         let batch = self.after_sync.take().unwrap_or_default();
+        // Held while the fsync ran (pongs): after this commit's acks.
+        let later = self
+            .held_acks
+            .split_off(self.sync_mark.min(self.held_acks.len()));
         let Some(mut blobs) = self.blobs.take() else {
             return;
         };
@@ -476,6 +485,9 @@ impl Session {
         match self.peer {
             Some(peer) if !batch.is_empty() => self.commit_lines(peer, batch),
             _ => self.apply_acks(),
+        }
+        if self.phase != Phase::Closed {
+            self.held_acks.extend(later);
         }
     }
 
@@ -700,11 +712,13 @@ impl Session {
     /// fed since the last [`Session::commit`] (while the flush ran) still want theirs.
     pub fn flushed(&mut self) {
         // Chunks taken early ([`Session::prewrite_blobs`]) still want their sync.
+        // and their refusals still want to go out.
         let unsynced = self
             .blobs
             .as_ref()
             .is_some_and(crate::blob::BlobReceiver::has_unsynced);
-        self.needs_flush = !self.pending_rx.is_empty() || unsynced;
+        self.needs_flush =
+            !self.pending_rx.is_empty() || unsynced || !self.prewrite_errs.is_empty();
         if self.phase == Phase::Closed {
             // Nothing goes out after a closing err or bye; what was stored is still news.
             self.held_acks.clear();
@@ -1158,9 +1172,10 @@ impl Session {
                     ts: now_ts(),
                     re: p.id,
                 });
-                // A ping read while the driver flushes a committed batch is answered after
-                // that batch's acks, as when the flush held up reading.
-                if self.held_acks.is_empty() {
+                // A ping read while the driver flushes a committed batch (or fsyncs its blob
+                // data) is answered after that batch's acks, as when the flush held up
+                // reading.
+                if self.held_acks.is_empty() && self.after_sync.is_none() {
                     self.control.push_back(pong.encode());
                 } else {
                     self.held_acks.push(pong.encode());

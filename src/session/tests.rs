@@ -1229,3 +1229,147 @@ fn a_chunk_behind_a_signed_line_is_not_written_before_that_line_is_checked() {
     assert_eq!(std::fs::read(&partial).unwrap(), b"abc");
     assert_eq!(a.store.blob_in(&peer, "r1").unwrap().unwrap().offset, 3);
 }
+
+#[test]
+fn after_a_failed_blob_fsync_nothing_more_is_recorded() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let _root = with_blobs(&mut a);
+    let peer = b.id.key();
+    let data: Vec<u8> = (0..4000u32).map(|i| (i % 241) as u8).collect();
+    a.s.handle_line(
+        &chunk_line(
+            &b.id,
+            "01K60000000000000000000001",
+            "r1",
+            0,
+            false,
+            &data[..2000],
+            false,
+        ),
+        now,
+    );
+    let job = a.s.commit_start().expect("blob data to fsync");
+    // Read while that fsync runs (conn.rs: prewrite_blobs in the read branch).
+    a.s.handle_line(
+        &chunk_line(
+            &b.id,
+            "01K60000000000000000000002",
+            "r1",
+            1,
+            false,
+            &data[2000..],
+            false,
+        ),
+        now,
+    );
+    a.s.prewrite_blobs();
+    drop(job);
+    // The fsync of chunk 0 failed (EIO).
+    a.s.commit_synced(Err(crate::blob::BlobError::Io {
+        path: "partial".into(),
+        source: std::io::Error::other("EIO"),
+    }));
+    assert!(a.s.is_closed());
+    // conn.rs `landed`: a Synced stage is followed by the store flush whatever its result.
+    a.store.flush_blocking().unwrap();
+    a.s.flushed();
+    let wants = a.s.wants_flush();
+    // conn.rs:430 commits whenever wants_flush() and no flight runs, closed or not.
+    if wants {
+        a.s.commit();
+        a.store.flush_blocking().unwrap();
+        a.s.flushed();
+    }
+    let st = a.store.blob_in(&peer, "r1").unwrap();
+    assert!(
+        st.is_none(),
+        "wants_flush after the failure: {wants}; recorded past data whose fsync failed: {:?}",
+        st.map(|s| (s.offset, s.next_n))
+    );
+}
+
+#[test]
+fn a_refusal_of_a_chunk_taken_early_goes_out() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let _root = with_blobs(&mut a);
+    a.s.handle_line(
+        &chunk_line(
+            &b.id,
+            "01K70000000000000000000001",
+            "r1",
+            0,
+            false,
+            b"abc",
+            false,
+        ),
+        now,
+    );
+    let job = a.s.commit_start().expect("blob data to fsync");
+    // A chunk of another blob with bad base64... use a gap: n 3 where 0 is next.
+    a.s.handle_line(
+        &chunk_line(
+            &b.id,
+            "01K70000000000000000000002",
+            "r2",
+            3,
+            false,
+            b"zz",
+            false,
+        ),
+        now,
+    );
+    a.s.prewrite_blobs();
+    job.run().unwrap();
+    a.s.commit_synced(Ok(()));
+    a.store.flush_blocking().unwrap();
+    a.s.flushed();
+    // Nothing else arrives from the peer.
+    let mut out = drain(&mut a);
+    out.extend(drain(&mut a));
+    let codes: Vec<_> = out.iter().map(|l| err_code(l)).collect();
+    assert!(
+        codes.iter().any(|c| c.as_deref() == Some("blob_refused")),
+        "wants_flush {}; sent {codes:?}",
+        a.s.wants_flush()
+    );
+}
+
+#[test]
+fn a_ping_read_while_a_blob_fsync_runs_is_answered_after_the_batch_acks() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let _root = with_blobs(&mut a);
+    a.s.handle_line(
+        &chunk_line(
+            &b.id,
+            "01K80000000000000000000001",
+            "r1",
+            0,
+            true,
+            b"abc",
+            false,
+        ),
+        now,
+    );
+    let msg_id = "01K80000000000000000000002";
+    a.s.handle_line(&blob_msg(msg_id, "r1", 3), now);
+    let job = a.s.commit_start().expect("blob data to fsync");
+    // Read while the fsync runs (as when the flush held up reading, a ping read while the
+    // driver commits a batch is answered after that batch's acks: session/mod.rs on Ping).
+    a.s.handle_line(
+        br#"{"t":"ping","id":"p1","ts":"2026-01-01T00:00:00Z"}"#,
+        now,
+    );
+    let mut out = drain_transmit(&mut a);
+    job.run().unwrap();
+    a.s.commit_synced(Ok(()));
+    a.store.flush_blocking().unwrap();
+    a.s.flushed();
+    out.extend(drain_transmit(&mut a));
+    assert_eq!(kinds(&out), ["ack", "pong"]);
+}

@@ -521,3 +521,43 @@ fn a_failed_sync_records_nothing_and_the_blob_resumes_from_its_record() {
     let done = t.done();
     assert_eq!(done[0].sha256, sha_hex(b"abcDEF"));
 }
+
+#[test]
+fn a_chunk_past_the_last_while_its_sync_runs_is_a_replay_as_after_an_inline_sync() {
+    let mut t = setup(1 << 20);
+    assert_eq!(t.msg("r1", 3, "f.bin"), vec![Verdict::Stored]);
+    assert_eq!(take(&mut t, "r1", 0, true, b"abc"), Verdict::Stored);
+    let job = t.rx.begin_sync();
+    let v = take(&mut t, "r1", 1, false, b"x");
+    job.run().unwrap();
+    t.rx.finish_sync().unwrap();
+    let st = t.state("r1");
+    assert_eq!(
+        st.status,
+        InStatus::Complete,
+        "verdict {v:?}; reason {:?}",
+        st.reason
+    );
+}
+
+#[test]
+fn a_refusal_by_another_receiver_while_a_sync_runs_stands() {
+    let mut t = setup(1 << 20);
+    assert_eq!(take(&mut t, "r1", 0, false, b"abc"), Verdict::Stored);
+    let job = t.rx.begin_sync();
+    // The same peer's other connection (its own receiver on the same store and root).
+    let mut other = BlobReceiver::new(t.store.clone(), t.root.clone(), 1 << 20);
+    let c = t.chunk_line("r1", 5, false, &wire::b64::encode_std(b"x"));
+    assert!(refused(&other.take_chunk(&t.peer, &c).unwrap()));
+    assert_eq!(t.state("r1").status, InStatus::Refused);
+    job.run().unwrap();
+    t.rx.finish_sync().unwrap();
+    let st = t.state("r1");
+    assert_eq!(
+        st.status,
+        InStatus::Refused,
+        "offset {} recorded, partial exists: {}",
+        st.offset,
+        t.partial("r1").exists()
+    );
+}
