@@ -3,8 +3,10 @@
 //! the store is durable.
 //!
 //! Rules, per (peer, ref):
-//! - Chunks count from 0. `n` below the next expected is a replay: ignored. `n` above it,
-//!   a chunk after the `last` one, bad base64, data over the limit, data over the declared
+//! - Chunks count from 0. `n` below the next expected is a replay: ignored, as is any
+//!   chunk of a blob that is complete or has everything to complete (its last chunk, its
+//!   naming msg and the declared size). `n` above it, a chunk after the `last` one, bad
+//!   base64, data over the limit, data over the declared
 //!   size, or a `last` chunk that ends short of it: refused (`err blob_refused`, ref, re =
 //!   the chunk id; the connection stays open). A refused blob's partial file is deleted and
 //!   later chunks of the ref are ignored silently.
@@ -56,7 +58,8 @@ const NO_ROOM: &str = "no room for this blob: the receiving node's disk is full"
 pub enum Verdict {
     /// Stored, or nothing to do (a known declaration, a chunk of a finished blob).
     Stored,
-    /// A chunk below the next expected index: a replay, ignored.
+    /// A chunk below the next expected index, or of a blob that is complete (or has
+    /// everything to complete): a replay, ignored.
     Replay,
     /// Answer `err blob_refused` {ref, re} with `detail`; the connection stays open.
     Refuse {
@@ -504,13 +507,16 @@ impl BlobReceiver {
     pub fn finish_sync(&mut self) -> Result<(), BlobError> {
         for mut d in std::mem::take(&mut self.syncing) {
             // Another connection of the peer (its own receiver) may have refused or
-            // finished the blob, or recorded more of it, while this sync ran: its record
-            // stands (this one would undo a refusal, or move the offset back behind seen).
-            if let Some(now) = self.store.blob_in(&d.peer, &d.blob_ref)? {
-                if now.status != InStatus::Pending || now.offset > d.st.offset {
-                    tracing::info!(peer = %d.peer, blob_ref = %d.blob_ref, "blob recorded by another connection meanwhile; not recording this one's state");
-                    continue;
-                }
+            // finished the blob while this sync ran, or cut its partial file back to the
+            // recorded offset: that stands (recording this state would undo a refusal, or
+            // claim bytes the file no longer holds).
+            let refused_or_done = self
+                .store
+                .blob_in(&d.peer, &d.blob_ref)?
+                .is_some_and(|now| now.status != InStatus::Pending);
+            if refused_or_done || !holds(&d) {
+                tracing::info!(peer = %d.peer, blob_ref = %d.blob_ref, "blob changed by another connection meanwhile; not recording this one's state");
+                continue;
             }
             self.maybe_complete(&d.peer, &d.blob_ref, &mut d.st)?;
             let mut seen = d.seen.iter().map(|(t, i)| (t.as_str(), i.as_str()));
@@ -768,6 +774,16 @@ impl BlobReceiver {
         }
         Ok(n)
     }
+}
+
+/// Whether the partial file of `d` is still the file it wrote to, holding at least the
+/// offset it is about to record.
+fn holds(d: &Dirty) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(now), Ok(ours)) = (std::fs::metadata(&d.path), d.file.metadata()) else {
+        return false;
+    };
+    now.dev() == ours.dev() && now.ino() == ours.ino() && now.len() >= d.st.offset
 }
 
 /// Whether a pending blob has everything it needs to complete: its last chunk, its naming

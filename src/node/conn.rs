@@ -562,12 +562,11 @@ pub fn run_with(
                         }
                         next = read_side.try_recv().map(|b| *b);
                     }
-                    if session.wants_flush() && flight.is_none() {
+                    let stopping =
+                        handles.stop.load(Ordering::Acquire) || inner.shutdown.is_cancelled();
+                    if session.wants_flush() && flight.is_none() && !stopping {
                         flight = Some(commit_and_flush(&inner, &mut session));
-                    } else if flight.is_some()
-                        && !handles.stop.load(Ordering::Acquire)
-                        && !inner.shutdown.is_cancelled()
-                    {
+                    } else if flight.is_some() && !stopping {
                         // Write the chunks read so far while the commit's fsyncs run (not
                         // on a connection told to stop: a newer one may be writing the same
                         // partial files).

@@ -238,6 +238,9 @@ pub struct Session {
     /// `err blob_refused` lines for chunks taken by [`Session::prewrite_blobs`]: held with
     /// the acks of the next commit.
     prewrite_errs: Vec<Vec<u8>>,
+    /// A storage failure closed the session: nothing more is stored
+    /// ([`Session::fail_storage`]).
+    storage_failed: bool,
     /// Input received during [`Phase::Admission`], with its byte count.
     held_input: Vec<HeldInput>,
     held_input_bytes: usize,
@@ -314,6 +317,7 @@ impl Session {
             after_sync: None,
             sync_mark: 0,
             prewrite_errs: Vec::new(),
+            storage_failed: false,
             held_input: Vec::new(),
             held_input_bytes: 0,
             ping_idle: PING_IDLE,
@@ -409,6 +413,9 @@ impl Session {
     /// the commit is complete. Until [`Session::commit_synced`], lines may be fed and
     /// [`Session::prewrite_blobs`] called, but not this again.
     pub fn commit_start(&mut self) -> Option<crate::blob::BlobSync> {
+        if self.storage_failed {
+            return None;
+        }
         self.pending_bytes = 0;
         // Refusals of chunks taken early go out with this commit's acks.
         self.held_acks.append(&mut self.prewrite_errs);
@@ -711,14 +718,14 @@ impl Session {
     /// The driver ran [`Store::flush`] successfully: release held acks and events. Lines
     /// fed since the last [`Session::commit`] (while the flush ran) still want theirs.
     pub fn flushed(&mut self) {
-        // Chunks taken early ([`Session::prewrite_blobs`]) still want their sync.
-        // and their refusals still want to go out.
+        // Chunks taken early ([`Session::prewrite_blobs`]) still want their sync, and
+        // their refusals still want to go out.
         let unsynced = self
             .blobs
             .as_ref()
             .is_some_and(crate::blob::BlobReceiver::has_unsynced);
-        self.needs_flush =
-            !self.pending_rx.is_empty() || unsynced || !self.prewrite_errs.is_empty();
+        self.needs_flush = !self.storage_failed
+            && (!self.pending_rx.is_empty() || unsynced || !self.prewrite_errs.is_empty());
         if self.phase == Phase::Closed {
             // Nothing goes out after a closing err or bye; what was stored is still news.
             self.held_acks.clear();
@@ -1282,6 +1289,19 @@ impl Session {
         tracing::error!("storage failure: {err}");
         self.held_acks.clear();
         self.held_events.clear();
+        // Nothing more is stored from this session: lines read after the failed one
+        // would raise seen past it (the peer would drop it from its outbox unacked), and
+        // chunk data written since is not known to be on disk.
+        self.storage_failed = true;
+        self.pending_rx.clear();
+        self.pending_sigs.clear();
+        self.pending_sig_at.clear();
+        self.pending_bytes = 0;
+        self.prewrite_errs.clear();
+        self.after_sync = None;
+        if let Some(b) = self.blobs.as_mut() {
+            b.abort_sync();
+        }
         let line = Line::Err(wire::ErrLine {
             id: self.store.next_control_id(),
             ts: now_ts(),

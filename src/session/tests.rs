@@ -1276,7 +1276,7 @@ fn after_a_failed_blob_fsync_nothing_more_is_recorded() {
     a.store.flush_blocking().unwrap();
     a.s.flushed();
     let wants = a.s.wants_flush();
-    // conn.rs:430 commits whenever wants_flush() and no flight runs, closed or not.
+    // the connection commits whenever wants_flush() and no flight runs, closed or not.
     if wants {
         a.s.commit();
         a.store.flush_blocking().unwrap();
@@ -1372,4 +1372,69 @@ fn a_ping_read_while_a_blob_fsync_runs_is_answered_after_the_batch_acks() {
     a.s.flushed();
     out.extend(drain_transmit(&mut a));
     assert_eq!(kinds(&out), ["ack", "pong"]);
+}
+
+#[test]
+fn after_a_storage_failure_lines_read_since_are_not_stored() {
+    // A msg read while a failing blob fsync ran must not be stored after the failure: it
+    // would raise seen past the msg of the failed batch, and the peer would drop that
+    // one from its outbox without an ack.
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    pump(&mut a, &mut b, now);
+    let _root = with_blobs(&mut a);
+    let peer = b.id.key();
+    let first = "01K90000000000000000000002";
+    let later = "01K90000000000000000000003";
+    a.s.handle_line(
+        &chunk_line(
+            &b.id,
+            "01K90000000000000000000001",
+            "r1",
+            0,
+            false,
+            b"abc",
+            false,
+        ),
+        now,
+    );
+    a.s.handle_line(&peer_msg(&b.id, first, "thr_blob", "one", false), now);
+    let job = a.s.commit_start().expect("blob data to fsync");
+    a.s.handle_line(&peer_msg(&b.id, later, "thr_blob", "two", false), now);
+    // Behind a msg: not taken early; waits in the pending lines.
+    a.s.handle_line(
+        &chunk_line(
+            &b.id,
+            "01K90000000000000000000004",
+            "r1",
+            1,
+            false,
+            b"def",
+            false,
+        ),
+        now,
+    );
+    a.s.prewrite_blobs();
+    drop(job);
+    a.s.commit_synced(Err(crate::blob::BlobError::Io {
+        path: "partial".into(),
+        source: std::io::Error::other("EIO"),
+    }));
+    assert!(a.s.is_closed());
+    a.store.flush_blocking().unwrap();
+    a.s.flushed();
+    assert!(
+        !a.s.wants_flush(),
+        "nothing more to store after a storage failure"
+    );
+    a.s.commit();
+    a.store.flush_blocking().unwrap();
+    a.s.flushed();
+    assert_eq!(a.store.received_line(&peer, first).unwrap(), None);
+    assert_eq!(a.store.received_line(&peer, later).unwrap(), None);
+    assert!(!a.store.seen(&peer).unwrap().contains_key("thr_blob"));
+    assert!(
+        a.store.blob_in(&peer, "r1").unwrap().is_none(),
+        "no record, no refusal"
+    );
 }

@@ -561,3 +561,24 @@ fn a_refusal_by_another_receiver_while_a_sync_runs_stands() {
         t.partial("r1").exists()
     );
 }
+
+#[test]
+fn a_sync_is_not_recorded_when_another_receiver_cut_the_file_back_meanwhile() {
+    let mut t = setup(1 << 20);
+    assert_eq!(t.chunk("r1", 0, false, b"abc"), Verdict::Stored);
+    assert_eq!(take(&mut t, "r1", 1, false, b"def"), Verdict::Stored);
+    let job = t.rx.begin_sync();
+    // A newer connection of the peer resumes the blob from its record (3 bytes): its
+    // receiver cuts the partial file back to that offset and writes from there.
+    let mut other = BlobReceiver::new(t.store.clone(), t.root.clone(), 1 << 20);
+    let c = t.chunk_line("r1", 1, false, &wire::b64::encode_std(b"d"));
+    assert_eq!(other.take_chunk(&t.peer, &c).unwrap(), Verdict::Stored);
+    job.run().unwrap();
+    t.rx.finish_sync().unwrap();
+    // 6 bytes are not on disk any more: the record stays at 3 (the other receiver's
+    // sync records its own 4).
+    assert_eq!(t.state("r1").offset, 3);
+    other.sync().unwrap();
+    assert_eq!(t.state("r1").offset, 4);
+    assert_eq!(std::fs::read(t.partial("r1")).unwrap(), b"abcd");
+}

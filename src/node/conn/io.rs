@@ -15,9 +15,10 @@ const READ_BATCH_LINES: usize = 1024;
 /// A reader batch of at least this many lines is parsed (and its signatures checked) on
 /// a blocking thread rather than on the runtime's worker.
 const OFFLOAD_LINES: usize = 32;
-/// A reader batch of at least this many bytes (a blob chunk line: JSON scan, UTF-8 check
-/// and copy of up to 1 MiB) is parsed on a blocking thread too, beside the commit of the
-/// last batch on the runtime's worker.
+/// A reader batch of at least this many bytes (every batch closed by the byte bound
+/// [`READ_BATCH_BYTES`], such as one blob chunk line: JSON scan, UTF-8 check and copy of
+/// up to 1 MiB) is parsed on a blocking thread too, beside the commit of the last batch on
+/// the runtime's worker.
 const OFFLOAD_BYTES: usize = 256 * 1024;
 /// What the reader task read in one go, in order.
 pub(super) struct ReadBatch {
