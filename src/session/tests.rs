@@ -1267,14 +1267,7 @@ fn after_a_failed_blob_fsync_nothing_more_is_recorded() {
     a.s.prewrite_blobs();
     drop(job);
     // The fsync of chunk 0 failed (EIO).
-    a.s.commit_synced(Err(crate::blob::BlobError::Io {
-        path: "partial".into(),
-        source: std::io::Error::other("EIO"),
-    }));
-    assert!(a.s.is_closed());
-    // conn.rs `landed`: a Synced stage is followed by the store flush whatever its result.
-    a.store.flush_blocking().unwrap();
-    a.s.flushed();
+    fail_blob_sync(&mut a);
     let wants = a.s.wants_flush();
     // the connection commits whenever wants_flush() and no flight runs, closed or not.
     if wants {
@@ -1416,13 +1409,7 @@ fn after_a_storage_failure_lines_read_since_are_not_stored() {
     );
     a.s.prewrite_blobs();
     drop(job);
-    a.s.commit_synced(Err(crate::blob::BlobError::Io {
-        path: "partial".into(),
-        source: std::io::Error::other("EIO"),
-    }));
-    assert!(a.s.is_closed());
-    a.store.flush_blocking().unwrap();
-    a.s.flushed();
+    fail_blob_sync(&mut a);
     assert!(
         !a.s.wants_flush(),
         "nothing more to store after a storage failure"
@@ -1437,4 +1424,17 @@ fn after_a_storage_failure_lines_read_since_are_not_stored() {
         a.store.blob_in(&peer, "r1").unwrap().is_none(),
         "no record, no refusal"
     );
+}
+
+/// The blob fsync of `e`'s running commit failed (EIO): the session fails; the store flush
+/// that follows a Synced stage runs whatever its result (`landed` in the connection),
+/// then `flushed`.
+fn fail_blob_sync(e: &mut End) {
+    e.s.commit_synced(Err(crate::blob::BlobError::Io {
+        path: "partial".into(),
+        source: std::io::Error::other("EIO"),
+    }));
+    assert!(e.s.is_closed());
+    e.store.flush_blocking().unwrap();
+    e.s.flushed();
 }

@@ -123,6 +123,7 @@ impl Store {
         })
         .map_err(corrupt)?;
         let new_keys = index_keys(&rec.hash, rec.role, rec.stored_ms, &rec.object);
+        let gate = super::gate::transaction();
         let res = (&tree, &idx)
             .transaction(|(t, i)| {
                 if let Some(old) = t.insert(rec.hash.as_bytes(), v.as_slice())? {
@@ -138,6 +139,7 @@ impl Store {
                 Ok(())
             })
             .map_err(tx_err);
+        drop(gate);
         // Written outside the store's transactions: durable through sled's flush.
         self.trees.journal.needs_full();
         res
@@ -274,6 +276,7 @@ impl Store {
         self.grant_index_ready()?;
         let tree = self.db.open_tree(TREE).map_err(db_err)?;
         let idx = self.db.open_tree(INDEX).map_err(db_err)?;
+        let gate = super::gate::transaction();
         let res = (&tree, &idx)
             .transaction(|(t, i)| {
                 let Some(old) = t.remove(hash.as_bytes())? else {
@@ -287,6 +290,7 @@ impl Store {
                 Ok(true)
             })
             .map_err(tx_err);
+        drop(gate);
         self.trees.journal.needs_full();
         res
     }

@@ -181,7 +181,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(10);
 ///
 /// sled 0.34.7 flushes when its last tree handle is dropped, in a loop that returns only
 /// when a flush finds nothing more to write; in rare test runs that loop never returned
-/// (seen at a runtime's teardown). Whatever the node acked was flushed before, so a close
+/// (seen at a runtime's teardown, and with another store of the process committing: that
+/// cycle is closed by `gate`, which the drop holds). Whatever the node acked was flushed before, so a close
 /// that takes longer is logged and left to finish or to end with the process: it no
 /// longer holds the thread that dropped the store (a runtime's worker, or the exit).
 struct Closer {
@@ -202,7 +203,10 @@ impl Drop for Closer {
             .name("store-close".into())
             .spawn(move || {
                 handles.2.close_checkpoint();
+                // The last handles' drop flushes (see `gate`).
+                let gate = super::gate::flush();
                 drop(handles);
+                drop(gate);
                 let _ = tx.send(());
             });
         match spawned {

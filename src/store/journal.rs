@@ -309,7 +309,9 @@ impl Journal {
 
 /// sled's flush, then `sync_data` of its data file (see `group.rs`).
 fn checkpoint(db: &sled::Db, data_file: Option<&File>) -> Result<(), String> {
+    let gate = super::gate::flush();
     db.flush().map(|_| ()).map_err(|e| e.to_string())?;
+    drop(gate);
     match data_file {
         Some(f) => f.sync_data().map_err(|e| format!("fsync: {e}")),
         None => Ok(()),
@@ -331,12 +333,14 @@ fn apply(trees: &Trees, rec: &Record<'_>) -> Result<(), StoreError> {
         .insert(META_JOURNAL_LSN, &rec.lsn.to_be_bytes());
     let trees_v: Vec<&sled::Tree> = per.keys().map(|t| &trees.all[*t as usize]).collect();
     let batches: Vec<&sled::Batch> = per.values().collect();
+    let gate = super::gate::transaction();
     let res: sled::transaction::TransactionResult<(), ()> = trees_v.as_slice().transaction(|tts| {
         for (tt, b) in tts.iter().zip(&batches) {
             tt.apply_batch(b)?;
         }
         Ok(())
     });
+    drop(gate);
     res.map_err(|e| match e {
         sled::transaction::TransactionError::Abort(()) => {
             StoreError::Db("journal replay aborted".into())

@@ -45,6 +45,7 @@ mod errs;
 mod faults;
 pub mod files;
 mod forget;
+mod gate;
 mod grants;
 mod group;
 mod imp;

@@ -167,6 +167,7 @@ impl<'a> Tx<'a> {
             trees.push(&self.trees.all[i]);
             batches.push(b);
         }
+        let gate = super::gate::transaction();
         let res: sled::transaction::TransactionResult<(), ()> =
             trees.as_slice().transaction(|tts| {
                 for (tt, b) in tts.iter().zip(&batches) {
@@ -174,6 +175,7 @@ impl<'a> Tx<'a> {
                 }
                 Ok(())
             });
+        drop(gate);
         self.trees
             .commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
