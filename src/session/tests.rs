@@ -1097,32 +1097,10 @@ fn chunks_read_while_a_blob_fsync_runs_are_written_then_and_recorded_after_the_n
     let peer = b.id.key();
     let data: Vec<u8> = (0..5000u32).map(|i| (i % 241) as u8).collect();
     let partial = crate::blob::partial_path(&crate::blob::peer_dir(&root, &peer), "r1");
-    a.s.handle_line(
-        &chunk_line(
-            &b.id,
-            "01K40000000000000000000001",
-            "r1",
-            0,
-            false,
-            &data[..2000],
-            false,
-        ),
-        now,
-    );
+    feed_chunk(&mut a, &b.id, "r1", 0, false, &data[..2000], now);
     let job = a.s.commit_start().expect("blob data to fsync");
     // Read while that fsync runs: the last chunk and the msg naming the blob.
-    a.s.handle_line(
-        &chunk_line(
-            &b.id,
-            "01K40000000000000000000002",
-            "r1",
-            1,
-            true,
-            &data[2000..],
-            false,
-        ),
-        now,
-    );
+    feed_chunk(&mut a, &b.id, "r1", 1, true, &data[2000..], now);
     let msg_id = "01K40000000000000000000003";
     a.s.handle_line(&blob_msg(msg_id, "r1", 5000), now);
     a.s.prewrite_blobs();
@@ -1181,16 +1159,7 @@ fn a_chunk_behind_a_signed_line_is_not_written_before_that_line_is_checked() {
     let root = with_blobs(&mut a);
     let peer = b.id.key();
     let partial = crate::blob::partial_path(&crate::blob::peer_dir(&root, &peer), "r1");
-    let c0 = chunk_line(
-        &b.id,
-        "01K50000000000000000000001",
-        "r1",
-        0,
-        false,
-        b"abc",
-        false,
-    );
-    a.s.handle_line(&c0, now);
+    feed_chunk(&mut a, &b.id, "r1", 0, false, b"abc", now);
     let job = a.s.commit_start().expect("blob data to fsync");
     // Altered after signing.
     let mut bad = peer_msg(
@@ -1203,16 +1172,7 @@ fn a_chunk_behind_a_signed_line_is_not_written_before_that_line_is_checked() {
     let at = bad.windows(4).position(|w| w == b"text").unwrap();
     bad[at] = b'T';
     a.s.handle_line(&bad, now);
-    let c1 = chunk_line(
-        &b.id,
-        "01K50000000000000000000003",
-        "r1",
-        1,
-        true,
-        b"def",
-        false,
-    );
-    a.s.handle_line(&c1, now);
+    feed_chunk(&mut a, &b.id, "r1", 1, true, b"def", now);
     a.s.prewrite_blobs();
     assert_eq!(
         std::fs::read(&partial).unwrap(),
@@ -1238,32 +1198,10 @@ fn after_a_failed_blob_fsync_nothing_more_is_recorded() {
     let _root = with_blobs(&mut a);
     let peer = b.id.key();
     let data: Vec<u8> = (0..4000u32).map(|i| (i % 241) as u8).collect();
-    a.s.handle_line(
-        &chunk_line(
-            &b.id,
-            "01K60000000000000000000001",
-            "r1",
-            0,
-            false,
-            &data[..2000],
-            false,
-        ),
-        now,
-    );
+    feed_chunk(&mut a, &b.id, "r1", 0, false, &data[..2000], now);
     let job = a.s.commit_start().expect("blob data to fsync");
     // Read while that fsync runs (conn.rs: prewrite_blobs in the read branch).
-    a.s.handle_line(
-        &chunk_line(
-            &b.id,
-            "01K60000000000000000000002",
-            "r1",
-            1,
-            false,
-            &data[2000..],
-            false,
-        ),
-        now,
-    );
+    feed_chunk(&mut a, &b.id, "r1", 1, false, &data[2000..], now);
     a.s.prewrite_blobs();
     drop(job);
     // The fsync of chunk 0 failed (EIO).
@@ -1289,32 +1227,10 @@ fn a_refusal_of_a_chunk_taken_early_goes_out() {
     let (mut a, mut b) = pair(now);
     pump(&mut a, &mut b, now);
     let _root = with_blobs(&mut a);
-    a.s.handle_line(
-        &chunk_line(
-            &b.id,
-            "01K70000000000000000000001",
-            "r1",
-            0,
-            false,
-            b"abc",
-            false,
-        ),
-        now,
-    );
+    feed_chunk(&mut a, &b.id, "r1", 0, false, b"abc", now);
     let job = a.s.commit_start().expect("blob data to fsync");
     // A chunk of another blob with bad base64... use a gap: n 3 where 0 is next.
-    a.s.handle_line(
-        &chunk_line(
-            &b.id,
-            "01K70000000000000000000002",
-            "r2",
-            3,
-            false,
-            b"zz",
-            false,
-        ),
-        now,
-    );
+    feed_chunk(&mut a, &b.id, "r2", 3, false, b"zz", now);
     a.s.prewrite_blobs();
     job.run().unwrap();
     a.s.commit_synced(Ok(()));
@@ -1337,18 +1253,7 @@ fn a_ping_read_while_a_blob_fsync_runs_is_answered_after_the_batch_acks() {
     let (mut a, mut b) = pair(now);
     pump(&mut a, &mut b, now);
     let _root = with_blobs(&mut a);
-    a.s.handle_line(
-        &chunk_line(
-            &b.id,
-            "01K80000000000000000000001",
-            "r1",
-            0,
-            true,
-            b"abc",
-            false,
-        ),
-        now,
-    );
+    feed_chunk(&mut a, &b.id, "r1", 0, true, b"abc", now);
     let msg_id = "01K80000000000000000000002";
     a.s.handle_line(&blob_msg(msg_id, "r1", 3), now);
     let job = a.s.commit_start().expect("blob data to fsync");
@@ -1379,34 +1284,12 @@ fn after_a_storage_failure_lines_read_since_are_not_stored() {
     let peer = b.id.key();
     let first = "01K90000000000000000000002";
     let later = "01K90000000000000000000003";
-    a.s.handle_line(
-        &chunk_line(
-            &b.id,
-            "01K90000000000000000000001",
-            "r1",
-            0,
-            false,
-            b"abc",
-            false,
-        ),
-        now,
-    );
+    feed_chunk(&mut a, &b.id, "r1", 0, false, b"abc", now);
     a.s.handle_line(&peer_msg(&b.id, first, "thr_blob", "one", false), now);
     let job = a.s.commit_start().expect("blob data to fsync");
     a.s.handle_line(&peer_msg(&b.id, later, "thr_blob", "two", false), now);
     // Behind a msg: not taken early; waits in the pending lines.
-    a.s.handle_line(
-        &chunk_line(
-            &b.id,
-            "01K90000000000000000000004",
-            "r1",
-            1,
-            false,
-            b"def",
-            false,
-        ),
-        now,
-    );
+    feed_chunk(&mut a, &b.id, "r1", 1, false, b"def", now);
     a.s.prewrite_blobs();
     drop(job);
     fail_blob_sync(&mut a);
@@ -1437,4 +1320,22 @@ fn fail_blob_sync(e: &mut End) {
     assert!(e.s.is_closed());
     e.store.flush_blocking().unwrap();
     e.s.flushed();
+}
+
+/// Feed `e` chunk `n` of blob `r` from `from` (unsigned, with a fresh id) as it is read.
+fn feed_chunk(
+    e: &mut End,
+    from: &Identity,
+    r: &str,
+    n: u64,
+    last: bool,
+    data: &[u8],
+    now: Instant,
+) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let id = format!(
+        "01KC{:022}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    e.s.handle_line(&chunk_line(from, &id, r, n, last, data, false), now);
 }
