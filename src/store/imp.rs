@@ -624,7 +624,12 @@ impl Store {
     }
 
     /// Up to `limit` outbox lines for `peer` with id > `after` (all when None), in id order
-    /// (which is enqueue order).
+    /// (which is enqueue order). Fewer than `limit` only when no more are queued.
+    ///
+    /// Most lines are stored once, in their out log entry, so each record costs a second
+    /// lookup; from [`PARALLEL_RESOLVE`] records up (a replay's batches) those lookups run
+    /// on two threads, each over half of the records (a resume after a restart reads
+    /// sled's pages from disk, and that was most of a replay's time; issue 10).
     pub fn outbox_after(
         &self,
         peer: &PeerKey,
@@ -633,25 +638,38 @@ impl Store {
     ) -> Result<Vec<OutboxEntry>, StoreError> {
         use std::ops::Bound;
         let prefix = pkey(peer, b"");
-        let start = match after {
+        let mut start = match after {
             Some(a) => Bound::Excluded(pkey(peer, a.as_bytes())),
             None => Bound::Included(prefix.clone()),
         };
         let mut out = Vec::new();
-        for kv in self
-            .trees
-            .t(T::Outbox)
-            .range::<Vec<u8>, _>((start, Bound::Unbounded))
-        {
-            if out.len() >= limit {
-                break;
+        // A record whose line left the log after the scan read it resolves to nothing (see
+        // `outbox_entry`): the scan then goes on after it until `limit` lines are found.
+        while out.len() < limit {
+            let want = limit - out.len();
+            let mut raw: Vec<(sled::IVec, sled::IVec)> = Vec::new();
+            for kv in self
+                .trees
+                .t(T::Outbox)
+                .range::<Vec<u8>, _>((start.clone(), Bound::Unbounded))
+            {
+                if raw.len() >= want {
+                    break;
+                }
+                let (k, v) = kv.map_err(db_err)?;
+                if !k.starts_with(&prefix) {
+                    break;
+                }
+                raw.push((k, v));
             }
-            let (k, v) = kv.map_err(db_err)?;
-            if !k.starts_with(&prefix) {
+            let Some((last, _)) = raw.last() else {
                 break;
-            }
-            if let Some(e) = outbox_entry(&self.trees, &k, &v)? {
-                out.push(e);
+            };
+            start = Bound::Excluded(last.to_vec());
+            let ended = raw.len() < want;
+            out.extend(resolve_outbox(&self.trees, &raw)?);
+            if ended {
+                break;
             }
         }
         Ok(out)
@@ -1508,6 +1526,47 @@ fn restrict(dir: &Path) {
             set(&p, if p.is_dir() { 0o700 } else { 0o600 });
         }
     }
+}
+
+/// Outbox records from which [`Store::outbox_after`] resolves their lines on two threads.
+pub(super) const PARALLEL_RESOLVE: usize = 128;
+
+/// The entries of outbox records `raw` (key, value; in order), skipping those whose line
+/// left the log meanwhile ([`outbox_entry`]); split over two threads from
+/// [`PARALLEL_RESOLVE`] records up when the machine has two cores.
+fn resolve_outbox(
+    trees: &Trees,
+    raw: &[(sled::IVec, sled::IVec)],
+) -> Result<Vec<OutboxEntry>, StoreError> {
+    let one = |part: &[(sled::IVec, sled::IVec)]| -> Result<Vec<OutboxEntry>, StoreError> {
+        let mut out = Vec::with_capacity(part.len());
+        for (k, v) in part {
+            if let Some(e) = outbox_entry(trees, k, v)? {
+                out.push(e);
+            }
+        }
+        Ok(out)
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if raw.len() < PARALLEL_RESOLVE || cores < 2 {
+        return one(raw);
+    }
+    let (first, second) = raw.split_at(raw.len() / 2);
+    std::thread::scope(|s| {
+        let helper = std::thread::Builder::new()
+            .name("outbox-read".into())
+            .spawn_scoped(s, || one(second));
+        let Ok(helper) = helper else {
+            // No thread to be had: the same work on this one.
+            return one(raw);
+        };
+        let mut out = one(first)?;
+        let rest = helper
+            .join()
+            .map_err(|_| StoreError::Db("outbox read thread panicked".into()))??;
+        out.extend(rest);
+        Ok(out)
+    })
 }
 
 /// An outbox record as an entry, with its line: its own payload, or (a line stored once,

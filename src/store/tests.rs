@@ -140,6 +140,50 @@ fn enqueue_many_is_one_transaction() {
     assert!(text.contains(&out[0].id));
 }
 
+/// Batches of [`imp::PARALLEL_RESOLVE`] records and more are resolved on two threads:
+/// the lines still come in id order, each its own (the log entry of its seq), exactly
+/// `limit` of them while more are queued, and a batch boundary skips and repeats nothing.
+#[test]
+fn outbox_batches_resolved_on_two_threads_keep_order_and_limit() {
+    let (_d, s) = open();
+    let (a, b) = (key(1), key(2));
+    let texts: Vec<String> = (0..700).map(|i| format!("line {i}")).collect();
+    let builders: Vec<Box<dyn Fn(&str, &str) -> Line + Sync>> = texts
+        .iter()
+        .map(|t| {
+            let t = t.clone();
+            Box::new(move |id: &str, ts: &str| msg("t1", None, &t, id, ts))
+                as Box<dyn Fn(&str, &str) -> Line + Sync>
+        })
+        .collect();
+    let refs: Vec<LineBuilder<'_>> = builders.iter().map(|b| &**b as LineBuilder<'_>).collect();
+    let queued = s.enqueue(&a, &refs).unwrap();
+    // Another peer's lines interleave in the log; they are not a's.
+    send(&s, &b, "t2");
+    let log: BTreeMap<u64, Vec<u8>> = s
+        .log(0, None, false, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.seq, e.line))
+        .collect();
+    let mut got = Vec::new();
+    let mut cursor: Option<String> = None;
+    for want in [300usize, 300, 300] {
+        let batch = s.outbox_after(&a, cursor.as_deref(), want).unwrap();
+        assert_eq!(batch.len(), want.min(700 - got.len()));
+        cursor = batch.last().map(|e| e.id.clone());
+        got.extend(batch);
+    }
+    assert_eq!(got.len(), 700);
+    for ((e, q), text) in got.iter().zip(&queued).zip(&texts) {
+        assert_eq!(e.id, q.id);
+        assert_eq!(e.line, q.line);
+        assert_eq!(log.get(&e.seq), Some(&e.line));
+        assert!(String::from_utf8_lossy(&e.line).contains(text.as_str()));
+    }
+    assert!(s.outbox_after(&a, cursor.as_deref(), 300).unwrap().is_empty());
+}
+
 #[test]
 fn outbox_order_after_and_limit() {
     let (_d, s) = open();
