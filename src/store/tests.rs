@@ -148,12 +148,12 @@ fn outbox_batches_resolved_on_two_threads_keep_order_and_limit() {
     let (_d, s) = open();
     let (a, b) = (key(1), key(2));
     let texts: Vec<String> = (0..700).map(|i| format!("line {i}")).collect();
-    let builders: Vec<Box<dyn Fn(&str, &str) -> Line + Sync>> = texts
+    type Builder = Box<dyn Fn(&str, &str) -> Line + Sync>;
+    let builders: Vec<Builder> = texts
         .iter()
         .map(|t| {
             let t = t.clone();
-            Box::new(move |id: &str, ts: &str| msg("t1", None, &t, id, ts))
-                as Box<dyn Fn(&str, &str) -> Line + Sync>
+            Box::new(move |id: &str, ts: &str| msg("t1", None, &t, id, ts)) as Builder
         })
         .collect();
     let refs: Vec<LineBuilder<'_>> = builders.iter().map(|b| &**b as LineBuilder<'_>).collect();
@@ -181,7 +181,10 @@ fn outbox_batches_resolved_on_two_threads_keep_order_and_limit() {
         assert_eq!(log.get(&e.seq), Some(&e.line));
         assert!(String::from_utf8_lossy(&e.line).contains(text.as_str()));
     }
-    assert!(s.outbox_after(&a, cursor.as_deref(), 300).unwrap().is_empty());
+    assert!(s
+        .outbox_after(&a, cursor.as_deref(), 300)
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
