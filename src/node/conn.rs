@@ -663,10 +663,7 @@ fn commit_and_flush(inner: &Inner, session: &mut Session) -> Flight {
         Some(job) => Flight::Sync(Box::pin(async move {
             match tokio::task::spawn_blocking(move || job.run()).await {
                 Ok(r) => r,
-                Err(e) => Err(BlobError::Io {
-                    path: "(blob fsync task)".into(),
-                    source: std::io::Error::other(e.to_string()),
-                }),
+                Err(e) => Err(BlobError::SyncTask(e.to_string())),
             }
         })),
         None => Flight::Flush(store_flush(inner)),
