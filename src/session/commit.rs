@@ -5,6 +5,15 @@
 
 use super::*;
 
+/// Where [`Session::take_blobs`] keeps the refusals of the chunks it takes.
+enum Refusals {
+    /// With the acks of the commit being made.
+    HeldAcks,
+    /// Apart, for the next commit (chunks taken while a flight runs:
+    /// [`Session::prewrite_blobs`]).
+    Prewrite,
+}
+
 impl Session {
     /// Store the lines received since the last call in one transaction (not yet durable).
     /// Duplicates (by peer and id, also within the batch) are re-acked without effect. The
@@ -64,15 +73,7 @@ impl Session {
         if let Some(mut blobs) = self.blobs.take() {
             // Blob data first: its records go in before the msgs that name the blobs, so a
             // msg is never acked ahead of chunk data that arrived before it.
-            let closed = self.phase == Phase::Closed;
-            let res = Self::take_blobs(
-                &self.store,
-                closed,
-                &mut blobs,
-                &peer,
-                &batch,
-                &mut self.held_acks,
-            );
+            let res = self.take_blobs(&mut blobs, &peer, &batch, Refusals::HeldAcks);
             let job = res.map(|()| blobs.has_unsynced().then(|| blobs.begin_sync()));
             self.blobs = Some(blobs);
             batch.retain(|(l, _)| !matches!(l, Line::Chunk(_)));
@@ -149,15 +150,7 @@ impl Session {
         let chunks: Vec<(Line, Vec<u8>)> = self.pending_rx.drain(..n).collect();
         // Their refusals wait apart: they go out with the acks of the commit that takes
         // these chunks' sync, not with the running flush's.
-        let closed = self.phase == Phase::Closed;
-        let res = Self::take_blobs(
-            &self.store,
-            closed,
-            &mut blobs,
-            &peer,
-            &chunks,
-            &mut self.prewrite_errs,
-        );
+        let res = self.take_blobs(&mut blobs, &peer, &chunks, Refusals::Prewrite);
         self.blobs = Some(blobs);
         if let Err(e) = res {
             self.fail_storage(None, &e.into_store_error());
@@ -289,16 +282,15 @@ impl Session {
     }
 
     /// Feed the chunks and blob-naming msgs of a batch to the blob receiver, in arrival
-    /// order; refusals become `err blob_refused` lines appended to `refusals` (none once
-    /// the session is `closed`). The data is written, not yet durable: the caller syncs it
+    /// order; refusals become `err blob_refused` lines, kept where `to` says (none once the
+    /// session is closed). The data is written, not yet durable: the caller syncs it
     /// ([`crate::blob::BlobReceiver::sync`] or its halves) before the acks.
     fn take_blobs(
-        store: &Store,
-        closed: bool,
+        &mut self,
         blobs: &mut crate::blob::BlobReceiver,
         peer: &PeerKey,
         batch: &[(Line, Vec<u8>)],
-        refusals: &mut Vec<Vec<u8>>,
+        to: Refusals,
     ) -> Result<(), crate::blob::BlobError> {
         use crate::blob::Verdict;
         for (line, _) in batch {
@@ -319,11 +311,11 @@ impl Session {
                     continue;
                 };
                 tracing::info!(%peer, ?blob_ref, %detail, "refusing a blob");
-                if closed {
+                if self.phase == Phase::Closed {
                     continue;
                 }
                 let err = Line::Err(wire::ErrLine {
-                    id: store.next_control_id(),
+                    id: self.store.next_control_id(),
                     ts: now_ts(),
                     th: line.th().map(str::to_string),
                     re: Some(re),
@@ -331,7 +323,10 @@ impl Session {
                     detail: Some(detail),
                     blob_ref,
                 });
-                refusals.push(err.encode());
+                match to {
+                    Refusals::HeldAcks => self.held_acks.push(err.encode()),
+                    Refusals::Prewrite => self.prewrite_errs.push(err.encode()),
+                }
             }
         }
         Ok(())
