@@ -1547,8 +1547,13 @@ fn resolve_outbox(
         }
         Ok(out)
     };
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if raw.len() < PARALLEL_RESOLVE || cores < 2 {
+    // The core count is read once per process: `available_parallelism` reads the cgroup
+    // files on every call (about twenty system calls), and a live send's fetch of one
+    // record would pay that each time.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    if raw.len() < PARALLEL_RESOLVE
+        || *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())) < 2
+    {
         return one(raw);
     }
     let (first, second) = raw.split_at(raw.len() / 2);
