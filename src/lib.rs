@@ -57,6 +57,7 @@ pub mod linescan;
 pub mod mcp;
 pub mod net;
 pub mod node;
+pub mod par;
 pub mod presence;
 pub mod roll;
 pub mod session;

@@ -1533,7 +1533,7 @@ pub(super) const PARALLEL_RESOLVE: usize = 128;
 
 /// The entries of outbox records `raw` (key, value; in order), skipping those whose line
 /// left the log meanwhile ([`outbox_entry`]); split over two threads from
-/// [`PARALLEL_RESOLVE`] records up when the machine has two cores.
+/// [`PARALLEL_RESOLVE`] records up when the process may use two cores ([`crate::par::halves`]).
 fn resolve_outbox(
     trees: &Trees,
     raw: &[(sled::IVec, sled::IVec)],
@@ -1547,31 +1547,14 @@ fn resolve_outbox(
         }
         Ok(out)
     };
-    // The core count is read once per process: `available_parallelism` reads the cgroup
-    // files on every call (about twenty system calls), and a live send's fetch of one
-    // record would pay that each time.
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    if raw.len() < PARALLEL_RESOLVE
-        || *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())) < 2
-    {
-        return one(raw);
+    match crate::par::halves(raw, PARALLEL_RESOLVE, one) {
+        crate::par::Split::Whole(r) => r,
+        crate::par::Split::Halves { first, second, .. } => {
+            let mut out = first?;
+            out.extend(second?);
+            Ok(out)
+        }
     }
-    let (first, second) = raw.split_at(raw.len() / 2);
-    std::thread::scope(|s| {
-        let helper = std::thread::Builder::new()
-            .name("outbox-read".into())
-            .spawn_scoped(s, || one(second));
-        let Ok(helper) = helper else {
-            // No thread to be had: the same work on this one.
-            return one(raw);
-        };
-        let mut out = one(first)?;
-        let rest = helper
-            .join()
-            .map_err(|_| StoreError::Db("outbox read thread panicked".into()))??;
-        out.extend(rest);
-        Ok(out)
-    })
 }
 
 /// An outbox record as an entry, with its line: its own payload, or (a line stored once,

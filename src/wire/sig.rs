@@ -158,33 +158,18 @@ pub const BATCH_MAX: usize = 256;
 /// the key's owner can make one that passes the batch and fails `verify_strict` (an `R`
 /// with a torsion component), which forges nothing.
 pub fn verify_batch(key: &PeerKey, lines: &[Prepared]) -> Result<(), (usize, SigError)> {
-    if lines.len() < PARALLEL_MIN || cores() < 2 {
-        return verify_in_order(key, lines);
+    match crate::par::halves(lines, PARALLEL_MIN, |part| verify_in_order(key, part)) {
+        crate::par::Split::Whole(r) => r,
+        crate::par::Split::Halves { first, second, mid } => {
+            first?;
+            second.map_err(|(i, e)| (mid + i, e))
+        }
     }
-    let half = lines.len() / 2;
-    let (first, second) = lines.split_at(half);
-    let (a, b) = std::thread::scope(|s| {
-        let other = s.spawn(|| verify_in_order(key, second));
-        let a = verify_in_order(key, first);
-        // A panic in the scoped thread is a bug in the curve library; it is not hidden.
-        let b = other
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        (a, b)
-    });
-    a?;
-    b.map_err(|(i, e)| (half + i, e))
 }
 
 /// Fewest lines [`verify_batch`] splits over two threads (below it, a thread's start
 /// costs more than half the work saves: each half is at least 64 lines, about 1 ms).
 pub const PARALLEL_MIN: usize = 128;
-
-/// Cores this process may use (read once).
-fn cores() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
 
 /// [`verify_batch`] on one thread.
 fn verify_in_order(key: &PeerKey, lines: &[Prepared]) -> Result<(), (usize, SigError)> {

@@ -1,0 +1,68 @@
+//! Work split in two halves run at once: on the calling thread and on one scoped thread,
+//! when there is enough of it and the process may use two cores. Used where one task
+//! holds a batch whose items are independent (signature checks of a read, the line
+//! lookups of a replay batch; issues 10 and 13).
+
+/// Cores this process may use, read once per process (`available_parallelism` reads the
+/// cgroup files, about twenty system calls, on every call).
+pub fn cores() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// What [`halves`] ran.
+pub enum Split<R> {
+    /// `f` over all the items, on the calling thread.
+    Whole(R),
+    /// `f` over `items[..mid]` (first) and over `items[mid..]` (second), at once.
+    Halves { first: R, second: R, mid: usize },
+}
+
+/// `f` over `items`: split at `items.len() / 2` and run on two threads when there are at
+/// least `min` items and [`cores`] is 2 or more (and a thread can be started), else over
+/// all of them on the calling thread. Both halves always finish before this returns; a
+/// panic in either is resumed here, as it would be on one thread.
+pub fn halves<T, R, F>(items: &[T], min: usize, f: F) -> Split<R>
+where
+    T: Sync,
+    R: Send,
+    F: Fn(&[T]) -> R + Sync,
+{
+    if items.len() < min || items.len() < 2 || cores() < 2 {
+        return Split::Whole(f(items));
+    }
+    let mid = items.len() / 2;
+    let (a, b) = items.split_at(mid);
+    std::thread::scope(|s| {
+        let Ok(other) = std::thread::Builder::new().spawn_scoped(s, || f(b)) else {
+            // No thread to be had: the same work on this one.
+            return Split::Whole(f(items));
+        };
+        let first = f(a);
+        let second = other
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        Split::Halves { first, second, mid }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_cover_every_item_once_in_order() {
+        let items: Vec<u32> = (0..300).collect();
+        let collect = |s: &[u32]| s.to_vec();
+        let all = match halves(&items, 128, collect) {
+            Split::Whole(v) => v,
+            Split::Halves { first, second, mid } => {
+                assert_eq!(first.len(), mid);
+                [first, second].concat()
+            }
+        };
+        assert_eq!(all, items);
+        // Under the minimum: one call over everything.
+        assert!(matches!(halves(&items[..10], 128, collect), Split::Whole(v) if v == items[..10]));
+    }
+}
