@@ -27,19 +27,34 @@ const PURGE_DELAY_MS: std::os::raw::c_long = 1000;
 /// process: mimalloc asks for them on its arenas, and each fault on a fresh 2 MiB page
 /// zeroed all of it (356 such faults, about a fifth of both nodes' CPU, in a 10,000-edit
 /// artifact run); with 4 KiB pages the same run used a quarter less CPU.
-fn tune_allocator() {
-    // SAFETY: called first thing in `main`, before any other thread exists (the option
-    // setter is not thread safe); the option id and value are plain integers.
+///
+/// It runs from the executable's `.init_array` ([`EARLY`]), before Rust's runtime starts:
+/// the runtime's first allocation reserves mimalloc's arena (with `MADV_HUGEPAGE`), and a
+/// huge page faulted in then cost every command start about half a millisecond of zeroing
+/// (`awp --version`, `perf stat -r 300`: 3.9–4.5 ms with it, see benches/README).
+extern "C" fn tune_allocator() {
+    // SAFETY: runs before `main`, from the loader's initializers, before any thread of ours
+    // exists (the option setter is not thread safe); the option id and value are plain
+    // integers.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
     #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes a flag of this
-    // process (prctl(2)); a failure (an old kernel) leaves THP as it was.
+    // process (prctl(2)); a failure (an old kernel) leaves THP as it was. The flag is
+    // inherited by children and kept across execve, as it was when `main` set it.
     unsafe {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }
 }
 
+/// [`tune_allocator`] as an initializer of the executable (ELF `.init_array`, run by the
+/// dynamic loader or the C runtime before `main` and before Rust's runtime allocates).
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static EARLY: extern "C" fn() = tune_allocator;
+
 fn main() {
+    #[cfg(not(target_os = "linux"))]
     tune_allocator();
     let cli = match cli::parse(std::env::args_os()) {
         Ok(cli) => cli,
@@ -64,6 +79,14 @@ fn main() {
 mod tests {
     #[test]
     fn the_purge_delay_option_is_the_one_set() {
+        // The initializer ran before this test binary's `main` (this test is the only
+        // caller of `tune_allocator` below, after this check).
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: PR_GET_THP_DISABLE reads a flag of this process (prctl(2)).
+            let thp_off = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+            assert_eq!(thp_off, 1, "the .init_array initializer did not run");
+        }
         // mimalloc.h: `mi_option_purge_delay` comes just before `mi_option_use_numa_nodes`
         // (mimalloc 3's default is already the value set, so reading it back alone could
         // not tell a wrong id).
