@@ -21,12 +21,13 @@
 
 pub mod expire;
 pub mod fast;
+pub mod pending;
 pub mod receive;
 pub mod send;
 pub mod stream;
 
 pub use receive::{BlobError, BlobReceiver, BlobSync, Completed, Verdict};
-pub use send::{FileSlice, Outgoing, SendError, Streamed};
+pub use send::{FileSlice, Hashing, Outgoing, SendError, Streamed};
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};

@@ -71,6 +71,33 @@ pub enum SendError {
     TooLarge { path: String, size: u64, limit: u64 },
 }
 
+/// The SHA-256 still to compute of a file opened by [`Outgoing::open_unhashed`].
+#[derive(Debug)]
+pub struct Hashing {
+    file: Arc<std::fs::File>,
+    path: PathBuf,
+    size: u64,
+    mtime_ns: i64,
+}
+
+impl Hashing {
+    /// Lowercase hex SHA-256 of the file's `size` bytes, read through the handle opened
+    /// with the blob. [`SendError::Unreadable`] when it cannot be read, is shorter than
+    /// its size, or its size or modification time changed since it was opened (then the
+    /// data sent may not be the data hashed).
+    pub fn run(self) -> Result<String, SendError> {
+        let (sha, _) = hash_file(&self.file, self.size).map_err(|e| unreadable(&self.path, e))?;
+        let after = self
+            .file
+            .metadata()
+            .map_err(|e| unreadable(&self.path, e))?;
+        if after.len() != self.size || mtime_ns(&after) != self.mtime_ns {
+            return Err(unreadable(&self.path, "the file changed while it was read"));
+        }
+        Ok(sha)
+    }
+}
+
 impl Outgoing {
     /// Read `path` (at most `limit` bytes; a larger file is [`SendError::TooLarge`] before
     /// anything is read), hash it and allocate a ref.
@@ -108,29 +135,56 @@ impl Outgoing {
     /// so a queued blob costs no space in the store. A file that changes while it is hashed
     /// (size or modification time) is [`SendError::Unreadable`].
     pub fn open(path: &Path, limit: u64) -> Result<Outgoing, SendError> {
+        let (mut o, hashing) = Outgoing::open_unhashed(path, limit)?;
+        o.sha256 = hashing.run()?;
+        Ok(o)
+    }
+
+    /// [`Outgoing::open`] without the hash: `sha256` is empty, and [`Hashing::run`] (on
+    /// the same open file) computes it. The node queues the chunks first and hashes while
+    /// they are sent (`awp send -f`, see [`super::pending`]): a large file's SHA-256 no
+    /// longer comes before its first byte goes out. Reads the first 512 bytes for the
+    /// media type. Errors as [`Outgoing::open`], except a change while hashing, which
+    /// [`Hashing::run`] reports.
+    pub fn open_unhashed(path: &Path, limit: u64) -> Result<(Outgoing, Hashing), SendError> {
         let (f, meta) = open_within(path, limit)?;
-        let (sha, head) = hash_file(&f, meta.len()).map_err(|e| unreadable(path, e))?;
-        let after = f.metadata().map_err(|e| unreadable(path, e))?;
-        if after.len() != meta.len() || mtime_ns(&after) != mtime_ns(&meta) {
-            return Err(unreadable(path, "the file changed while it was read"));
+        let mut head = vec![0u8; meta.len().min(512) as usize];
+        let mut got = 0;
+        while got < head.len() {
+            match f.read_at(&mut head[got..], got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(unreadable(path, e)),
+            }
         }
+        head.truncate(got);
         let name = file_name(path);
-        Ok(Outgoing {
+        let f = Arc::new(f);
+        let streamed = Streamed {
+            mtime_ns: mtime_ns(&meta),
+        };
+        let o = Outgoing {
             blob_ref: ulid::Ulid::generate().to_string(),
             mime: guess_mime(&name, &head),
             name,
-            sha256: sha,
+            sha256: String::new(),
             data: Vec::new(),
             file: Some(FileSlice {
-                file: Arc::new(f),
+                file: f.clone(),
                 offset: 0,
                 len: meta.len(),
             }),
             source: path.to_path_buf(),
-            stream: Some(Streamed {
-                mtime_ns: mtime_ns(&meta),
-            }),
-        })
+            stream: Some(streamed),
+        };
+        let hashing = Hashing {
+            file: f,
+            path: path.to_path_buf(),
+            size: meta.len(),
+            mtime_ns: streamed.mtime_ns,
+        };
+        Ok((o, hashing))
     }
 
     /// Size in bytes.
@@ -149,7 +203,7 @@ impl Outgoing {
     /// Chunk `n` (from 0) of this blob in thread `th`, with the given id and ts: data in
     /// standard padded base64, `last` on the final one. For a streamed blob
     /// ([`Outgoing::open`]) the data is empty: the line is a stub that
-    /// [`super::stream::stub`] completes before it is queued.
+    /// [`super::stream::fill`] completes when the line is written to the peer.
     pub fn chunk(&self, n: usize, th: &str, id: &str, ts: &str) -> Line {
         let size = self.size() as usize;
         let start = (n * CHUNK_SIZE).min(size);

@@ -4,9 +4,10 @@
 //! [`fill`] reads it from the source file when the line is written to the peer. The data
 //! is thus on disk once (the user's file), not in the outbox and the out log.
 //!
-//! The file must still be the one that was hashed at `send`: before and after every chunk
-//! its size and modification time are compared with the record, and its SHA-256 is
-//! checked again — over the chunks as they are read when sending starts at chunk 0 (so
+//! The file must still be the one that was hashed at `send` (a hash that may still be
+//! running while the first chunks go out, see [`super::pending`]: the comparison waits for
+//! it): before and after every chunk its size and modification time are compared with the
+//! record, and its SHA-256 is checked again — over the chunks as they are read when sending starts at chunk 0 (so
 //! before the last chunk, and thus the msg naming the blob, goes out), or over the whole
 //! file when a later chunk is the first this process sends. When anything differs
 //! the blob is stopped ([`crate::store::Store::stop_changed_blob`]): the chunks still
@@ -66,7 +67,35 @@ pub fn fill(store: &Store, peer: &PeerKey, e: OutboxEntry) -> Fill {
     let Some(chunk_size) = record.chunk_size else {
         return Fill::Line(e.line);
     };
-    match read_chunk(peer, &stub.blob_ref, &record, chunk_size, stub.n) {
+    if record.refused {
+        // Stopped meanwhile (by the node when hashing it after queueing failed): nothing
+        // of it goes out any more, and a batch fetched before must not send its msg.
+        forget(peer, &stub.blob_ref);
+        let mut dropped = record.chunk_ids.clone();
+        dropped.push(record.msg_id.clone());
+        return Fill::Stopped {
+            dropped,
+            entry: None,
+        };
+    }
+    // The SHA-256 the file must have: recorded, or still being computed (the node queues
+    // a file before it hashes it, see `super::pending`).
+    let expected = || -> Result<String, String> {
+        if !record.sha256.is_empty() {
+            return Ok(record.sha256.clone());
+        }
+        if let Some(outcome) = super::pending::wait(peer, &stub.blob_ref) {
+            return outcome.map_err(|e| format!("hashing it after it was queued: {e}"));
+        }
+        match store.blob_out(peer, &stub.blob_ref) {
+            Ok(Some(r)) if !r.sha256.is_empty() => Ok(r.sha256),
+            Ok(_) => Err("its SHA-256 was never recorded (the node stopped while it \
+                           hashed the file after queueing it)"
+                .into()),
+            Err(err) => Err(format!("reading its record: {err}")),
+        }
+    };
+    match read_chunk(peer, &stub.blob_ref, &record, chunk_size, stub.n, &expected) {
         Ok(data) => Fill::Line(splice(&e.line, &data)),
         Err(why) => {
             forget(peer, &stub.blob_ref);
@@ -138,11 +167,15 @@ fn forget(peer: &PeerKey, blob_ref: &str) {
     open_files().remove(&(*peer, blob_ref.to_string()));
 }
 
-/// Hash the whole source file and compare with the record.
-fn check_hash(f: &File, r: &OutBlobState) -> Result<(), String> {
+/// The SHA-256 a streamed blob's file must have (hex), or why there is none.
+type Expected<'a> = &'a dyn Fn() -> Result<String, String>;
+
+/// Hash the whole source file and compare with the expected SHA-256.
+fn check_hash(f: &File, r: &OutBlobState, expected: Expected<'_>) -> Result<(), String> {
     let (sha, _) = super::send::hash_file(f, r.size).map_err(|e| format!("reading it: {e}"))?;
-    if sha != r.sha256 {
-        return Err(format!("SHA-256 {sha}, queued as {}", r.sha256));
+    let want = expected()?;
+    if sha != want {
+        return Err(format!("SHA-256 {sha}, queued as {want}"));
     }
     Ok(())
 }
@@ -160,7 +193,8 @@ fn same(f: &File, r: &OutBlobState) -> Result<(), String> {
 }
 
 /// The data of chunk `n`, read from the source file, which must still match the record:
-/// its size and modification time before and after every read, and its SHA-256 — over
+/// its size and modification time before and after every read, and its SHA-256
+/// (`expected`, asked only when it is compared) — over
 /// the chunks as they are read when sending starts at chunk 0 (checked when the last
 /// chunk is read, so before the msg naming the blob can go out), else over the whole
 /// file when it is opened to resume later chunks.
@@ -170,6 +204,7 @@ fn read_chunk(
     r: &OutBlobState,
     chunk_size: u64,
     n: u64,
+    expected: Expected<'_>,
 ) -> Result<Vec<u8>, String> {
     let start = n.saturating_mul(chunk_size).min(r.size);
     let end = start.saturating_add(chunk_size).min(r.size);
@@ -185,7 +220,7 @@ fn read_chunk(
             let running = if n == 0 {
                 Some((Sha256::new(), 0))
             } else {
-                check_hash(&f, r)?;
+                check_hash(&f, r, expected)?;
                 None
             };
             let f = Arc::new(f);
@@ -220,15 +255,18 @@ fn read_chunk(
                 *next += 1;
                 if last {
                     let sha = super::hex(&std::mem::take(h).finalize());
-                    if sha != r.sha256 {
-                        return Err(format!("SHA-256 {sha}, queued as {}", r.sha256));
+                    // Not under the table's lock: this may wait for the queue-time hash.
+                    drop(open);
+                    let want = expected()?;
+                    if sha != want {
+                        return Err(format!("SHA-256 {sha}, queued as {want}"));
                     }
                 }
             }
         }
         Some(_) => {
             // Out of order (a resend after a reconnect): hash the whole file once instead.
-            check_hash(&f, r)?;
+            check_hash(&f, r, expected)?;
             if let Some(o) = open_files().get_mut(&key) {
                 o.running = None;
             }
@@ -345,13 +383,14 @@ mod tests {
             e[..3].iter().all(|x| x.line.len() < STUB_MAX),
             "stubs queued"
         );
-        // The out log keeps each chunk without data: offset, length and the blob's SHA-256.
+        // The out log keeps each chunk without data: offset and length (the SHA-256 is
+        // the record's).
         let logged = store.log(0, None, false, 10).unwrap();
         let c1: serde_json::Value = serde_json::from_slice(&logged[1].line).unwrap();
         assert_eq!(c1["data"], "");
         assert_eq!(c1["x_off"], CHUNK_SIZE as u64);
         assert_eq!(c1["x_len"], CHUNK_SIZE as u64);
-        assert_eq!(c1["x_sha256"], o.sha256.as_str());
+        assert!(c1.get("x_sha256").is_none());
         let c2: serde_json::Value = serde_json::from_slice(&logged[2].line).unwrap();
         assert_eq!(c2["x_len"], 5);
         assert_eq!(
@@ -421,5 +460,97 @@ mod tests {
             fill(&store, &peer, e[0].clone()),
             Fill::Stopped { .. }
         ));
+    }
+
+    /// A blob queued before its SHA-256 is known (`awp send -f`): its chunks go out while
+    /// the hash runs, and the last one waits for the hash and checks against it.
+    #[test]
+    fn the_last_chunk_waits_for_a_hash_still_running_and_checks_against_it() {
+        use crate::blob::CHUNK_SIZE;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let peer = crate::identity::Identity::from_seed(&[4; 32]).key();
+        let path = dir.path().join("g.bin");
+        let data: Vec<u8> = (0..CHUNK_SIZE + 7).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let (o, hashing) = super::super::Outgoing::open_unhashed(&path, 1 << 30).unwrap();
+        assert!(o.sha256.is_empty());
+        super::super::pending::begin(&peer, &o.blob_ref);
+        let e = queue(&store, &peer, &o);
+        // Chunk 0 goes out without the hash.
+        assert_eq!(
+            data_of(fill(&store, &peer, e[0].clone())),
+            &data[..CHUNK_SIZE]
+        );
+        // The last chunk blocks until the hash is recorded and published.
+        let (store, peer2) = (std::sync::Arc::new(store), peer);
+        let s2 = store.clone();
+        let last = e[1].clone();
+        let sender = std::thread::spawn(move || fill(&s2, &peer2, last));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            !sender.is_finished(),
+            "the last chunk went out before the hash"
+        );
+        let sha = hashing.run().unwrap();
+        assert!(store.set_blob_out_sha256(&peer, &o.blob_ref, &sha).unwrap());
+        super::super::pending::finish(&peer, &o.blob_ref, Ok(sha.clone()));
+        assert_eq!(data_of(sender.join().unwrap()), &data[CHUNK_SIZE..]);
+        let rec = store.blob_out(&peer, &o.blob_ref).unwrap().unwrap();
+        assert_eq!(rec.sha256, sha);
+        assert_eq!(sha, crate::blob::hex(&Sha256::digest(&data)));
+        // Recorded once: a second hash does not replace it.
+        assert!(!store.set_blob_out_sha256(&peer, &o.blob_ref, "00").unwrap());
+        // A wrong hash published (what a file changed under the hash would give) stops
+        // the blob at its last chunk, msg included.
+        let (o, _) = super::super::Outgoing::open_unhashed(&path, 1 << 30).unwrap();
+        super::super::pending::begin(&peer, &o.blob_ref);
+        let e = queue(&store, &peer, &o);
+        assert_eq!(data_of(fill(&store, &peer, e[0].clone())).len(), CHUNK_SIZE);
+        assert!(store
+            .set_blob_out_sha256(&peer, &o.blob_ref, &"0".repeat(64))
+            .unwrap());
+        super::super::pending::finish(&peer, &o.blob_ref, Ok("0".repeat(64)));
+        let Fill::Stopped { dropped, .. } = fill(&store, &peer, e[1].clone()) else {
+            panic!("the last chunk went out against a different hash")
+        };
+        assert!(dropped.contains(&e[2].id));
+    }
+
+    /// No hash in this process and none recorded: the node stopped while it hashed the
+    /// file after queueing it. The blob is stopped at the check, never sent unchecked.
+    #[test]
+    fn a_blob_whose_hash_was_never_recorded_is_stopped_at_its_check() {
+        use crate::blob::CHUNK_SIZE;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let peer = crate::identity::Identity::from_seed(&[5; 32]).key();
+        let path = dir.path().join("h.bin");
+        let data: Vec<u8> = (0..CHUNK_SIZE + 3).map(|i| (i % 249) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let (o, _) = super::super::Outgoing::open_unhashed(&path, 1 << 30).unwrap();
+        let e = queue(&store, &peer, &o);
+        // Resumed at chunk 1 (a later chunk first: the whole file is checked).
+        let Fill::Stopped { dropped, entry } = fill(&store, &peer, e[1].clone()) else {
+            panic!("sent without a hash to check")
+        };
+        assert!(dropped.contains(&e[2].id), "the msg stays unsent");
+        assert!(entry.is_some(), "the refusal is stored in the thread");
+        let rec = store.blob_out(&peer, &o.blob_ref).unwrap().unwrap();
+        assert!(rec.refused);
+        assert!(rec.reason.unwrap().contains("never recorded"));
+        // A blob refused meanwhile (by the node, when its hash failed): every line of it
+        // leaves a batch fetched before, the msg too.
+        let (o, _) = super::super::Outgoing::open_unhashed(&path, 1 << 30).unwrap();
+        let e = queue(&store, &peer, &o);
+        store
+            .stop_changed_blob(&peer, &o.blob_ref, "", "the file changed while it was read")
+            .unwrap();
+        let Fill::Stopped { dropped, entry } = fill(&store, &peer, e[0].clone()) else {
+            panic!("a refused blob was sent")
+        };
+        let ids: Vec<String> = e.iter().map(|x| x.id.clone()).collect();
+        assert_eq!(dropped, ids);
+        assert!(entry.is_none(), "the refusal was stored once, by the stop");
     }
 }

@@ -4,7 +4,7 @@
 use super::lists::Pager;
 use super::server::{resolve_peer, Fail};
 use super::Inner;
-use crate::blob::Outgoing;
+use crate::blob::{pending, Hashing, Outgoing};
 use crate::control::{shown, Page};
 use crate::store::{InBlob, InStatus, OutBlob, OutBlobState, OutboxEntry};
 use crate::wire::{self, PeerKey};
@@ -12,13 +12,15 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Hash the files of a send request (on the blocking pool); their data stays in the files
-/// and is read when the chunks are sent ([`crate::blob::stream`]). A relative path, a
-/// missing file or one over the blob limit fails the request with `bad_request`.
+/// Open the files of a send request (on the blocking pool) without hashing them; their
+/// data stays in the files and is read when the chunks are sent
+/// ([`crate::blob::stream`]), and each file's SHA-256 is computed while its chunks go out
+/// ([`start_hashing`]). A relative path, a missing file or one over the blob limit fails
+/// the request with `bad_request`.
 pub(super) async fn read_files(
     inner: &Arc<Inner>,
     files: &[String],
-) -> Result<Vec<Outgoing>, Fail> {
+) -> Result<(Vec<Outgoing>, Vec<Hashing>), Fail> {
     let mut paths = Vec::with_capacity(files.len());
     for f in files {
         let p = PathBuf::from(f);
@@ -34,12 +36,117 @@ pub(super) async fn read_files(
     let read = tokio::task::spawn_blocking(move || {
         paths
             .iter()
-            .map(|p| Outgoing::open(p, limit))
+            .map(|p| Outgoing::open_unhashed(p, limit))
             .collect::<Result<Vec<_>, _>>()
     })
     .await
     .map_err(|e| Fail::new("internal", format!("reading files: {e}")))?;
-    read.map_err(|e| Fail::new("bad_request", e.to_string()))
+    Ok(read
+        .map_err(|e| Fail::new("bad_request", e.to_string()))?
+        .into_iter()
+        .unzip())
+}
+
+/// Hash the files of blobs just queued for `peer` (`jobs`: each blob's ref and its
+/// [`Hashing`], registered with [`pending::begin`] before the queueing) on the blocking
+/// pool. Each outcome is recorded, then published ([`pending::finish`]) on that thread, so
+/// a stream waiting for it never depends on an async task being polled (a session may
+/// wait on the runtime's only thread): a SHA-256 goes into the blob's record
+/// ([`crate::store::Store::set_blob_out_sha256`]); a failure (the file changed or could
+/// not be read) stops the blob as the stream would ([`crate::store::Store::stop_changed_blob`]:
+/// its queued lines leave the outbox and an `err blob_refused` is stored in its thread).
+/// A task of its own then announces the refusals and flushes, so all of it also happens
+/// when the request that started it is dropped. Its result: the outcomes, in the order
+/// of `jobs`.
+pub(super) fn start_hashing(
+    inner: &Arc<Inner>,
+    peer: PeerKey,
+    jobs: Vec<(String, Hashing)>,
+) -> tokio::task::JoinHandle<Vec<pending::Outcome>> {
+    let store = inner.store.clone();
+    let mut unpublished = Unpublished {
+        peer,
+        refs: jobs.iter().map(|(r, _)| r.clone()).collect(),
+    };
+    let hashed = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::with_capacity(jobs.len());
+        for (r, hashing) in jobs {
+            let outcome = hashing.run().map_err(|e| e.to_string());
+            let mut refusal = None;
+            match &outcome {
+                Ok(sha) => {
+                    if let Err(e) = store.set_blob_out_sha256(&peer, &r, sha) {
+                        tracing::warn!(%peer, blob_ref = %r, "recording a blob's SHA-256: {e}");
+                    }
+                }
+                Err(why) => {
+                    let detail = format!(
+                        "not sent by this node: {why}; nothing more of it goes out, send the \
+                         file again"
+                    );
+                    tracing::warn!(%peer, blob_ref = %r, "{detail}");
+                    match store.stop_changed_blob(&peer, &r, "", &detail) {
+                        Ok(stopped) => refusal = stopped.entry,
+                        Err(e) => tracing::warn!(%peer, blob_ref = %r, "stopping a blob: {e}"),
+                    }
+                }
+            }
+            pending::finish(&peer, &r, outcome.clone());
+            unpublished.refs.retain(|x| *x != r);
+            out.push((outcome, refusal));
+        }
+        out
+    });
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let results = match hashed.await {
+            Ok(results) => results,
+            // Its guard published a failure for every blob it did not finish.
+            Err(e) => {
+                return vec![Err(format!("hashing the file failed: {e}"))];
+            }
+        };
+        let mut outcomes = Vec::with_capacity(results.len());
+        let mut stopped = false;
+        for (outcome, refusal) in results {
+            stopped |= outcome.is_err();
+            if let Some(e) = refusal {
+                if let Ok(line) = wire::parse_line(&e.line) {
+                    let name = inner.peer_name(&peer);
+                    inner.emit(super::conn::line_event(
+                        e.seq,
+                        "in",
+                        &peer,
+                        name.as_deref(),
+                        &line,
+                    ));
+                }
+            }
+            outcomes.push(outcome);
+        }
+        if let Err(e) = inner.store.flush().await {
+            tracing::warn!(%peer, "flushing blob hashes: {e}");
+        }
+        if stopped {
+            inner.outbox_changed(&peer);
+        }
+        outcomes
+    })
+}
+
+/// The blobs whose hash outcome was not published yet: a hashing thread that panics
+/// publishes a failure for each when it unwinds, so no stream waits for ever.
+struct Unpublished {
+    peer: PeerKey,
+    refs: Vec<String>,
+}
+
+impl Drop for Unpublished {
+    fn drop(&mut self) {
+        for r in &self.refs {
+            pending::finish(&self.peer, r, Err("hashing the file failed".into()));
+        }
+    }
 }
 
 /// A line builder that owns its captures (see [`crate::store::LineBuilder`]).
@@ -97,18 +204,20 @@ pub(super) fn enqueue(
     inner.store.enqueue_with_blobs(peer, builders, records)
 }
 
-/// How the response of a send describes its blobs.
-pub(super) fn describe(blobs: &[Outgoing]) -> Value {
+/// How the response of a send describes its blobs (`sha256`: each blob's SHA-256, in
+/// order; the blobs' own when shorter).
+pub(super) fn describe(blobs: &[Outgoing], sha256: &[String]) -> Value {
     Value::Array(
         blobs
             .iter()
-            .map(|b| {
+            .enumerate()
+            .map(|(i, b)| {
                 json!({
                     "ref": b.blob_ref,
                     "name": b.name,
                     "size": b.size(),
                     "mime": b.mime,
-                    "sha256": b.sha256,
+                    "sha256": sha256.get(i).unwrap_or(&b.sha256),
                     "chunks": b.chunk_count(),
                 })
             })

@@ -293,7 +293,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 return Err(Fail::new("bad_request", "a msg needs at least one part"));
             }
             let (key, th, new_thread) = thread_and_peer(inner, peer.as_deref(), th.as_deref())?;
-            let blobs = super::blobs::read_files(inner, &files).await?;
+            let (blobs, hashing) = super::blobs::read_files(inner, &files).await?;
             parts.extend(blobs.iter().map(crate::blob::Outgoing::part));
             let subject = subject.filter(|s| !s.is_empty());
             // Chunks first, then the msg naming them: one transaction (protocol-notes
@@ -315,7 +315,12 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 .collect();
             builders.push(&build);
             let wait = wait_ack_ms.map(|ms| AckWait { ms, request });
-            queue(inner, key, &builders, &blobs, wait, new_thread).await
+            let hashing = blobs.iter().map(|b| b.blob_ref.clone()).zip(hashing);
+            let blobs = Queued {
+                blobs: &blobs,
+                hashing: hashing.collect(),
+            };
+            queue(inner, key, &builders, blobs, wait, new_thread).await
         }
         Request::State {
             peer,
@@ -340,7 +345,7 @@ async fn handle_inner(inner: &Arc<Inner>, req: Request, page: &Page) -> Reply {
                 })
             };
             let wait = wait_ack_ms.map(|ms| AckWait { ms, request: false });
-            queue(inner, key, &[&build], &[], wait, false).await
+            queue(inner, key, &[&build], Queued::default(), wait, false).await
         }
         Request::Threads => super::lists::threads(inner, page),
         Request::Peers => super::lists::peers(inner, page),
@@ -708,25 +713,50 @@ struct AckWait {
 ///
 /// Reply `status`: `queued`, `delivered` (acked within the wait), or `refused` (the peer
 /// answered the line with an `err`, given as `refusal: {code, detail}`).
+/// The blobs of a send: their records, and the files still to hash (each blob's ref and
+/// its [`crate::blob::Hashing`]; see [`crate::blob::pending`]).
+#[derive(Default)]
+struct Queued<'a> {
+    blobs: &'a [crate::blob::Outgoing],
+    hashing: Vec<(String, crate::blob::Hashing)>,
+}
+
 async fn queue(
     inner: &Arc<Inner>,
     key: PeerKey,
     builders: &[LineBuilder<'_>],
-    blobs: &[crate::blob::Outgoing],
+    queued: Queued<'_>,
     wait: Option<AckWait>,
     new_thread: bool,
 ) -> Reply {
+    let Queued { blobs, hashing } = queued;
     // Subscribe before queueing so the ack cannot slip past.
     let mut events = inner.events.subscribe();
-    let entries = super::blobs::enqueue(inner, &key, builders, blobs).map_err(|e| match e {
-        crate::store::StoreError::TooLarge { .. } => Fail::new("bad_request", e.to_string()),
-        crate::store::StoreError::DiskFull { .. } => Fail::new("disk_full", e.to_string()).hint(
-            "free space on the file system of the node's home; sends are accepted again by \
-             themselves once it has room",
-        ),
-        e => internal(e),
-    })?;
-    let blob_info = (!blobs.is_empty()).then(|| super::blobs::describe(blobs));
+    // Registered before the chunks can be sent: the stream waits for these hashes.
+    for (r, _) in &hashing {
+        crate::blob::pending::begin(&key, r);
+    }
+    let entries = match super::blobs::enqueue(inner, &key, builders, blobs) {
+        Ok(entries) => entries,
+        Err(e) => {
+            for (r, _) in &hashing {
+                crate::blob::pending::finish(&key, r, Err("not queued".into()));
+            }
+            return Err(match e {
+                crate::store::StoreError::TooLarge { .. } => {
+                    Fail::new("bad_request", e.to_string())
+                }
+                crate::store::StoreError::DiskFull { .. } => Fail::new("disk_full", e.to_string())
+                    .hint(
+                        "free space on the file system of the node's home; sends are \
+                         accepted again by themselves once it has room",
+                    ),
+                e => internal(e),
+            });
+        }
+    };
+    // Hashed while the chunks go out (no await between the queueing and this spawn).
+    let hashed = (!hashing.is_empty()).then(|| super::blobs::start_hashing(inner, key, hashing));
     inner.store.flush().await.map_err(internal)?;
     let Some(entry) = entries.into_iter().last() else {
         return Err(internal("nothing queued"));
@@ -742,6 +772,18 @@ async fn queue(
         ));
     }
     inner.outbox_changed(&key);
+    let mut sha256 = Vec::new();
+    if let Some(hashed) = hashed {
+        let outcomes = hashed
+            .await
+            .map_err(|e| internal(format!("hashing files: {e}")))?;
+        for outcome in outcomes {
+            // The blob was stopped (its queued lines left the outbox): the send fails as
+            // it did when the file was hashed before queueing.
+            sha256.push(outcome.map_err(|why| Fail::new("bad_request", why))?);
+        }
+    }
+    let blob_info = (!blobs.is_empty()).then(|| super::blobs::describe(blobs, &sha256));
     let mut status = "queued";
     let mut refusal = None;
     if let Some(AckWait { ms, request }) = wait {

@@ -363,6 +363,33 @@ impl Store {
         tx.commit()
     }
 
+    /// Record the SHA-256 (lowercase hex) of outbound blob `blob_ref` to `peer`, computed
+    /// after it was queued (`crate::blob::pending`). Only a record whose `sha256` is still
+    /// empty and that is not refused takes it; no record (queueing failed) or any other
+    /// record is left as it is. Returns whether it was recorded. Not durable until
+    /// [`Store::flush`].
+    pub fn set_blob_out_sha256(
+        &self,
+        peer: &PeerKey,
+        blob_ref: &str,
+        sha256: &str,
+    ) -> Result<bool, StoreError> {
+        let _w = self.writer();
+        let mut tx = Tx::new(&self.trees);
+        let key = rkey(peer, blob_ref);
+        let Some(v) = tx.get(T::BlobsOut, &key)? else {
+            return Ok(false);
+        };
+        let mut st: OutBlobState = dec("blobs_out", &v)?;
+        if !st.sha256.is_empty() || st.refused {
+            return Ok(false);
+        }
+        st.sha256 = sha256.to_string();
+        tx.put(T::BlobsOut, key, enc(&st)?);
+        tx.commit()?;
+        Ok(true)
+    }
+
     /// [`Store::enqueue`] of chunk lines and the msg naming their blobs, and the records of
     /// those blobs, in ONE transaction: a crash never leaves chunk stubs without the record
     /// that says where their data is. `blobs`: (ref, number of chunk lines, record); the
@@ -393,7 +420,9 @@ impl Store {
             st.msg_id = msg.id.clone();
             st.th = msg.th.clone().unwrap_or_default();
             if let Some(size) = st.chunk_size {
-                // Out log: each stub says which bytes of which blob it stands for.
+                // Out log: each stub says which bytes of the blob it stands for (the
+                // blob's SHA-256 is in its record only: `send -f` queues the file before
+                // it is hashed, see `crate::blob::pending`).
                 for (i, e) in chunks.iter().enumerate() {
                     let off = (i as u64).saturating_mul(size).min(st.size);
                     let len = size.min(st.size - off);
@@ -402,11 +431,7 @@ impl Store {
                     };
                     let mut line = stub.to_vec();
                     line.extend_from_slice(
-                        format!(
-                            ",\"x_off\":{off},\"x_len\":{len},\"x_sha256\":\"{}\"}}",
-                            st.sha256
-                        )
-                        .as_bytes(),
+                        format!(",\"x_off\":{off},\"x_len\":{len}}}").as_bytes(),
                     );
                     let key = u64_be(e.seq);
                     if let Some(v) = tx.get(T::Log, &key)? {
