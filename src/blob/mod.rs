@@ -27,7 +27,7 @@ pub mod send;
 pub mod stream;
 
 pub use receive::{BlobError, BlobReceiver, BlobSync, Completed, Verdict};
-pub use send::{FileSlice, Hashing, Outgoing, SendError, Streamed};
+pub use send::{Digests, FileSlice, Hashing, Outgoing, SendError, Streamed};
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};

@@ -16,9 +16,9 @@ use crate::wire::PeerKey;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
-/// A hash's outcome: the lowercase hex SHA-256, or why the file could not be hashed (it
-/// changed or could not be read).
-pub type Outcome = Result<String, String>;
+/// A hash's outcome: the file's digests, or why it could not be hashed (it changed or
+/// could not be read).
+pub type Outcome = Result<super::Digests, String>;
 
 /// One hash in progress.
 #[derive(Debug, Default)]
@@ -81,6 +81,13 @@ mod tests {
         PeerKey::from_bytes(&sk.verifying_key().to_bytes()).unwrap()
     }
 
+    fn digests(s: &str) -> super::super::Digests {
+        super::super::Digests {
+            sha256: s.into(),
+            blake3: format!("b3{s}"),
+        }
+    }
+
     #[test]
     fn a_waiter_gets_the_outcome_published_after_it_started_waiting() {
         let peer = key(1);
@@ -89,8 +96,8 @@ mod tests {
         let waiter = std::thread::spawn(move || wait(&peer, "r1"));
         // Whether the waiter is already blocked or not, it sees the one outcome.
         std::thread::sleep(std::time::Duration::from_millis(5));
-        finish(&peer, "r1", Ok("ab".into()));
-        assert_eq!(waiter.join().unwrap(), Some(Ok("ab".to_string())));
+        finish(&peer, "r1", Ok(digests("ab")));
+        assert_eq!(waiter.join().unwrap(), Some(Ok(digests("ab"))));
         assert!(!in_progress(&peer, "r1"));
     }
 

@@ -80,13 +80,30 @@ pub struct Hashing {
     mtime_ns: i64,
 }
 
+/// The digests of a file sent with `awp send -f`, from one pass over it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Digests {
+    /// Lowercase hex SHA-256: what the node reports and records.
+    pub sha256: String,
+    /// Lowercase hex BLAKE3 (32 bytes): what the stream checks the chunks it reads against
+    /// ([`super::stream`]); a cryptographic hash like SHA-256, several times faster here
+    /// (SIMD), so the sender's second pass over the file costs a fraction as much.
+    pub blake3: String,
+}
+
 impl Hashing {
-    /// Lowercase hex SHA-256 of the file's `size` bytes, read through the handle opened
-    /// with the blob. [`SendError::Unreadable`] when it cannot be read, is shorter than
-    /// its size, or its size or modification time changed since it was opened (then the
-    /// data sent may not be the data hashed).
-    pub fn run(self) -> Result<String, SendError> {
-        let (sha, _) = hash_file(&self.file, self.size).map_err(|e| unreadable(&self.path, e))?;
+    /// [`Digests`] of the file's `size` bytes, read once through the handle opened with
+    /// the blob. [`SendError::Unreadable`] when it cannot be read, is shorter than its
+    /// size, or its size or modification time changed since it was opened (then the data
+    /// sent may not be the data hashed).
+    pub fn run(self) -> Result<Digests, SendError> {
+        let mut sha = Sha256::new();
+        let mut b3 = blake3::Hasher::new();
+        read_file(&self.file, self.size, |b| {
+            sha.update(b);
+            b3.update(b);
+        })
+        .map_err(|e| unreadable(&self.path, e))?;
         let after = self
             .file
             .metadata()
@@ -94,7 +111,10 @@ impl Hashing {
         if after.len() != self.size || mtime_ns(&after) != self.mtime_ns {
             return Err(unreadable(&self.path, "the file changed while it was read"));
         }
-        Ok(sha)
+        Ok(Digests {
+            sha256: hex(&sha.finalize()),
+            blake3: b3.finalize().to_hex().to_string(),
+        })
     }
 }
 
@@ -136,7 +156,7 @@ impl Outgoing {
     /// (size or modification time) is [`SendError::Unreadable`].
     pub fn open(path: &Path, limit: u64) -> Result<Outgoing, SendError> {
         let (mut o, hashing) = Outgoing::open_unhashed(path, limit)?;
-        o.sha256 = hashing.run()?;
+        o.sha256 = hashing.run()?.sha256;
         Ok(o)
     }
 
@@ -268,29 +288,32 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_else(|| "blob".into())
 }
 
-/// SHA-256 (hex) of the first `len` bytes of `f` and the first 512 of them (for the media
-/// type). A file shorter than `len` is an error.
-pub(crate) fn hash_file(f: &std::fs::File, len: u64) -> std::io::Result<(String, Vec<u8>)> {
-    let mut h = Sha256::new();
+/// Read the first `len` bytes of `f` in pieces of up to 1 MiB, in order, handing each to
+/// `visit`. A file shorter than `len` is an error (`UnexpectedEof`).
+pub(crate) fn read_file(
+    f: &std::fs::File,
+    len: u64,
+    mut visit: impl FnMut(&[u8]),
+) -> std::io::Result<()> {
     let mut buf = vec![0u8; (len as usize).clamp(1, 1 << 20)];
-    let mut head = Vec::new();
     let mut at = 0u64;
     while at < len {
         let want = buf.len().min((len - at) as usize);
-        let n = f.read_at(&mut buf[..want], at)?;
+        let n = match f.read_at(&mut buf[..want], at) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "the file is shorter than its size",
             ));
         }
-        if head.len() < 512 {
-            head.extend_from_slice(&buf[..n.min(512 - head.len())]);
-        }
-        h.update(&buf[..n]);
+        visit(&buf[..n]);
         at += n as u64;
     }
-    Ok((hex(&h.finalize()), head))
+    Ok(())
 }
 
 /// Up to `len` bytes of `f` from `f.offset + at` (fewer at end of file or on an error).

@@ -78,17 +78,22 @@ pub fn fill(store: &Store, peer: &PeerKey, e: OutboxEntry) -> Fill {
             entry: None,
         };
     }
-    // The SHA-256 the file must have: recorded, or still being computed (the node queues
+    // The digests the file must have: recorded, or still being computed (the node queues
     // a file before it hashes it, see `super::pending`).
-    let expected = || -> Result<String, String> {
+    let expected = || -> Result<Want, String> {
         if !record.sha256.is_empty() {
-            return Ok(record.sha256.clone());
+            return Ok(Want::of(&record));
         }
         if let Some(outcome) = super::pending::wait(peer, &stub.blob_ref) {
-            return outcome.map_err(|e| format!("hashing it after it was queued: {e}"));
+            return outcome
+                .map(|d| Want {
+                    sha256: d.sha256,
+                    blake3: Some(d.blake3),
+                })
+                .map_err(|e| format!("hashing it after it was queued: {e}"));
         }
         match store.blob_out(peer, &stub.blob_ref) {
-            Ok(Some(r)) if !r.sha256.is_empty() => Ok(r.sha256),
+            Ok(Some(r)) if !r.sha256.is_empty() => Ok(Want::of(&r)),
             Ok(_) => Err("its SHA-256 was never recorded (the node stopped while it \
                            hashed the file after queueing it)"
                 .into()),
@@ -149,9 +154,72 @@ fn splice(stub: &[u8], data: &[u8]) -> Vec<u8> {
 /// An open source file being sent.
 struct Open {
     file: Arc<File>,
-    /// SHA-256 of chunks `0..next` as they were read, when the blob was opened at chunk 0
+    /// The hash of chunks `0..next` as they were read, when the blob was opened at chunk 0
     /// (None: the whole file was hashed when it was opened).
-    running: Option<(Sha256, u64)>,
+    running: Option<(Running, u64)>,
+}
+
+/// A hash over a streamed blob's data as it is read: BLAKE3 when the record has that
+/// digest or will have it (queued before it was hashed, see `super::pending`), else
+/// SHA-256 (records written before BLAKE3 was recorded).
+enum Running {
+    Blake3(Box<blake3::Hasher>),
+    Sha256(Sha256),
+}
+
+impl Running {
+    fn for_record(r: &OutBlobState) -> Running {
+        if r.blake3.is_some() || r.sha256.is_empty() {
+            Running::Blake3(Box::default())
+        } else {
+            Running::Sha256(Sha256::new())
+        }
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        match self {
+            Running::Blake3(h) => {
+                h.update(data);
+            }
+            Running::Sha256(h) => h.update(data),
+        }
+    }
+
+    /// Compare the hash of everything given to [`Running::update`] with `want`.
+    fn check(self, want: &Want) -> Result<(), String> {
+        match self {
+            Running::Sha256(h) => {
+                let got = super::hex(&h.finalize());
+                if got != want.sha256 {
+                    return Err(format!("SHA-256 {got}, queued as {}", want.sha256));
+                }
+            }
+            Running::Blake3(h) => {
+                let got = h.finalize().to_hex().to_string();
+                match &want.blake3 {
+                    Some(w) if *w == got => {}
+                    Some(w) => return Err(format!("BLAKE3 {got}, hashed at send as {w}")),
+                    None => return Err("no BLAKE3 was recorded for it".into()),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The digests a streamed blob's file must have (lowercase hex).
+struct Want {
+    sha256: String,
+    blake3: Option<String>,
+}
+
+impl Want {
+    fn of(r: &OutBlobState) -> Want {
+        Want {
+            sha256: r.sha256.clone(),
+            blake3: r.blake3.clone(),
+        }
+    }
 }
 
 type Key = (PeerKey, String);
@@ -167,17 +235,15 @@ fn forget(peer: &PeerKey, blob_ref: &str) {
     open_files().remove(&(*peer, blob_ref.to_string()));
 }
 
-/// The SHA-256 a streamed blob's file must have (hex), or why there is none.
-type Expected<'a> = &'a dyn Fn() -> Result<String, String>;
+/// The digests a streamed blob's file must have, or why there are none; asked only when
+/// they are compared (it may wait for a hash still running).
+type Expected<'a> = &'a dyn Fn() -> Result<Want, String>;
 
-/// Hash the whole source file and compare with the expected SHA-256.
+/// Hash the whole source file and compare with the expected digest.
 fn check_hash(f: &File, r: &OutBlobState, expected: Expected<'_>) -> Result<(), String> {
-    let (sha, _) = super::send::hash_file(f, r.size).map_err(|e| format!("reading it: {e}"))?;
-    let want = expected()?;
-    if sha != want {
-        return Err(format!("SHA-256 {sha}, queued as {want}"));
-    }
-    Ok(())
+    let mut h = Running::for_record(r);
+    super::send::read_file(f, r.size, |b| h.update(b)).map_err(|e| format!("reading it: {e}"))?;
+    h.check(&expected()?)
 }
 
 /// Whether `f` still has the size and modification time of the record.
@@ -193,8 +259,8 @@ fn same(f: &File, r: &OutBlobState) -> Result<(), String> {
 }
 
 /// The data of chunk `n`, read from the source file, which must still match the record:
-/// its size and modification time before and after every read, and its SHA-256
-/// (`expected`, asked only when it is compared) — over
+/// its size and modification time before and after every read, and its digest (BLAKE3,
+/// or SHA-256 for records without one; `expected`, asked only when it is compared) — over
 /// the chunks as they are read when sending starts at chunk 0 (checked when the last
 /// chunk is read, so before the msg naming the blob can go out), else over the whole
 /// file when it is opened to resume later chunks.
@@ -218,7 +284,7 @@ fn read_chunk(
             let f = File::open(&r.source).map_err(|e| format!("cannot open it: {e}"))?;
             same(&f, r)?;
             let running = if n == 0 {
-                Some((Sha256::new(), 0))
+                Some((Running::for_record(r), 0))
             } else {
                 check_hash(&f, r, expected)?;
                 None
@@ -250,16 +316,17 @@ fn read_chunk(
     match running_next {
         Some(next) if next == n => {
             let mut open = open_files();
-            if let Some((h, next)) = open.get_mut(&key).and_then(|o| o.running.as_mut()) {
-                h.update(&buf);
-                *next += 1;
+            if let Some(o) = open.get_mut(&key) {
+                if let Some((h, next)) = o.running.as_mut() {
+                    h.update(&buf);
+                    *next += 1;
+                }
                 if last {
-                    let sha = super::hex(&std::mem::take(h).finalize());
-                    // Not under the table's lock: this may wait for the queue-time hash.
-                    drop(open);
-                    let want = expected()?;
-                    if sha != want {
-                        return Err(format!("SHA-256 {sha}, queued as {want}"));
+                    if let Some((h, _)) = o.running.take() {
+                        // Not under the table's lock: this may wait for the queue-time
+                        // hash.
+                        drop(open);
+                        h.check(&expected()?)?;
                     }
                 }
             }
@@ -344,6 +411,7 @@ mod tests {
             chunk_size: Some(crate::blob::CHUNK_SIZE as u64),
             mtime_ns: o.stream.map(|s| s.mtime_ns),
             reason: None,
+            blake3: None,
         };
         store
             .enqueue_with_blobs(
@@ -492,29 +560,71 @@ mod tests {
             !sender.is_finished(),
             "the last chunk went out before the hash"
         );
-        let sha = hashing.run().unwrap();
-        assert!(store.set_blob_out_sha256(&peer, &o.blob_ref, &sha).unwrap());
-        super::super::pending::finish(&peer, &o.blob_ref, Ok(sha.clone()));
+        let digests = hashing.run().unwrap();
+        assert!(store
+            .set_blob_out_digests(&peer, &o.blob_ref, &digests)
+            .unwrap());
+        super::super::pending::finish(&peer, &o.blob_ref, Ok(digests.clone()));
         assert_eq!(data_of(sender.join().unwrap()), &data[CHUNK_SIZE..]);
         let rec = store.blob_out(&peer, &o.blob_ref).unwrap().unwrap();
-        assert_eq!(rec.sha256, sha);
-        assert_eq!(sha, crate::blob::hex(&Sha256::digest(&data)));
+        assert_eq!(rec.sha256, crate::blob::hex(&Sha256::digest(&data)));
+        assert_eq!(
+            rec.blake3.as_deref(),
+            Some(blake3::hash(&data).to_hex().as_str())
+        );
+        assert_eq!(rec.sha256, digests.sha256);
         // Recorded once: a second hash does not replace it.
-        assert!(!store.set_blob_out_sha256(&peer, &o.blob_ref, "00").unwrap());
-        // A wrong hash published (what a file changed under the hash would give) stops
+        let other = crate::blob::Digests {
+            sha256: "00".into(),
+            blake3: "00".into(),
+        };
+        assert!(!store
+            .set_blob_out_digests(&peer, &o.blob_ref, &other)
+            .unwrap());
+        // A wrong digest published (what a file changed under the hash would give) stops
         // the blob at its last chunk, msg included.
         let (o, _) = super::super::Outgoing::open_unhashed(&path, 1 << 30).unwrap();
         super::super::pending::begin(&peer, &o.blob_ref);
         let e = queue(&store, &peer, &o);
         assert_eq!(data_of(fill(&store, &peer, e[0].clone())).len(), CHUNK_SIZE);
+        let wrong = crate::blob::Digests {
+            sha256: digests.sha256.clone(),
+            blake3: "0".repeat(64),
+        };
         assert!(store
-            .set_blob_out_sha256(&peer, &o.blob_ref, &"0".repeat(64))
+            .set_blob_out_digests(&peer, &o.blob_ref, &wrong)
             .unwrap());
-        super::super::pending::finish(&peer, &o.blob_ref, Ok("0".repeat(64)));
+        super::super::pending::finish(&peer, &o.blob_ref, Ok(wrong));
         let Fill::Stopped { dropped, .. } = fill(&store, &peer, e[1].clone()) else {
             panic!("the last chunk went out against a different hash")
         };
         assert!(dropped.contains(&e[2].id));
+        let rec = store.blob_out(&peer, &o.blob_ref).unwrap().unwrap();
+        assert!(rec.reason.unwrap().contains("BLAKE3"));
+        // Hashed and recorded, then the content changed with size and modification time
+        // put back: the BLAKE3 of the chunks read catches it at the last one, and a
+        // first chunk after 0 (a resume) checks the whole file against it.
+        for first in [0usize, 1] {
+            std::fs::write(&path, &data).unwrap();
+            let (o, hashing) = super::super::Outgoing::open_unhashed(&path, 1 << 30).unwrap();
+            let e = queue(&store, &peer, &o);
+            let d = hashing.run().unwrap();
+            assert!(store.set_blob_out_digests(&peer, &o.blob_ref, &d).unwrap());
+            let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+            let mut changed = data.clone();
+            changed[CHUNK_SIZE + 2] ^= 0x40;
+            std::fs::write(&path, &changed).unwrap();
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_modified(mtime).unwrap();
+            drop(f);
+            if first == 0 {
+                assert_eq!(data_of(fill(&store, &peer, e[0].clone())).len(), CHUNK_SIZE);
+            }
+            let Fill::Stopped { dropped, .. } = fill(&store, &peer, e[1].clone()) else {
+                panic!("changed content went out (first chunk sent: {first})")
+            };
+            assert!(dropped.contains(&e[2].id));
+        }
     }
 
     /// No hash in this process and none recorded: the node stopped while it hashed the

@@ -74,9 +74,9 @@ pub(super) fn start_hashing(
             let outcome = hashing.run().map_err(|e| e.to_string());
             let mut refusal = None;
             match &outcome {
-                Ok(sha) => {
-                    if let Err(e) = store.set_blob_out_sha256(&peer, &r, sha) {
-                        tracing::warn!(%peer, blob_ref = %r, "recording a blob's SHA-256: {e}");
+                Ok(digests) => {
+                    if let Err(e) = store.set_blob_out_digests(&peer, &r, digests) {
+                        tracing::warn!(%peer, blob_ref = %r, "recording a blob's digests: {e}");
                     }
                 }
                 Err(why) => {
@@ -181,6 +181,7 @@ fn out_state(b: &Outgoing, now: u64) -> OutBlobState {
         chunk_size: b.stream.map(|_| crate::blob::CHUNK_SIZE as u64),
         mtime_ns: b.stream.map(|s| s.mtime_ns),
         reason: None,
+        blake3: None,
     }
 }
 

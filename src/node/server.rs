@@ -780,7 +780,7 @@ async fn queue(
         for outcome in outcomes {
             // The blob was stopped (its queued lines left the outbox): the send fails as
             // it did when the file was hashed before queueing.
-            sha256.push(outcome.map_err(|why| Fail::new("bad_request", why))?);
+            sha256.push(outcome.map_err(|why| Fail::new("bad_request", why))?.sha256);
         }
     }
     let blob_info = (!blobs.is_empty()).then(|| super::blobs::describe(blobs, &sha256));

@@ -123,6 +123,11 @@ pub struct OutBlobState {
     /// Why this node stopped sending it (the source file changed), when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Streamed blobs hashed after queueing (`crate::blob::pending`): lowercase hex
+    /// BLAKE3 of the data, from the same pass as `sha256`; the stream checks the chunks it
+    /// reads against it. None: check against `sha256` (records written before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blake3: Option<String>,
 }
 
 /// What [`Store::stop_changed_blob`] did.
@@ -363,16 +368,16 @@ impl Store {
         tx.commit()
     }
 
-    /// Record the SHA-256 (lowercase hex) of outbound blob `blob_ref` to `peer`, computed
-    /// after it was queued (`crate::blob::pending`). Only a record whose `sha256` is still
-    /// empty and that is not refused takes it; no record (queueing failed) or any other
-    /// record is left as it is. Returns whether it was recorded. Not durable until
-    /// [`Store::flush`].
-    pub fn set_blob_out_sha256(
+    /// Record the digests of outbound blob `blob_ref` to `peer`, computed after it was
+    /// queued (`crate::blob::pending`): `sha256` and `blake3`. Only a record whose
+    /// `sha256` is still empty and that is not refused takes them; no record (queueing
+    /// failed) or any other record is left as it is. Returns whether they were recorded.
+    /// Not durable until [`Store::flush`].
+    pub fn set_blob_out_digests(
         &self,
         peer: &PeerKey,
         blob_ref: &str,
-        sha256: &str,
+        digests: &crate::blob::Digests,
     ) -> Result<bool, StoreError> {
         let _w = self.writer();
         let mut tx = Tx::new(&self.trees);
@@ -384,7 +389,8 @@ impl Store {
         if !st.sha256.is_empty() || st.refused {
             return Ok(false);
         }
-        st.sha256 = sha256.to_string();
+        st.sha256 = digests.sha256.clone();
+        st.blake3 = Some(digests.blake3.clone());
         tx.put(T::BlobsOut, key, enc(&st)?);
         tx.commit()?;
         Ok(true)
@@ -720,6 +726,7 @@ mod tests {
             chunk_size: None,
             mtime_ns: None,
             reason: None,
+            blake3: None,
         };
         s.put_blob_out(&p, "a", &st).unwrap();
         assert_eq!(s.chunks_retired(&p, &st.chunk_ids).unwrap(), 0);
