@@ -530,14 +530,20 @@ mod tests {
         ));
     }
 
+    /// A temporary directory, a store in it and a peer key from `seed`.
+    fn setup(seed: u8) -> (tempfile::TempDir, Store, PeerKey) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let peer = crate::identity::Identity::from_seed(&[seed; 32]).key();
+        (dir, store, peer)
+    }
+
     /// A blob queued before its SHA-256 is known (`awp send -f`): its chunks go out while
     /// the hash runs, and the last one waits for the hash and checks against it.
     #[test]
     fn the_last_chunk_waits_for_a_hash_still_running_and_checks_against_it() {
         use crate::blob::CHUNK_SIZE;
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db")).unwrap();
-        let peer = crate::identity::Identity::from_seed(&[4; 32]).key();
+        let (dir, store, peer) = setup(4);
         let path = dir.path().join("g.bin");
         let data: Vec<u8> = (0..CHUNK_SIZE + 7).map(|i| (i % 251) as u8).collect();
         std::fs::write(&path, &data).unwrap();
@@ -632,12 +638,9 @@ mod tests {
     #[test]
     fn a_blob_whose_hash_was_never_recorded_is_stopped_at_its_check() {
         use crate::blob::CHUNK_SIZE;
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db")).unwrap();
-        let peer = crate::identity::Identity::from_seed(&[5; 32]).key();
+        let (dir, store, peer) = setup(5);
         let path = dir.path().join("h.bin");
-        let data: Vec<u8> = (0..CHUNK_SIZE + 3).map(|i| (i % 249) as u8).collect();
-        std::fs::write(&path, &data).unwrap();
+        std::fs::write(&path, vec![9u8; CHUNK_SIZE + 3]).unwrap();
         let (o, _) = super::super::Outgoing::open_unhashed(&path, 1 << 30).unwrap();
         let e = queue(&store, &peer, &o);
         // Resumed at chunk 1 (a later chunk first: the whole file is checked).
