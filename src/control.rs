@@ -187,7 +187,8 @@ pub enum Request {
     /// chunks_sent, chunks_acked, bytes, reason}…]}`, newest first. Outbound status:
     /// `queued` (the naming msg is not acked yet), `sent` (acked), `refused` (the peer
     /// answered `blob_refused`); `chunks_sent` counts chunks written to the live
-    /// connection or retired, `chunks_acked` chunks retired by the peer's ack or resume.
+    /// connection or retired, `chunks_acked` chunks retired by the peer's ack or resume;
+    /// `sha256` is null while the file is still being hashed after queueing.
     /// Inbound status: `pending`, `complete` (then `path` and `sha256`), `refused` (with
     /// `reason`); `bytes` = bytes stored so far. `peer`/`blob_ref` filter. A [`Page`] at a
     /// time (`next`); names, mimes and reasons cut to [`MAX_SHOWN_CHARS`].

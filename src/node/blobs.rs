@@ -338,7 +338,8 @@ fn out_row(inner: &Inner, b: &OutBlob) -> Result<Value, crate::store::StoreError
         "name": shown(&s.name),
         "mime": shown(&s.mime),
         "size": s.size,
-        "sha256": s.sha256,
+        // null while the file is still being hashed after queueing (`blob::pending`).
+        "sha256": (!s.sha256.is_empty()).then_some(&s.sha256),
         "status": status,
         "reason": s.reason.as_deref().map(shown),
         "path": s.source,
