@@ -94,9 +94,7 @@ pub fn fill(store: &Store, peer: &PeerKey, e: OutboxEntry) -> Fill {
         }
         match store.blob_out(peer, &stub.blob_ref) {
             Ok(Some(r)) if !r.sha256.is_empty() => Ok(Want::of(&r)),
-            Ok(_) => Err("its SHA-256 was never recorded (the node stopped while it \
-                           hashed the file after queueing it)"
-                .into()),
+            Ok(_) => Err(NEVER_HASHED.into()),
             Err(err) => Err(format!("reading its record: {err}")),
         }
     };
@@ -104,10 +102,17 @@ pub fn fill(store: &Store, peer: &PeerKey, e: OutboxEntry) -> Fill {
         Ok(data) => Fill::Line(splice(&e.line, &data)),
         Err(why) => {
             forget(peer, &stub.blob_ref);
+            let what = if why == NEVER_HASHED {
+                format!(
+                    "the node stopped while it hashed {} after queueing it, so what goes out \
+                     cannot be checked",
+                    record.source
+                )
+            } else {
+                format!("{} changed after it was queued ({why})", record.source)
+            };
             let detail = format!(
-                "not sent by this node: {} changed after it was queued ({why}); nothing more \
-                 of it goes out, send the file again",
-                record.source
+                "not sent by this node: {what}; nothing more of it goes out, send the file again"
             );
             tracing::warn!(%peer, blob_ref = %stub.blob_ref, "{detail}");
             match store.stop_changed_blob(peer, &stub.blob_ref, &e.id, &detail) {
@@ -120,6 +125,10 @@ pub fn fill(store: &Store, peer: &PeerKey, e: OutboxEntry) -> Fill {
         }
     }
 }
+
+/// Why a streamed blob cannot be checked: its record has no SHA-256 and no hash of it is in
+/// progress (the node stopped while it hashed the file after queueing it).
+const NEVER_HASHED: &str = "its SHA-256 was never recorded";
 
 /// The fields of a chunk stub that [`fill`] needs.
 struct Stub {
@@ -651,7 +660,9 @@ mod tests {
         assert!(entry.is_some(), "the refusal is stored in the thread");
         let rec = store.blob_out(&peer, &o.blob_ref).unwrap().unwrap();
         assert!(rec.refused);
-        assert!(rec.reason.unwrap().contains("never recorded"));
+        let reason = rec.reason.unwrap();
+        assert!(reason.contains("stopped while it hashed"), "{reason}");
+        assert!(!reason.contains("changed"), "{reason}");
         // A blob refused meanwhile (by the node, when its hash failed): every line of it
         // leaves a batch fetched before, the msg too.
         let (o, _) = super::super::Outgoing::open_unhashed(&path, 1 << 30).unwrap();
