@@ -11,7 +11,6 @@
 
 use super::BoxReader;
 use crate::wire::MAX_LINE;
-use tokio::io::AsyncRead;
 
 /// Framing failures.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +32,8 @@ const BUFFER_CAP: usize = MAX_LINE + 1;
 /// Buffered line reader over a connection's read half.
 pub struct LineReader {
     reader: BoxReader,
-    /// Storage; `buf.len()` is the allocated window (never above [`BUFFER_CAP`]).
+    /// Storage: `buf[..end]` holds what was read (`buf.len()` is `end`); its capacity is the
+    /// window reads fill (used up to [`BUFFER_CAP`]).
     buf: Vec<u8>,
     /// Start of unconsumed bytes.
     start: usize,
@@ -74,6 +74,7 @@ impl LineReader {
             }
             if self.eof {
                 // Drop a partial last line.
+                self.buf.clear();
                 self.start = 0;
                 self.end = 0;
                 self.scanned = 0;
@@ -88,18 +89,20 @@ impl LineReader {
         }
     }
 
-    /// Read more bytes into `buf[end..]` (making room first). While nothing is pending and
+    /// Read more bytes after `buf[..end]`, into the spare capacity (making room first). While nothing is pending and
     /// the read has to wait, the buffer is given back, so an idle connection holds none
     /// and one that carried a large line does not keep its large buffer (issue 10 §4); it
     /// is taken again, at [`INITIAL_BUFFER`], when bytes arrive. Cancel safe.
     async fn fill(&mut self) -> std::io::Result<usize> {
         std::future::poll_fn(|cx| {
             self.make_room();
-            let mut into = tokio::io::ReadBuf::new(&mut self.buf[self.end..]);
-            match std::pin::Pin::new(&mut self.reader).poll_read(cx, &mut into) {
-                std::task::Poll::Ready(r) => {
-                    std::task::Poll::Ready(r.map(|()| into.filled().len()))
-                }
+            // Into the spare capacity, unzeroed (`BufMut` for `Vec` advances its length),
+            // never past the window nor the cap.
+            let room = self.buf.capacity().min(BUFFER_CAP) - self.end;
+            let mut into = bytes::BufMut::limit(&mut self.buf, room);
+            match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut self.reader), cx, &mut into)
+            {
+                std::task::Poll::Ready(r) => std::task::Poll::Ready(r),
                 std::task::Poll::Pending => {
                     if self.start == self.end {
                         self.buf = Vec::new();
@@ -131,12 +134,22 @@ impl LineReader {
                     // Unreachable while the buffer is capped, kept as a guard.
                     return Err(ReadError::TooLarge);
                 }
+                self.scanned = 0;
+                if self.start == 0 && nl + 1 == self.end && 2 * nl >= self.buf.capacity() {
+                    // The line is all the buffer holds and fills at least half of it: the
+                    // buffer itself becomes the line (no copy of a large chunk line; the
+                    // reader would give its buffer back at the next wait anyway).
+                    let mut line = std::mem::take(&mut self.buf);
+                    line.truncate(nl);
+                    self.end = 0;
+                    return Ok(Some(line));
+                }
                 let line = self.buf[self.start..nl].to_vec();
                 self.start = nl + 1;
-                self.scanned = 0;
                 if self.start == self.end {
                     self.start = 0;
                     self.end = 0;
+                    self.buf.clear();
                 }
                 Ok(Some(line))
             }
@@ -151,22 +164,24 @@ impl LineReader {
         }
     }
 
-    /// Ensure `buf[end..]` is not empty. Only called when the pending bytes hold no
-    /// newline and are at most `MAX_LINE` long, so the buffer can always take one more.
+    /// Ensure the buffer has spare capacity (`buf.len()` is always `end`; the capacity is
+    /// the window). Only called when the pending bytes hold no newline and are at most
+    /// `MAX_LINE` long, so the window can always take one more.
     fn make_room(&mut self) {
-        if self.end < self.buf.len() {
+        if self.end < self.buf.capacity().min(BUFFER_CAP) {
             return;
         }
         if self.start > 0 {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
+            self.buf.truncate(self.end);
             self.start = 0;
-            if self.end < self.buf.len() {
+            if self.end < self.buf.capacity().min(BUFFER_CAP) {
                 return;
             }
         }
-        let grown = (self.buf.len() * 2).clamp(INITIAL_BUFFER, BUFFER_CAP);
-        self.buf.resize(grown, 0);
+        let grown = (self.buf.capacity() * 2).clamp(INITIAL_BUFFER, BUFFER_CAP);
+        self.buf.reserve_exact(grown - self.end);
     }
 }
 
@@ -308,7 +323,34 @@ mod tests {
         assert_eq!(r.read_line().await.unwrap().unwrap(), b"x");
         assert_eq!(r.read_line().await.unwrap().unwrap(), big);
         assert_eq!(r.read_line().await.unwrap().unwrap(), b"z");
-        assert!(r.buf.len() <= MAX_LINE + 1);
+        assert!(r.buf.capacity() <= MAX_LINE + 1);
+    }
+
+    #[tokio::test]
+    async fn a_large_line_alone_is_handed_over_and_reading_goes_on() {
+        // Each large line arrives alone and fills the buffer: the buffer becomes the line.
+        // Lines after it (alone, sharing a read, split across reads) still come out whole.
+        let big = |b: u8, n: usize| vec![b; n];
+        let mut first = big(b'a', 300_000);
+        first.push(b'\n');
+        let mut third = big(b'c', 200_000);
+        third.extend_from_slice(b"\nd\n");
+        let mut chunks = vec![first, b"s\n".to_vec(), third];
+        let fourth = big(b'e', 500_000);
+        for c in fourth.chunks(70_000) {
+            chunks.push(c.to_vec());
+        }
+        chunks.push(b"\n".to_vec());
+        let mut r = chunked(chunks);
+        let line = r.read_line().await.unwrap().unwrap();
+        assert_eq!(line, big(b'a', 300_000));
+        assert_eq!((r.start, r.end, r.buf.len()), (0, 0, 0));
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"s");
+        assert_eq!(r.read_line().await.unwrap().unwrap(), big(b'c', 200_000));
+        assert_eq!(r.read_line().await.unwrap().unwrap(), b"d");
+        assert_eq!(r.read_line().await.unwrap().unwrap(), fourth);
+        assert!(r.read_line().await.unwrap().is_none());
+        assert!(r.buf.capacity() <= MAX_LINE + 1);
     }
 
     /// Issue 10 §4: a connection waiting for bytes holds no read buffer, even after a
