@@ -99,7 +99,11 @@ pub fn fill(store: &Store, peer: &PeerKey, e: OutboxEntry) -> Fill {
         }
     };
     match read_chunk(peer, &stub.blob_ref, &record, chunk_size, stub.n, &expected) {
-        Ok(data) => Fill::Line(splice(&e.line, &data)),
+        Ok(data) => {
+            let line = splice(&e.line, &data);
+            give_back(data);
+            Fill::Line(line)
+        }
         Err(why) => {
             forget(peer, &stub.blob_ref);
             let what = if why == NEVER_HASHED {
@@ -150,10 +154,35 @@ fn parse_stub(line: &[u8]) -> Option<Stub> {
     }
 }
 
+thread_local! {
+    /// The buffer chunks are read into, kept by the thread between chunks (at most one
+    /// chunk, 1 MiB, per thread that streams), so it is not zeroed again for every chunk.
+    static CHUNK_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer of `len` bytes: the thread's kept buffer (only bytes it never held before
+/// are zeroed) or a new one.
+fn take_buf(len: usize) -> Vec<u8> {
+    let mut buf = CHUNK_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    buf.resize(len, 0);
+    buf
+}
+
+/// Keep `buf` for the thread's next [`take_buf`].
+fn give_back(buf: Vec<u8>) {
+    CHUNK_BUF.with(|b| {
+        let mut kept = b.borrow_mut();
+        if buf.capacity() > kept.capacity() {
+            *kept = buf;
+        }
+    });
+}
+
 /// `stub` (ending `"data":""}`) with `data` as standard padded base64 in its data field.
 fn splice(stub: &[u8], data: &[u8]) -> Vec<u8> {
     let head = &stub[..stub.len() - 2];
-    let mut out = Vec::with_capacity(head.len() + data.len().div_ceil(3) * 4 + 2);
+    // One byte more for the `\n` the connection appends (no reallocation of a 1 MiB line).
+    let mut out = Vec::with_capacity(head.len() + data.len().div_ceil(3) * 4 + 3);
     out.extend_from_slice(head);
     wire::b64::encode_std_append(data, &mut out);
     out.extend_from_slice(b"\"}");
@@ -317,7 +346,7 @@ fn read_chunk(
         }
     };
     same(&f, r)?;
-    let mut buf = vec![0u8; (end - start) as usize];
+    let mut buf = take_buf((end - start) as usize);
     f.read_exact_at(&mut buf, start)
         .map_err(|e| format!("reading it: {e}"))?;
     same(&f, r)?;

@@ -586,8 +586,7 @@ pub fn run_with(
         session.apply_acks();
         // Final writes (closing err, bye), then close.
         while let Some(l) = session.poll_transmit() {
-            pending.extend_from_slice(&l);
-            pending.push(b'\n');
+            push_line(&mut pending, l);
         }
         if write_failed {
             // Give a closing err from the peer a chance to be read and logged.
@@ -696,13 +695,27 @@ fn landed(inner: &Inner, session: &mut Session, res: Landed) -> Option<Flight> {
 fn fill_pending(session: &mut Session, pending: &mut Vec<u8>) {
     while pending.len() < WRITE_BATCH {
         match session.poll_transmit() {
-            Some(l) => {
-                pending.extend_from_slice(&l);
-                pending.push(b'\n');
-            }
+            Some(l) => push_line(pending, l),
             None => break,
         }
     }
+}
+
+/// Lines at least this long (bytes) are not copied into an empty write batch: the line's
+/// own buffer becomes the batch (a 1 MiB chunk line copied, then copied again as the batch
+/// grew for its `\n`, was two of the sender's passes over the data).
+const MOVE_LINE: usize = 64 * 1024;
+
+/// Append `line` and its `\n` to the write batch `pending`.
+fn push_line(pending: &mut Vec<u8>, mut line: Vec<u8>) {
+    if pending.is_empty() && line.len() >= MOVE_LINE {
+        line.push(b'\n');
+        *pending = line;
+        return;
+    }
+    pending.reserve(line.len() + 1);
+    pending.extend_from_slice(&line);
+    pending.push(b'\n');
 }
 
 /// The running flight stage's result; never ready when none runs.
