@@ -160,8 +160,10 @@ thread_local! {
     static CHUNK_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A buffer of `len` bytes: the thread's kept buffer (only bytes it never held before
-/// are zeroed) or a new one.
+/// A buffer of `len` bytes: the thread's kept buffer (bytes past its last length are
+/// zeroed) or a new one. Its prefix may hold an earlier chunk's bytes: the caller must
+/// overwrite all `len` of them (`read_exact_at`, which fails otherwise, and then the
+/// buffer is dropped, not given back).
 fn take_buf(len: usize) -> Vec<u8> {
     let mut buf = CHUNK_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     buf.resize(len, 0);
