@@ -387,3 +387,149 @@ mod tests {
         assert!(r.read_line().await.unwrap().is_none());
     }
 }
+
+/// The reader against a plain splitter over random streams: lines short and long (up to
+/// past the cap), some without their `\n`, cut into random reads with waits between
+/// them, each `read_line` future dropped at its first `Pending` (as `select!` does). The
+/// events must match, and after every poll the buffer stays within its invariants.
+#[cfg(test)]
+mod split_model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
+    /// Scripted reads; `None` is one `Pending` (it wakes itself).
+    struct Steps(VecDeque<Option<Vec<u8>>>);
+
+    impl tokio::io::AsyncRead for Steps {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            out: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            match self.0.pop_front() {
+                Some(None) => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+                Some(Some(mut c)) => {
+                    let n = c.len().min(out.remaining());
+                    out.put_slice(&c[..n]);
+                    if n < c.len() {
+                        let rest = c.split_off(n);
+                        self.0.push_front(Some(rest));
+                    }
+                    Poll::Ready(Ok(()))
+                }
+                None => Poll::Ready(Ok(())),
+            }
+        }
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Ev {
+        Line(Vec<u8>),
+        Eof,
+        TooLarge,
+    }
+
+    /// What the reader must yield for `data`.
+    fn split(mut rest: &[u8]) -> Vec<Ev> {
+        let mut out = Vec::new();
+        loop {
+            match memchr::memchr(b'\n', rest) {
+                Some(i) if i <= MAX_LINE => {
+                    out.push(Ev::Line(rest[..i].to_vec()));
+                    rest = &rest[i + 1..];
+                }
+                None if rest.len() <= MAX_LINE => {
+                    out.push(Ev::Eof);
+                    return out;
+                }
+                _ => {
+                    out.push(Ev::TooLarge);
+                    return out;
+                }
+            }
+        }
+    }
+
+    fn read_all(data: &[u8], cuts: &[usize], waits: &[bool]) -> Vec<Ev> {
+        let mut steps = VecDeque::new();
+        let mut at = 0;
+        for (k, &c) in cuts.iter().enumerate() {
+            if at >= data.len() {
+                break;
+            }
+            if waits[k % waits.len()] {
+                steps.push_back(None);
+            }
+            let e = (at + c).min(data.len());
+            steps.push_back(Some(data[at..e].to_vec()));
+            at = e;
+        }
+        if at < data.len() {
+            steps.push_back(Some(data[at..].to_vec()));
+        }
+        let mut r = LineReader::new(Box::new(Steps(steps)));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut out = Vec::new();
+        for _ in 0..100_000 {
+            let res = std::pin::pin!(r.read_line()).as_mut().poll(&mut cx);
+            assert_eq!(r.buf.len(), r.end);
+            assert!(r.start <= r.end);
+            assert!(r.buf.capacity() <= BUFFER_CAP);
+            match res {
+                Poll::Pending => {
+                    if r.start == r.end {
+                        assert_eq!(r.buf.capacity(), 0, "a waiting reader holds a buffer");
+                    }
+                }
+                Poll::Ready(Ok(Some(l))) => out.push(Ev::Line(l)),
+                Poll::Ready(Ok(None)) => {
+                    out.push(Ev::Eof);
+                    return out;
+                }
+                Poll::Ready(Err(ReadError::TooLarge)) => {
+                    out.push(Ev::TooLarge);
+                    let again = std::pin::pin!(r.read_line()).as_mut().poll(&mut cx);
+                    assert!(matches!(again, Poll::Ready(Err(ReadError::TooLarge))));
+                    return out;
+                }
+                Poll::Ready(Err(e)) => panic!("{e}"),
+            }
+        }
+        panic!("the reader did not finish");
+    }
+
+    fn a_line() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            6 => proptest::collection::vec(prop_oneof![Just(b'a'), Just(b'\r'), Just(b'\n')], 0..40),
+            2 => (4000usize..20_000).prop_map(|n| vec![b'b'; n]),
+            1 => (MAX_LINE - 3..MAX_LINE + 3).prop_map(|n| vec![b'c'; n]),
+            1 => (300_000usize..700_000).prop_map(|n| vec![b'd'; n]),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn reads_what_a_plain_split_gives(
+            lines in proptest::collection::vec(a_line(), 0..8),
+            ended in proptest::collection::vec(proptest::bool::weighted(0.9), 8),
+            cuts in proptest::collection::vec(prop_oneof![1usize..20, 1usize..10_000, 1usize..2_000_000], 1..400),
+            waits in proptest::collection::vec(proptest::bool::ANY, 1..10),
+        ) {
+            let mut data = Vec::new();
+            for (l, end) in lines.iter().zip(&ended) {
+                data.extend_from_slice(l);
+                if *end {
+                    data.push(b'\n');
+                }
+            }
+            prop_assert_eq!(read_all(&data, &cuts, &waits), split(&data));
+        }
+    }
+}
