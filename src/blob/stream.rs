@@ -170,14 +170,9 @@ fn take_buf(len: usize) -> Vec<u8> {
     buf
 }
 
-/// Keep `buf` for the thread's next [`take_buf`].
+/// Keep `buf` for the thread's next [`take_buf`] (which took the kept one).
 fn give_back(buf: Vec<u8>) {
-    CHUNK_BUF.with(|b| {
-        let mut kept = b.borrow_mut();
-        if buf.capacity() > kept.capacity() {
-            *kept = buf;
-        }
-    });
+    CHUNK_BUF.with(|b| *b.borrow_mut() = buf);
 }
 
 /// `stub` (ending `"data":""}`) with `data` as standard padded base64 in its data field.

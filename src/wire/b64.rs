@@ -57,15 +57,17 @@ pub fn decode_any_into(s: &str, out: &mut Vec<u8>) -> Result<(), base64::DecodeE
     // issue 10 §3) accepts exactly what the engine of the same form accepts (canonical
     // padding, zero trailing bits: `simd_and_engine_agree` below); on a failure the
     // engines decide and give the error.
-    let simd = match (url, padded) {
-        (true, false) => &base64_simd::URL_SAFE_NO_PAD,
-        (true, true) => &base64_simd::URL_SAFE,
-        (false, false) => &base64_simd::STANDARD_NO_PAD,
-        (false, true) => &base64_simd::STANDARD,
-    };
-    out.clear();
-    if simd.decode_append(s.as_bytes(), out).is_ok() {
-        return Ok(());
+    // The standard form's SIMD decoder already refused `s` above.
+    if url {
+        let simd = if padded {
+            &base64_simd::URL_SAFE
+        } else {
+            &base64_simd::URL_SAFE_NO_PAD
+        };
+        out.clear();
+        if simd.decode_append(s.as_bytes(), out).is_ok() {
+            return Ok(());
+        }
     }
     out.clear();
     if engines[0].decode_vec(s, out).is_ok() {
