@@ -10,15 +10,20 @@
 //! simultaneous-open tie break).
 
 mod io;
+mod registry;
 
 use super::ephemeral::Ephemeral;
-use super::{ConnEntry, Inner, SIMULTANEOUS_OPEN};
+use super::Inner;
 use crate::blob::BlobError;
 use crate::net;
 use crate::session::{CloseReason, Phase, Session, SessionConfig, SessionEvent};
 use crate::store::AddrSource;
 use crate::wire::{self, Line, PeerKey};
-use io::{finish_writes, in_write, start_write, ReadBatch, ReadEnd, ReadSide, Write};
+use io::{
+    fill_pending, finish_writes, in_write, push_line, start_write, ReadBatch, ReadEnd, ReadSide,
+    Write, WRITE_BATCH,
+};
+use registry::{on_authenticated, register, set_up, unregister, MAX_NAME};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,8 +32,6 @@ use tokio::sync::Notify;
 
 /// Received bytes the session may hold before a commit and flush.
 const COMMIT_BYTES: usize = 4 * 1024 * 1024;
-/// Bytes per write batch.
-const WRITE_BATCH: usize = 256 * 1024;
 /// Lines fed to the session before one group-committed flush.
 const READ_BATCH: usize = 4096;
 /// After a write error, keep reading this long for the peer's closing err (§Errors).
@@ -690,34 +693,6 @@ fn landed(inner: &Inner, session: &mut Session, res: Landed) -> Option<Flight> {
     }
 }
 
-/// Take lines from the session into `pending` (each with its `\n`) until it holds
-/// [`WRITE_BATCH`] bytes or the session has nothing more to send now.
-fn fill_pending(session: &mut Session, pending: &mut Vec<u8>) {
-    while pending.len() < WRITE_BATCH {
-        match session.poll_transmit() {
-            Some(l) => push_line(pending, l),
-            None => break,
-        }
-    }
-}
-
-/// Lines at least this long (bytes) are not copied into an empty write batch: the line's
-/// own buffer becomes the batch (a 1 MiB chunk line copied, then copied again as the batch
-/// grew for its `\n`, was two of the sender's passes over the data).
-const MOVE_LINE: usize = 64 * 1024;
-
-/// Append `line` and its `\n` to the write batch `pending`.
-fn push_line(pending: &mut Vec<u8>, mut line: Vec<u8>) {
-    if pending.is_empty() && line.len() >= MOVE_LINE {
-        line.push(b'\n');
-        *pending = line;
-        return;
-    }
-    pending.reserve(line.len() + 1);
-    pending.extend_from_slice(&line);
-    pending.push(b'\n');
-}
-
 /// The running flight stage's result; never ready when none runs.
 async fn in_flight(flight: &mut Option<Flight>) -> Landed {
     match flight {
@@ -753,131 +728,6 @@ fn log_close(remote: &str, peer: Option<&PeerKey>, reason: &CloseReason) {
         other => tracing::info!(%remote, ?peer, reason = ?other, "closed"),
     }
 }
-
-/// Register the authenticated connection as the one for `key`. Returns false when a
-/// simultaneous open is decided against it (then it closes without an err).
-async fn register(
-    inner: &Arc<Inner>,
-    key: PeerKey,
-    conn_id: u64,
-    dialed: bool,
-    remote: &str,
-    handles: &Handles,
-    presence: bool,
-) -> bool {
-    let me = inner.identity.key();
-    let old = {
-        let mut conns = inner.conns.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(old) = conns.get(&key) {
-            if old.since.elapsed() < SIMULTANEOUS_OPEN && old.dialed != dialed {
-                // Keep the connection dialed by the smaller key (raw bytes).
-                let dialer_of_new = if dialed { me } else { key };
-                if dialer_of_new != me.min(key) {
-                    tracing::info!(peer = %key, "simultaneous open: keeping the other connection");
-                    return false;
-                }
-            }
-        }
-        let entry = ConnEntry {
-            conn_id,
-            dialed,
-            since: Instant::now(),
-            up: false,
-            remote: remote.to_string(),
-            handles: handles.clone(),
-            presence,
-        };
-        conns.insert(key, entry)
-    };
-    if let Some(old) = old {
-        // Stop reading the old connection before processing the new one's resume.
-        old.handles.stop();
-        let _ = tokio::time::timeout(Duration::from_secs(3), old.handles.closed()).await;
-    }
-    true
-}
-
-fn set_up(inner: &Inner, key: &PeerKey) {
-    if let Some(c) = inner
-        .conns
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_mut(key)
-    {
-        c.up = true;
-    }
-}
-
-fn unregister(inner: &Arc<Inner>, key: PeerKey, conn_id: u64, reason: &str) {
-    let removed = {
-        let mut conns = inner.conns.lock().unwrap_or_else(|p| p.into_inner());
-        if conns.get(&key).is_some_and(|c| c.conn_id == conn_id) {
-            conns.remove(&key);
-            true
-        } else {
-            false
-        }
-    };
-    if removed {
-        inner.emit(json!({
-            "event": "peer_down",
-            "peer": key.to_string(),
-            "peer_name": inner.peer_name(&key),
-            "reason": reason,
-        }));
-        super::dialer::disconnected(inner, key);
-    }
-}
-
-fn on_authenticated(
-    inner: &Inner,
-    key: PeerKey,
-    hello: &wire::Hello,
-    dial_addr: Option<&(String, AddrSource)>,
-) {
-    let now = wire::time::now_ms();
-    // Peers choose these texts: keep them short enough to list and show.
-    let name = hello.name.as_deref().map(|n| crate::blob::cut(n, MAX_NAME));
-    let about = hello
-        .about
-        .as_deref()
-        .map(|a| crate::blob::cut(a, MAX_ABOUT));
-    let caps: Vec<String> = hello
-        .caps
-        .iter()
-        .take(MAX_CAPS)
-        .map(|c| crate::blob::cut(c, MAX_NAME).to_string())
-        .collect();
-    if let Err(e) = inner.store.peer_seen(&key, name, about, &caps, now) {
-        tracing::warn!("store peer {key}: {e}");
-    }
-    if let Some((addr, source)) = dial_addr {
-        let _ = inner.store.add_address(&key, addr, *source);
-    }
-    // hello.addr: a hint for dialing back. Only a TLS address, pinned to the key that just
-    // proved itself, is kept: a plaintext or unix address named by a stranger would make
-    // this node connect wherever that stranger says.
-    if let Some(a) = &hello.addr {
-        match a.parse::<net::Address>() {
-            Ok(addr @ (net::Address::Tls { .. } | net::Address::Relay { .. }))
-                if addr.pin().is_none_or(|p| p == key) =>
-            {
-                let pinned = addr.with_pin(key).to_string();
-                let _ = inner.store.add_address(&key, &pinned, AddrSource::Hello);
-            }
-            _ => {
-                tracing::debug!(peer = %key, addr = %a, "ignoring hello.addr that is not a tls: address for this key")
-            }
-        }
-    }
-}
-
-/// Longest peer name (and capability name) kept, in bytes.
-const MAX_NAME: usize = 256;
-/// Longest peer `about` kept, in bytes.
-const MAX_ABOUT: usize = 1024;
-/// Most capabilities kept from a hello.
-const MAX_CAPS: usize = 64;
 
 /// The `line` event for a stored content line (see [`crate::control::Event`]).
 pub fn line_event(

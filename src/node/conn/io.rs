@@ -288,3 +288,34 @@ pub(super) async fn finish_writes(
     }
     let _ = writer.shutdown().await;
 }
+
+/// Bytes per write batch.
+pub(super) const WRITE_BATCH: usize = 256 * 1024;
+
+/// Take lines from the session into `pending` (each with its `\n`) until it holds
+/// [`WRITE_BATCH`] bytes or the session has nothing more to send now.
+pub(super) fn fill_pending(session: &mut crate::session::Session, pending: &mut Vec<u8>) {
+    while pending.len() < WRITE_BATCH {
+        match session.poll_transmit() {
+            Some(l) => push_line(pending, l),
+            None => break,
+        }
+    }
+}
+
+/// Lines at least this long (bytes) are not copied into an empty write batch: the line's
+/// own buffer becomes the batch (a 1 MiB chunk line copied, then copied again as the batch
+/// grew for its `\n`, was two of the sender's passes over the data).
+const MOVE_LINE: usize = 64 * 1024;
+
+/// Append `line` and its `\n` to the write batch `pending`.
+pub(super) fn push_line(pending: &mut Vec<u8>, mut line: Vec<u8>) {
+    if pending.is_empty() && line.len() >= MOVE_LINE {
+        line.push(b'\n');
+        *pending = line;
+        return;
+    }
+    pending.reserve(line.len() + 1);
+    pending.extend_from_slice(&line);
+    pending.push(b'\n');
+}
