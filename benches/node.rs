@@ -21,8 +21,8 @@
 //! (also on failure). Targets are printed next to the figures; a missed target does not
 //! fail the run, a phase that could not run does (exit code 1).
 //!
-//! Environment (all optional): `AWP_BIN` (the `awp` binary, default
-//! `target/release/awp`), `AWP_BENCH_DIR` (parent of the temporary homes, default the
+//! Environment (all optional): `AWP_BIN` (the `awp` binary, default the one cargo built
+//! with this bench: `CARGO_BIN_EXE_awp`), `AWP_BENCH_DIR` (parent of the temporary homes, default the
 //! system temp dir), `AWP_BENCH_PIDS` (a file to which node pids are appended, for a
 //! cleanup trap), `BENCH_FSYNC_N`, `BENCH_HANDSHAKE_N`, `BENCH_RTT_N`, `BENCH_PIPE_N`,
 //! `BENCH_REPLAY_N`, `BENCH_CLI_N`, `BENCH_CIRCUIT_N` (msgs per round of phase 8, default
@@ -123,18 +123,13 @@ fn env_usize(name: &str, default: usize) -> usize {
 
 impl Config {
     fn from_env() -> Result<Config> {
-        let bin = match std::env::var_os("AWP_BIN") {
-            Some(b) => PathBuf::from(b),
-            None => {
-                let target = std::env::var_os("CARGO_TARGET_DIR")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-                target.join("release").join("awp")
-            }
-        };
+        // Default: the awp executable cargo built for this bench (same profile and features).
+        let bin = std::env::var_os("AWP_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_awp")));
         if !bin.is_file() {
             bail!(
-                "no awp binary at {} (run `cargo build --release --bin awp` or set AWP_BIN)",
+                "no awp binary at {} (run `cargo bench --bench node`, or set AWP_BIN)",
                 bin.display()
             );
         }

@@ -26,7 +26,7 @@ CATCHUP=${BENCH_ARTIFACT_CATCHUP:-10000}
 # shellcheck source=lib.sh
 . "$ROOT/scripts/lib.sh"
 cd "$ROOT"
-AWP=${AWP_BIN:-$(cargo_exe awp --release --bin awp)}
+AWP=${AWP_BIN:-$(awp_exe --release)}
 DRIVER=$(cargo_exe artifact_bench --release --example artifact_bench)
 
 WORK=$(mktemp -d "${AWP_BENCH_DIR:-${TMPDIR:-/tmp}}/awp-artifact.XXXXXX")

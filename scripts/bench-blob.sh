@@ -17,7 +17,7 @@ MIB=${1:-50}
 if [ -n "${AWP_BIN:-}" ]; then
     AWP=$AWP_BIN
 else
-    AWP=$(cargo_exe awp --manifest-path "$ROOT/Cargo.toml" --release --bin awp)
+    AWP=$(awp_exe --manifest-path "$ROOT/Cargo.toml" --release)
 fi
 
 WORK=$(mktemp -d "${AWP_BENCH_DIR:-${TMPDIR:-/tmp}}/awp-blob.XXXXXX")

@@ -24,7 +24,7 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$need" ]; then
     ulimit -n "$need" 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 fi
 
-AWP=$(cargo_exe awp --release --bin awp)
+AWP=$(awp_exe --release)
 BENCH=$(cargo_exe circuit_bench --release --example circuit_bench)
 work=$(mktemp -d)
 relay_pid=""

@@ -16,7 +16,7 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$need" ]; then
     ulimit -n "$need" 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 fi
 
-AWP=$(cargo_exe awp --release --bin awp)
+AWP=$(awp_exe --release)
 RELAY_LOAD=$(cargo_exe relay_load --release --example relay_load)
 work=$(mktemp -d)
 relay_pid=""

@@ -59,8 +59,11 @@ trap 'exit 130' INT TERM
 
 . "$ROOT/scripts/lib.sh"
 echo "building (release)…" >&2
-AWP=$(cargo_exe awp --release --bin awp)
-cargo bench --quiet --bench node --no-run
+# One build for the node and the harnesses: the awp executable is built with the
+# dev-dependencies' features, as `cargo bench` builds it (scripts/lib.sh, awp_exe), so the
+# library is compiled once and the awp the benches start is the one they were built with.
+AWP=$(awp_exe --release)
+cargo bench --quiet --bench node --bench sig --no-run
 
 echo "commit   $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (src modified)')"
 echo "kernel   $(uname -sr)"

@@ -7,7 +7,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
-AWP=$(cargo_exe awp --manifest-path "$ROOT/Cargo.toml" --bin awp)
+AWP=$(awp_exe --manifest-path "$ROOT/Cargo.toml")
 WORK=$(mktemp -d)
 A="$WORK/alice"
 B="$WORK/bob"

@@ -20,3 +20,18 @@ cargo_exe() {
     fi
     printf '%s\n' "$exe"
 }
+
+# awp_exe [CARGO BUILD ARGS…]   (e.g. --release, --manifest-path …)
+# Build the awp executable and print its path, with the features `cargo test` and
+# `cargo bench` build it with. Cargo resolves the features of a build without the
+# dev-dependencies unless the build includes a target that uses them (resolver 2), and
+# the dev-dependencies add features to shared crates (tokio's `test-util`, rmcp's client,
+# hyper's client): `cargo build --bin awp` alone would compile the library and every
+# crate that depends on tokio a second time next to the test or bench build (minutes on
+# a 2-core machine), and the two builds would overwrite each other's target/*/awp. So
+# the smallest example (examples/mitm_relay.rs, 55 lines) is built with it. tokio's
+# `test-util` costs a running node one atomic load per clock read while time was never
+# paused (tokio/src/time/clock.rs), and no code path of the node pauses it.
+awp_exe() {
+    cargo_exe awp "$@" --bin awp --example mitm_relay
+}

@@ -16,7 +16,7 @@ fi
 # The package the issue names; its 1.x line runs on Node 18+ (the 2.x inspector needs 22.19+).
 INSPECTOR=${INSPECTOR:-@modelcontextprotocol/inspector-cli@1.0.3}
 
-AWP=$(cargo_exe awp --manifest-path "$ROOT/Cargo.toml" --bin awp)
+AWP=$(awp_exe --manifest-path "$ROOT/Cargo.toml")
 WORK=$(mktemp -d)
 A="$WORK/alice"
 B="$WORK/bob"

@@ -31,7 +31,7 @@ fi
 
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-AWP=$(cargo_exe awp --bin awp)
+AWP=$(awp_exe)
 MITM=$(cargo_exe mitm_relay --example mitm_relay)
 T=$(mktemp -d /tmp/awp-nat.XXXXXX)
 NS=(awp-pub awp-nata awp-natb awp-a awp-b)

@@ -29,25 +29,13 @@ for arg in "$@"; do
 done
 command -v python3 >/dev/null 2>&1 || { echo "soak.sh needs python3" >&2; exit 2; }
 
-# The executable cargo built (wherever its target directory is): the `executable` of the
-# compiler-artifact message for the named target.
-built() {
-    local kind=$1 name=$2
-    cargo build --quiet --locked --manifest-path "$ROOT/Cargo.toml" "${PROFILE[@]}" \
-        "--$kind" "$name" --message-format=json-render-diagnostics |
-        python3 -c '
-import json, sys
-name = sys.argv[1]
-exe = [m["executable"] for m in map(json.loads, sys.stdin)
-       if m.get("reason") == "compiler-artifact" and m["target"]["name"] == name and m.get("executable")]
-if not exe:
-    sys.exit("cargo built no executable named " + name)
-print(exe[-1])' "$name"
-}
-
-AWP=$(built bin awp)
+# The executables cargo built (wherever its target directory is), with the features of the
+# test build (scripts/lib.sh: awp_exe says why).
+. "$ROOT/scripts/lib.sh"
+AWP=$(awp_exe --locked --manifest-path "$ROOT/Cargo.toml" "${PROFILE[@]}")
 ARGS=(--awp "$AWP")
 if [ "$STORE" = 1 ]; then
-    ARGS+=(--store-writer "$(built example store_crash)")
+    ARGS+=(--store-writer "$(cargo_exe store_crash --locked --manifest-path "$ROOT/Cargo.toml" \
+        "${PROFILE[@]}" --example store_crash)")
 fi
 exec python3 "$ROOT/scripts/soak.py" "${ARGS[@]}" "${PASS[@]+"${PASS[@]}"}"
