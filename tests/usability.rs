@@ -72,7 +72,8 @@ async fn conform_peers_are_named_and_can_be_forgotten() {
 }
 
 /// #17: the scripts that run the binary hard-coded `target/debug` or `target/release` and
-/// failed with CARGO_TARGET_DIR set; they ask cargo where the binary is instead.
+/// failed with CARGO_TARGET_DIR set; they ask cargo where the binary is instead (`cargo_exe`,
+/// or `awp_exe` for the awp binary).
 #[test]
 fn scripts_ask_cargo_where_the_binary_is() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts");
@@ -90,10 +91,21 @@ fn scripts_ask_cargo_where_the_binary_is() {
             assert!(!text.contains(bad), "scripts/{name} hard-codes {bad}");
         }
         assert!(
-            text.contains("cargo_exe "),
-            "scripts/{name} does not use cargo_exe"
+            text.contains("cargo_exe ") || text.contains("awp_exe "),
+            "scripts/{name} uses neither cargo_exe nor awp_exe"
         );
     }
+    // awp_exe is cargo_exe for the awp binary, built with the test build's features.
+    let lib = std::fs::read_to_string(dir.join("lib.sh")).unwrap();
+    let body = lib
+        .split("awp_exe() {")
+        .nth(1)
+        .and_then(|rest| rest.split("\n}").next())
+        .expect("scripts/lib.sh defines awp_exe");
+    assert!(
+        body.contains("cargo_exe awp "),
+        "awp_exe does not ask cargo_exe: {body}"
+    );
 }
 
 /// #17: `cargo_exe NAME` (scripts/lib.sh) prints the executable cargo reports for NAME,
