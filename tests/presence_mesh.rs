@@ -79,11 +79,17 @@ fn u(m: &Map<String, Value>, k: &str) -> u64 {
     m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m:?}"))
 }
 
-/// Wait until the origin's latest seq is held by every node in `reach`, and return it.
-/// On timeout, fail with what each node holds and counted.
+/// How long the origin's seq must stay the one every node holds before [`settle`] trusts
+/// it: past the publisher's `min_interval` (1.1 s) plus its debounce, so that a publish the
+/// last connection's change scheduled behind the interval has had its turn.
+const QUIET: Duration = Duration::from_millis(1500);
+
+/// Wait until the origin's latest seq is held by every node in `reach` and has stayed so
+/// for [`QUIET`], and return it. On timeout, fail with what each node holds and counted.
 async fn settle(nodes: &[TestNode], reach: &[usize]) -> u64 {
     let origin = nodes[0].key();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut since: Option<(u64, tokio::time::Instant)> = None;
     loop {
         let seq = status(&nodes[0]).await["own_seq"].as_u64();
         let mut missing = Vec::new();
@@ -94,8 +100,16 @@ async fn settle(nodes: &[TestNode], reach: &[usize]) -> u64 {
             }
         }
         let still = status(&nodes[0]).await["own_seq"].as_u64() == seq;
-        if missing.is_empty() && still {
-            return seq.unwrap();
+        match (seq, missing.is_empty() && still) {
+            (Some(seq), true) => match since {
+                Some((s, t)) if s == seq => {
+                    if t.elapsed() >= QUIET {
+                        return seq;
+                    }
+                }
+                _ => since = Some((seq, tokio::time::Instant::now())),
+            },
+            _ => since = None,
         }
         if tokio::time::Instant::now() >= deadline {
             let mut report = format!("own_seq {seq:?}; not there: {missing:?}\n");
