@@ -1,15 +1,145 @@
 //! The `awp` binary: parse the command line, set up logging, run the command.
 
 use awp_node::cli::{self, Command};
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU8, Ordering};
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc instead of the system allocator: the node allocates many small, short-lived
-/// values per line (parsed JSON, keys, events) from several threads, where glibc's malloc
-/// spent a third of the host's CPU in an artifact-thread run, much of it waiting on its
-/// arena locks.
+/// The allocator of this process, chosen per command before Rust's first allocation
+/// ([`choose_allocator`]): mimalloc for the commands that run a node or a relay, the
+/// system's for the rest. The node allocates many small, short-lived values per line
+/// (parsed JSON, keys, events) from several threads, where glibc's malloc spent a third of
+/// the host's CPU in an artifact-thread run, much of it waiting on its arena locks; a client
+/// command makes a few hundred allocations on one thread and exits, and mimalloc's set-up
+/// (its arena reservation and first page faults) was a tenth of its start.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: PerCommand = PerCommand;
+
+/// [`CHOICE`] before anything chose.
+const UNDECIDED: u8 = 0;
+/// mimalloc serves every allocation.
+const MIMALLOC: u8 = 1;
+/// The system allocator (glibc's malloc) serves every allocation.
+const SYSTEM: u8 = 2;
+
+/// The allocator chosen for this process: [`UNDECIDED`] until the executable's initializer
+/// chooses from the command line, or until the first allocation, which settles on
+/// [`MIMALLOC`] if nothing chose before it. It never changes once decided, so every
+/// block is freed by the allocator that gave it out.
+static CHOICE: AtomicU8 = AtomicU8::new(UNDECIDED);
+
+/// The decided allocator, deciding [`MIMALLOC`] when nothing has yet. (Relaxed is
+/// enough: the choice is made on the only thread, before any other thread exists, and
+/// thread creation orders it before everything those threads do.)
+#[inline]
+fn allocator() -> u8 {
+    match CHOICE.load(Ordering::Relaxed) {
+        UNDECIDED => {
+            match CHOICE.compare_exchange(UNDECIDED, MIMALLOC, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => MIMALLOC,
+                Err(decided) => decided,
+            }
+        }
+        decided => decided,
+    }
+}
+
+/// The global allocator: [`System`] or [`mimalloc::MiMalloc`] as [`CHOICE`] says.
+struct PerCommand;
+
+// SAFETY: every call goes to one allocator, the same for the life of the process
+// (`allocator` never returns another value once it returned one), and each of the two
+// upholds `GlobalAlloc`'s contract itself.
+unsafe impl GlobalAlloc for PerCommand {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match allocator() {
+                SYSTEM => System.alloc(layout),
+                _ => mimalloc::MiMalloc.alloc(layout),
+            }
+        }
+    }
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match allocator() {
+                SYSTEM => System.alloc_zeroed(layout),
+                _ => mimalloc::MiMalloc.alloc_zeroed(layout),
+            }
+        }
+    }
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from the same allocator (the choice never changes).
+        unsafe {
+            match allocator() {
+                SYSTEM => System.dealloc(ptr, layout),
+                _ => mimalloc::MiMalloc.dealloc(ptr, layout),
+            }
+        }
+    }
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` came from the same allocator (the choice never changes).
+        unsafe {
+            match allocator() {
+                SYSTEM => System.realloc(ptr, layout, new_size),
+                _ => mimalloc::MiMalloc.realloc(ptr, layout, new_size),
+            }
+        }
+    }
+}
+
+/// The allocator for a command line (`args` without the program name): [`MIMALLOC`] for
+/// the commands that run a node or a relay (`daemon`, `listen`, `relay`), [`SYSTEM`] for
+/// every other. The command is the first argument that is not an option, skipping the
+/// value of `--home` (the only global option that takes one, `src/cli/args.rs`). A wrong
+/// guess costs speed only, never correctness.
+fn allocator_for<'a>(args: impl IntoIterator<Item = &'a [u8]>) -> u8 {
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == b"--home" {
+            args.next();
+        } else if arg.first() != Some(&b'-') {
+            return match arg {
+                b"daemon" | b"listen" | b"relay" => MIMALLOC,
+                _ => SYSTEM,
+            };
+        }
+    }
+    SYSTEM
+}
+
+/// Choose the allocator from the command line (glibc calls `.init_array` functions with
+/// `argc`, `argv` and `envp`, as Rust's standard library relies on for its own arguments
+/// on this target), then tune the allocator.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+extern "C" fn choose_allocator(
+    argc: std::os::raw::c_int,
+    argv: *const *const std::os::raw::c_char,
+    _envp: *const *const std::os::raw::c_char,
+) {
+    if !argv.is_null() {
+        let n = usize::try_from(argc).unwrap_or(0);
+        let args = (1..n).filter_map(|i| {
+            // SAFETY: glibc passes the process's argv: `argc` pointers, each to a
+            // NUL-terminated string that lives as long as the process; none is freed or
+            // changed before this returns (nothing else runs yet).
+            let p = unsafe { *argv.add(i) };
+            // SAFETY: as above; a null entry is skipped.
+            (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
+        });
+        let choice = allocator_for(args);
+        // Fails only if something allocated already: that settled on mimalloc.
+        let _ = CHOICE.compare_exchange(UNDECIDED, choice, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    tune_allocator();
+}
 
 /// `mi_option_purge_delay` in mimalloc 3's `mi_option_e` (`mimalloc.h`; the crate names
 /// the option after it, 16, and the one before it, 14, only with its `v2` feature).
@@ -46,9 +176,19 @@ extern "C" fn tune_allocator() {
     }
 }
 
-/// [`tune_allocator`] as an initializer of the executable (ELF `.init_array`, run by the
-/// dynamic loader or the C runtime before `main` and before Rust's runtime allocates).
-#[cfg(target_os = "linux")]
+/// [`choose_allocator`] as an initializer of the executable (ELF `.init_array`, run by
+/// the dynamic loader or the C runtime before `main` and before Rust's runtime allocates).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[used]
+#[link_section = ".init_array"]
+static EARLY: extern "C" fn(
+    std::os::raw::c_int,
+    *const *const std::os::raw::c_char,
+    *const *const std::os::raw::c_char,
+) = choose_allocator;
+
+/// [`tune_allocator`] alone where the initializer gets no arguments (mimalloc serves).
+#[cfg(all(target_os = "linux", not(target_env = "gnu")))]
 #[used]
 #[link_section = ".init_array"]
 static EARLY: extern "C" fn() = tune_allocator;
@@ -102,5 +242,49 @@ mod tests {
         let numa =
             unsafe { libmimalloc_sys::mi_option_get(libmimalloc_sys::mi_option_use_numa_nodes) };
         assert_ne!(numa, super::PURGE_DELAY_MS);
+    }
+
+    #[test]
+    fn node_and_relay_commands_get_mimalloc_and_the_rest_the_system_allocator() {
+        use super::{allocator_for, MIMALLOC, SYSTEM};
+        let of = |line: &str| allocator_for(line.split_whitespace().map(str::as_bytes));
+        for node in [
+            "daemon",
+            "listen --text",
+            "relay --listen tls:0.0.0.0:7701",
+            "--home /h daemon --listen tcp:127.0.0.1:0",
+            "--json --home=/h listen",
+            "--home daemon relay",
+        ] {
+            assert_eq!(of(node), MIMALLOC, "{node}");
+        }
+        for client in [
+            "",
+            "status",
+            "--home /h status",
+            "--home relay status",
+            "--json send peer daemon",
+            "up --listen tcp:127.0.0.1:0",
+            "--help",
+            "--version",
+            "--home",
+        ] {
+            assert_eq!(of(client), SYSTEM, "{client}");
+        }
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn the_initializer_chose_from_this_process_arguments() {
+        // Without the initializer, the first allocation would have settled on mimalloc,
+        // while this test binary's arguments (none, or test names and options) choose the
+        // system allocator unless a name is one of the node commands.
+        let args: Vec<Vec<u8>> = std::env::args_os()
+            .skip(1)
+            .map(|a| a.into_encoded_bytes())
+            .collect();
+        let want = super::allocator_for(args.iter().map(Vec::as_slice));
+        let got = super::CHOICE.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(got, want, "{args:?}");
     }
 }
