@@ -98,22 +98,35 @@ unsafe impl GlobalAlloc for PerCommand {
 
 /// The allocator for a command line (`args` without the program name): [`MIMALLOC`] for
 /// the commands that run a node or a relay (`daemon`, `listen`, `relay`), [`SYSTEM`] for
-/// every other. The command is the first argument that is not an option, skipping the
-/// value of `--home` (the only global option that takes one, `src/cli/args.rs`). A wrong
+/// every other, for `relay status` (a client of the running relay) and for any line that
+/// asks for help (`-h`, `--help`). The command is the first argument that is not an
+/// option, skipping the value of `--home` (the only global option that takes one,
+/// `src/cli/args.rs`); after `relay`, its first such argument is its subcommand. A wrong
 /// guess costs speed only, never correctness.
+#[cfg(any(test, all(target_os = "linux", target_env = "gnu")))]
 fn allocator_for<'a>(args: impl IntoIterator<Item = &'a [u8]>) -> u8 {
+    // The first two words that are not options; no allocation here (it would settle
+    // the choice before it is made).
+    let (mut command, mut sub): (Option<&[u8]>, Option<&[u8]>) = (None, None);
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         if arg == b"--home" {
             args.next();
+        } else if arg == b"-h" || arg == b"--help" {
+            return SYSTEM;
         } else if arg.first() != Some(&b'-') {
-            return match arg {
-                b"daemon" | b"listen" | b"relay" => MIMALLOC,
-                _ => SYSTEM,
-            };
+            if command.is_none() {
+                command = Some(arg);
+            } else if sub.is_none() {
+                sub = Some(arg);
+            }
         }
     }
-    SYSTEM
+    match (command, sub) {
+        (Some(b"relay"), Some(b"status")) => SYSTEM,
+        (Some(b"daemon" | b"listen" | b"relay"), _) => MIMALLOC,
+        _ => SYSTEM,
+    }
 }
 
 /// Choose the allocator from the command line (glibc calls `.init_array` functions with
@@ -256,6 +269,8 @@ mod tests {
             "--home /h daemon --listen tcp:127.0.0.1:0",
             "--json --home=/h listen",
             "--home daemon relay",
+            "relay --listen tls:0.0.0.0:7701 --max-connections 10000",
+            "--home /h relay --home=/h",
         ] {
             assert_eq!(of(node), MIMALLOC, "{node}");
         }
@@ -269,23 +284,67 @@ mod tests {
             "--help",
             "--version",
             "--home",
+            "relay status",
+            "--json relay --home /h status",
+            "relay status --json",
+            "daemon --help",
+            "relay -h",
         ] {
             assert_eq!(of(client), SYSTEM, "{client}");
         }
     }
 
+    /// The allocator this process decided on, and whether a fresh block lies in one of
+    /// mimalloc's regions: the two must agree.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn decided_allocator() -> (u8, bool) {
+        let block = Box::new([7u8; 64]);
+        // SAFETY: asks whether an address lies in one of mimalloc's regions; the pointer
+        // is only compared, never read.
+        let in_mimalloc = unsafe {
+            libmimalloc_sys::mi_is_in_heap_region(block.as_ptr().cast::<std::ffi::c_void>())
+        };
+        (
+            super::CHOICE.load(std::sync::atomic::Ordering::Relaxed),
+            in_mimalloc,
+        )
+    }
+
+    /// Run by [`the_initializer_chose_from_the_command_line`] in a child process with the
+    /// arguments under test: prints what that process decided. Run directly, it checks
+    /// that the decision and the blocks agree.
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
-    fn the_initializer_chose_from_this_process_arguments() {
-        // Without the initializer, the first allocation would have settled on mimalloc,
-        // while this test binary's arguments (none, or test names and options) choose the
-        // system allocator unless a name is one of the node commands.
-        let args: Vec<Vec<u8>> = std::env::args_os()
-            .skip(1)
-            .map(|a| a.into_encoded_bytes())
-            .collect();
-        let want = super::allocator_for(args.iter().map(Vec::as_slice));
-        let got = super::CHOICE.load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(got, want, "{args:?}");
+    fn allocator_probe() {
+        let (choice, in_mimalloc) = decided_allocator();
+        println!("allocator {choice} mimalloc-heap {in_mimalloc}");
+        assert_ne!(choice, super::UNDECIDED);
+        assert_eq!(choice == super::MIMALLOC, in_mimalloc, "choice {choice}");
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn the_initializer_chose_from_the_command_line() {
+        // Without the initializer, the first allocation would settle on mimalloc whatever
+        // the arguments; with it, a child of this test binary whose first word is `relay`
+        // uses mimalloc and one whose first word is a test name the system allocator.
+        let exe = std::env::current_exe().expect("test binary path");
+        let probe = |args: &[&str]| {
+            let out = std::process::Command::new(&exe)
+                .args(args)
+                .args(["--exact", "--nocapture", "--test-threads=1"])
+                .output()
+                .expect("run the test binary");
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(out.status.success(), "{args:?}: {stdout}");
+            stdout
+        };
+        let system = probe(&["tests::allocator_probe"]);
+        assert!(
+            system.contains("allocator 2 mimalloc-heap false"),
+            "{system}"
+        );
+        let node = probe(&["relay", "tests::allocator_probe"]);
+        assert!(node.contains("allocator 1 mimalloc-heap true"), "{node}");
     }
 }

@@ -81,7 +81,8 @@ fn u(m: &Map<String, Value>, k: &str) -> u64 {
 
 /// How long the origin's seq must stay the one every node holds before [`settle`] trusts
 /// it: past the publisher's `min_interval` (1.1 s) plus its debounce, so that a publish the
-/// last connection's change scheduled behind the interval has had its turn.
+/// last connection's change scheduled behind the interval has had its turn. (The checks
+/// after settle still accept a later seq: a publish can always come later on a busy host.)
 const QUIET: Duration = Duration::from_millis(1500);
 
 /// Wait until the origin's latest seq is held by every node in `reach` and has stayed so
@@ -145,7 +146,10 @@ async fn chain_reaches_the_hop_bound_and_stops() {
     let origin = nodes[0].key();
     for &k in &reach {
         let (s, hops, via) = held(&nodes[k], &origin).await.unwrap();
-        assert_eq!((s, hops), (seq, k as u64 - 1), "node {k}");
+        // A later publish may have gone out since settle (seqs only grow); the path is
+        // the same for every seq.
+        assert!(s >= seq, "node {k}: seq {s} < {seq}");
+        assert_eq!(hops, k as u64 - 1, "node {k}");
         assert_eq!(via, nodes[k - 1].key(), "node {k}");
         let degree = if k == N - 1 { 1 } else { 2 };
         forwarded_at_most_once(&nodes[k], degree).await;
@@ -184,7 +188,8 @@ async fn ring_reaches_everyone_once() {
     for (k, n) in nodes.iter().enumerate().skip(1) {
         let (s, hops, _) = held(n, &origin).await.unwrap();
         let distance = k.min(N - k) as u64;
-        assert_eq!(s, seq);
+        // A later publish may have gone out since settle (seqs only grow).
+        assert!(s >= seq, "node {k}: seq {s} < {seq}");
         assert!(hops + 1 >= distance && hops < 8, "node {k}: hops {hops}");
         forwarded_at_most_once(n, 2).await;
     }
