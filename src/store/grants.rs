@@ -181,13 +181,18 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<GrantRecord>, StoreError> {
         let tree = self.db.open_tree(TREE).map_err(db_err)?;
-        super::imp::page_after(&tree, after.map(str::as_bytes), limit, |k, v| {
-            let hash = String::from_utf8(k.to_vec()).map_err(|e| StoreError::Corrupt {
-                tree: "grants",
-                detail: e.to_string(),
-            })?;
-            decode(hash, v)
-        })
+        super::imp::page_after(
+            super::tree::Tr::new(&tree, &self.trees.visible),
+            after.map(str::as_bytes),
+            limit,
+            |k, v| {
+                let hash = String::from_utf8(k.to_vec()).map_err(|e| StoreError::Corrupt {
+                    tree: "grants",
+                    detail: e.to_string(),
+                })?;
+                decode(hash, v)
+            },
+        )
     }
 
     /// Grants whose `sub` is `sub` (any role), in hash order. Reads only those records.

@@ -369,9 +369,9 @@ impl Store {
         self.group.count()
     }
 
-    /// Multi-tree store transactions committed since this store was opened (sled waits
-    /// for its log once per transaction: the receive path aims at one per received
-    /// batch). For tests and benches that count them.
+    /// Store transactions (atomic multi-tree commits, see `tx.rs`) committed since this
+    /// store was opened (each writes an undo record and a journal record: the receive path
+    /// aims at one per received batch). For tests and benches that count them.
     pub fn transaction_count(&self) -> u64 {
         self.trees
             .commits
@@ -1645,7 +1645,7 @@ fn peer_record(key: PeerKey, v: &[u8]) -> Result<PeerRecord, StoreError> {
 /// order, each turned into an item by `item(key, value)`: one page of a listing, read
 /// without loading the rest of the tree.
 pub(super) fn page_after<R>(
-    tree: &sled::Tree,
+    tree: super::tree::Tr<'_>,
     after: Option<&[u8]>,
     limit: usize,
     mut item: impl FnMut(&[u8], &[u8]) -> Result<R, StoreError>,

@@ -28,8 +28,10 @@
 //! - `art_ws`, `art_events`, `art_dedup`, `art_hold`, `art_snap`: artifact threads
 //!   (see `artifacts.rs`).
 //!
-//! Every mutation runs under one writer lock and commits as one multi-tree transaction, so a
-//! crash leaves either all or none of an operation.
+//! Every mutation runs under one writer lock and commits as one multi-tree transaction of
+//! ours (`tx.rs`: readers see all of it or none, and an undo record written ahead of its
+//! plain sled writes lets the next open roll back what a crash cut short), so a crash
+//! leaves either all or none of an operation. `undo`: that record.
 //!
 //! Durability: a commit also records its writes in the redo journal (`journal`, a file in
 //! the database directory); a flush appends them and syncs that one file, and sled's own
@@ -54,6 +56,7 @@ mod received;
 #[cfg(test)]
 mod tests;
 mod threads;
+mod tree;
 mod tx;
 
 mod signing;

@@ -56,7 +56,7 @@ impl DedupIndex {
     /// not in memory.
     pub(super) fn bound(
         &mut self,
-        received: &sled::Tree,
+        received: super::tree::Tr<'_>,
         peer: &PeerKey,
     ) -> Result<Option<&[u8]>, StoreError> {
         if !self.max.contains_key(peer) {
@@ -120,24 +120,26 @@ mod tests {
         }
         // q's key range sorts after p's: the reverse seek must stay inside p's prefix.
         received.insert(pkey(&q, b"01Z"), &[0u8; 8]).unwrap();
+        let lock = std::sync::RwLock::new(());
+        let received = super::super::tree::Tr::new(&received, &lock);
         let mut idx = DedupIndex::default();
-        assert_eq!(idx.bound(&received, &p).unwrap(), Some(&b"01C"[..]));
-        assert_eq!(idx.bound(&received, &key(3)).unwrap(), None);
+        assert_eq!(idx.bound(received, &p).unwrap(), Some(&b"01C"[..]));
+        assert_eq!(idx.bound(received, &key(3)).unwrap(), None);
         idx.raise(&p, b"01B");
         assert_eq!(
-            idx.bound(&received, &p).unwrap(),
+            idx.bound(received, &p).unwrap(),
             Some(&b"01C"[..]),
             "never lowered"
         );
         idx.raise(&p, b"01D");
-        assert_eq!(idx.bound(&received, &p).unwrap(), Some(&b"01D"[..]));
+        assert_eq!(idx.bound(received, &p).unwrap(), Some(&b"01D"[..]));
         // More peers than the index keeps: p's entry is dropped at some point and reloaded
         // from disk (01C: the raise to 01D was never committed), never forgotten as empty.
         for n in 10..10 + DEDUP_PEERS as u32 + 2 {
             idx.raise(&key(n), b"01A");
         }
         assert!(idx.max.len() <= DEDUP_PEERS);
-        let b = idx.bound(&received, &p).unwrap().unwrap().to_vec();
+        let b = idx.bound(received, &p).unwrap().unwrap().to_vec();
         assert!(b == b"01C" || b == b"01D", "{b:?}");
         assert!(idx.max.len() <= DEDUP_PEERS);
     }

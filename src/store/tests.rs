@@ -1153,7 +1153,7 @@ fn outbox_usage_counts_lines_and_bytes_through_every_removal() {
     // A database written before the counter existed gets it counted at open.
     send(&s, &q, "Q");
     let want = s.outbox_usage(&q).unwrap();
-    s.trees.t(super::tx::T::OutboxB).clear().unwrap();
+    s.trees.raw(super::tx::T::OutboxB).clear().unwrap();
     s.trees.t(super::tx::T::Meta).remove(b"outbox_b").unwrap();
     s.flush_blocking().unwrap();
     drop(s);
@@ -1564,7 +1564,7 @@ fn a_queued_line_is_stored_once_and_read_from_the_log() {
         .unwrap()
         .is_some());
     assert_eq!(s.outbox_after(&p, None, 10).unwrap()[0].line, e.line);
-    s.trees.t(tx::T::Outbox).clear().unwrap();
+    s.trees.raw(tx::T::Outbox).clear().unwrap();
 
     // The ack marks the entry apart; the entry itself is not rewritten.
     let usage = s.outbox_usage(&p).unwrap();

@@ -1,9 +1,9 @@
-//! A write set over all trees, committed as one sled transaction. Reads through the set see
-//! its own pending writes first, so one operation can update a record several times.
+//! A write set over all trees, applied atomically (see [`Tx::commit`]). Reads through the
+//! set see its own pending writes first, so one operation can update a record several times.
 
 use super::journal::{self, Journal, META_JOURNAL_LSN};
+use super::tree::Tr;
 use super::StoreError;
-use sled::Transactional;
 use std::collections::BTreeMap;
 
 /// Tree indices (order of [`Trees::all`]).
@@ -32,9 +32,14 @@ pub(crate) enum T {
     /// Out log entries the peer acknowledged (key: the entry's seq, empty value), kept apart
     /// so that an ack writes a few bytes instead of rewriting the entry with its line.
     LogAcked,
+    /// The undo record of the last commit (one key, [`UNDO_KEY`]; see [`Tx::commit`]).
+    Undo,
 }
 
-pub(crate) const NAMES: [&str; 20] = [
+/// The one key of [`T::Undo`].
+pub(crate) const UNDO_KEY: &[u8] = b"undo";
+
+pub(crate) const NAMES: [&str; 21] = [
     "outbox",
     "log",
     "received",
@@ -55,10 +60,14 @@ pub(crate) const NAMES: [&str; 20] = [
     "art_hold",
     "art_snap",
     "log_acked",
+    "undo",
 ];
 
 pub(crate) struct Trees {
     pub all: Vec<sled::Tree>,
+    /// The commit lock: a commit holds its write side while it applies its writes, every
+    /// read through [`Trees::t`] its read side for one step (`tree.rs`).
+    pub visible: std::sync::RwLock<()>,
     /// Transactions committed through [`Tx::commit`] since open.
     pub commits: std::sync::atomic::AtomicU64,
     /// Where commits record their writes for the next flush (`journal.rs`); off until the
@@ -74,11 +83,19 @@ impl Trees {
         }
         Ok(Trees {
             all,
+            visible: Default::default(),
             commits: Default::default(),
             journal: std::sync::Arc::new(Journal::off(1)),
         })
     }
-    pub(crate) fn t(&self, t: T) -> &sled::Tree {
+    /// Tree `t`, read through the commit lock (`tree.rs`).
+    pub(crate) fn t(&self, t: T) -> Tr<'_> {
+        Tr::new(&self.all[t as usize], &self.visible)
+    }
+
+    /// Tree `t` itself, for the store's open (nothing commits yet) and for a commit, which
+    /// holds the commit lock's write side.
+    pub(crate) fn raw(&self, t: T) -> &sled::Tree {
         &self.all[t as usize]
     }
 }
@@ -126,57 +143,50 @@ impl<'a> Tx<'a> {
         self.w.iter().all(|p| p.is_empty())
     }
 
-    /// Apply every pending write atomically across the touched trees. The commit takes the
-    /// journal's next LSN (stored in `meta` by the same transaction) and, while the journal
-    /// records, appends its writes for the next flush (`journal.rs`), all under the
-    /// journal's lock so that LSNs follow the order in which transactions apply.
-    pub(crate) fn commit(mut self) -> Result<(), StoreError> {
+    /// Apply every pending write atomically: all of them or none, to readers (the commit
+    /// lock, `tree.rs`) and across a crash. The commit takes the journal's next LSN and,
+    /// while the journal records, appends its writes for the next flush (`journal.rs`),
+    /// all under the journal's lock so that LSNs follow the order in which commits apply.
+    ///
+    /// **Crash atomicity without a sled transaction.** A sled transaction (and a one-tree
+    /// `apply_batch`) writes sled's log twice more per commit (it rolls the log buffer
+    /// before and after its batch manifest), so the writes go to sled as plain inserts and
+    /// removals instead, which sled's log may keep only a prefix of after a crash. So that
+    /// no prefix outlives the crash unrepaired, they go in this order:
+    /// 1. the undo record ([`T::Undo`], one key, so sled keeps it whole or not at all): the
+    ///    LSN and every written key's value before this commit (absent: a removal),
+    ///    encoded as a journal record;
+    /// 2. the writes, key by key;
+    /// 3. the LSN, in `meta` ([`META_JOURNAL_LSN`]).
+    ///
+    /// sled recovers a prefix of its log, so after a crash either the stored LSN is this
+    /// commit's (all of it is there) or an earlier one, and then any of this commit that
+    /// reached sled comes with its undo record, whose LSN is the stored one plus one: the
+    /// open rolls it back before it replays the journal (`journal::open`), which redoes the
+    /// commit whole if a flush synced it. Errors: sled's; a failure midway puts the
+    /// before-images back (a failure of that too is logged, and the next open repairs it).
+    pub(crate) fn commit(self) -> Result<(), StoreError> {
         if self.is_empty() {
             return Ok(());
         }
-        let jr = std::sync::Arc::clone(&self.trees.journal);
+        let trees = self.trees;
+        let jr = std::sync::Arc::clone(&trees.journal);
         let mut j = jr.lock();
         let lsn = j.next_lsn;
-        self.put(T::Meta, META_JOURNAL_LSN, lsn.to_be_bytes().to_vec());
-        // Encoded aside and appended only once the transaction committed: a failure (or a
-        // panic) in between leaves no record behind.
+        // Encoded aside and appended only once the writes applied: a failure (or a panic)
+        // in between leaves no record behind.
         let mut rec = Vec::new();
         if jr.recording() {
-            journal::encode(
-                &mut rec,
-                lsn,
-                self.w.iter().enumerate().flat_map(|(i, p)| {
-                    p.iter()
-                        .map(move |(k, v)| (i as u8, k.as_slice(), v.as_deref()))
-                }),
-            );
+            journal::encode(&mut rec, lsn, entries(&self.w));
         }
-        let mut trees: Vec<&sled::Tree> = Vec::new();
-        let mut batches: Vec<sled::Batch> = Vec::new();
-        for (i, p) in self.w.into_iter().enumerate() {
-            if p.is_empty() {
-                continue;
-            }
-            let mut b = sled::Batch::default();
-            for (k, v) in p {
-                match v {
-                    Some(v) => b.insert(k, v),
-                    None => b.remove(k),
-                }
-            }
-            trees.push(&self.trees.all[i]);
-            batches.push(b);
-        }
-        let gate = super::gate::transaction();
-        let res: sled::transaction::TransactionResult<(), ()> =
-            trees.as_slice().transaction(|tts| {
-                for (tt, b) in tts.iter().zip(&batches) {
-                    tt.apply_batch(b)?;
-                }
-                Ok(())
-            });
-        drop(gate);
-        self.trees
+        let res = {
+            let _visible = trees
+                .visible
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            apply(trees, &self.w, lsn)
+        };
+        trees
             .commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if res.is_ok() {
@@ -188,11 +198,141 @@ impl<'a> Tx<'a> {
             }
         }
         drop(j);
-        res.map_err(|e| match e {
-            sled::transaction::TransactionError::Abort(()) => {
-                StoreError::Db("transaction aborted".into())
+        res.map_err(db_err)
+    }
+}
+
+/// The writes of a write set as journal entries, tree by tree, in key order.
+fn entries(w: &[Pending]) -> impl Iterator<Item = journal::Entry<'_>> {
+    w.iter().enumerate().flat_map(|(i, p)| {
+        p.iter()
+            .map(move |(k, v)| (i as u8, k.as_slice(), v.as_deref()))
+    })
+}
+
+/// Steps 1 to 3 of [`Tx::commit`]; the caller holds the journal's lock and the commit
+/// lock's write side.
+fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> sled::Result<()> {
+    let mut before: Vec<(u8, &[u8], Option<sled::IVec>)> = Vec::new();
+    for (i, k, _) in entries(w) {
+        before.push((i, k, trees.all[i as usize].get(k)?));
+    }
+    let mut undo = Vec::new();
+    journal::encode(
+        &mut undo,
+        lsn,
+        before.iter().map(|(i, k, v)| (*i, *k, v.as_deref())),
+    );
+    trees.raw(T::Undo).insert(UNDO_KEY, undo)?;
+    let mut done = 0usize;
+    let mut res = Ok(());
+    for (i, k, v) in entries(w) {
+        let t = &trees.all[i as usize];
+        let r = match v {
+            Some(v) => t.insert(k, v),
+            None => t.remove(k),
+        };
+        if let Err(e) = r {
+            res = Err(e);
+            break;
+        }
+        done += 1;
+        #[cfg(test)]
+        if !hooks::after_write(done) {
+            return Err(sled::Error::Unsupported("cut short by a test".into()));
+        }
+    }
+    if res.is_ok() {
+        res = trees
+            .raw(T::Meta)
+            .insert(META_JOURNAL_LSN, &lsn.to_be_bytes())
+            .map(|_| ());
+    }
+    if let Err(e) = res {
+        // Put back what was written, so that readers keep no part of the commit.
+        for (i, k, v) in before.iter().take(done) {
+            let t = &trees.all[*i as usize];
+            let r = match v {
+                Some(v) => t.insert(k, v.clone()).map(|_| ()),
+                None => t.remove(k).map(|_| ()),
+            };
+            if let Err(e2) = r {
+                tracing::error!(
+                    "a store commit failed ({e}) and putting back its first writes failed too ({e2}); the next open rolls them back"
+                );
+                break;
             }
-            sled::transaction::TransactionError::Storage(e) => db_err(e),
-        })
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Test seams inside [`Tx::commit`] (this thread's commits only).
+#[cfg(test)]
+pub(crate) mod hooks {
+    use std::cell::RefCell;
+
+    type Hook = Box<dyn FnMut(usize) -> bool>;
+
+    thread_local! {
+        static AFTER_WRITE: RefCell<Option<Hook>> = RefCell::new(None);
+    }
+
+    /// Run `f` after each write a commit applies, with the number applied so far (the
+    /// commit lock still held); `f` returning false ends the commit there as a crash
+    /// would: nothing put back, the LSN not stored. `None` removes the hook.
+    pub(crate) fn set_after_write(f: Option<Hook>) {
+        AFTER_WRITE.with(|h| *h.borrow_mut() = f);
+    }
+
+    pub(super) fn after_write(n: usize) -> bool {
+        AFTER_WRITE.with(|h| h.borrow_mut().as_mut().is_none_or(|f| f(n)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A reader that finds the first write of a commit finds all of it: while a commit
+    /// applies its writes, reads wait (the commit lock). The commit pauses after its
+    /// first write until the reader answers or 300 ms pass; without the lock the reader
+    /// would answer at once, having seen the `outbox` key without the `log` key.
+    #[test]
+    fn readers_see_all_of_a_commit_or_none() {
+        let d = tempfile::TempDir::new().unwrap();
+        let s = crate::store::Store::open(d.path()).unwrap();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let (seen_tx, seen_rx) = mpsc::channel::<(bool, bool)>();
+        let seen_rx = std::rc::Rc::new(seen_rx);
+        let trees = &s.trees;
+        std::thread::scope(|sc| {
+            sc.spawn(move || {
+                go_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+                let a = trees.t(T::Outbox).get(b"k").unwrap().is_some();
+                let b = trees.t(T::Log).get(b"k").unwrap().is_some();
+                seen_tx.send((a, b)).unwrap();
+            });
+            let rx = std::rc::Rc::clone(&seen_rx);
+            hooks::set_after_write(Some(Box::new(move |n| {
+                if n == 1 {
+                    go_tx.send(()).unwrap();
+                    let early = rx.recv_timeout(Duration::from_millis(300));
+                    assert!(early.is_err(), "the reader saw {early:?} mid-commit");
+                }
+                true
+            })));
+            let mut tx = Tx::new(trees);
+            tx.put(T::Outbox, b"k".to_vec(), b"1".to_vec());
+            tx.put(T::Log, b"k".to_vec(), b"1".to_vec());
+            let res = tx.commit();
+            hooks::set_after_write(None);
+            res.unwrap();
+            let after = seen_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(after, (true, true));
+        });
     }
 }
