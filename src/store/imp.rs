@@ -467,7 +467,7 @@ impl Store {
                 read: true,
                 acked: false,
             };
-            tx.put(T::Log, u64_be(*seq), pack(&lrec, &logged)?);
+            tx.put_new(T::Log, u64_be(*seq), pack(&lrec, &logged)?);
             if let Some(th) = &th {
                 if tx.get(T::Threads, &tkey(th, peer))?.is_none() {
                     add_threads(tx, peer, 1)?;
@@ -938,8 +938,8 @@ impl Store {
                 read: !unread,
                 acked: true,
             };
-            tx.put(T::Log, u64_be(seq), pack(&lrec, raw)?);
-            tx.put(T::Received, pkey(peer, id.as_bytes()), u64_be(seq).to_vec());
+            tx.put_new(T::Log, u64_be(seq), pack(&lrec, raw)?);
+            tx.put_new(T::Received, pkey(peer, id.as_bytes()), u64_be(seq).to_vec());
             match seen.get_mut(th) {
                 Some(m) if id.as_bytes() <= m.as_bytes() => {}
                 Some(m) => *m = id,

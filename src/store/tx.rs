@@ -104,7 +104,9 @@ pub(crate) fn db_err(e: sled::Error) -> StoreError {
     StoreError::Db(e.to_string())
 }
 
-type Pending = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+/// One tree's pending writes: key → (value, `None` for a removal; whether the key is new,
+/// see [`Tx::put_new`]).
+type Pending = BTreeMap<Vec<u8>, (Option<Vec<u8>>, bool)>;
 
 pub(crate) struct Tx<'a> {
     trees: &'a Trees,
@@ -120,7 +122,7 @@ impl<'a> Tx<'a> {
     }
 
     pub(crate) fn get(&self, t: T, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(v) = self.w[t as usize].get(key) {
+        if let Some((v, _)) = self.w[t as usize].get(key) {
             return Ok(v.clone());
         }
         Ok(self
@@ -132,11 +134,33 @@ impl<'a> Tx<'a> {
     }
 
     pub(crate) fn put(&mut self, t: T, key: impl Into<Vec<u8>>, val: Vec<u8>) {
-        self.w[t as usize].insert(key.into(), Some(val));
+        self.write(t, key.into(), Some(val), false);
+    }
+
+    /// [`Tx::put`] of a key the caller knows is absent from the tree before this commit
+    /// (a log seq just allocated, an id the dedup index found new): the commit's undo
+    /// record then says "absent" without reading it. A wrong claim only matters to the
+    /// rollback of a commit that a crash cut short, which would then remove the key.
+    pub(crate) fn put_new(&mut self, t: T, key: impl Into<Vec<u8>>, val: Vec<u8>) {
+        self.write(t, key.into(), Some(val), true);
     }
 
     pub(crate) fn del(&mut self, t: T, key: impl Into<Vec<u8>>) {
-        self.w[t as usize].insert(key.into(), None);
+        self.write(t, key.into(), None, false);
+    }
+
+    /// A key that was new stays new (it was absent before the commit, whatever comes after).
+    fn write(&mut self, t: T, key: Vec<u8>, val: Option<Vec<u8>>, new: bool) {
+        match self.w[t as usize].entry(key) {
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                let w = e.get_mut();
+                w.0 = val;
+                w.1 |= new;
+            }
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert((val, new));
+            }
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -206,7 +230,7 @@ impl<'a> Tx<'a> {
 fn entries(w: &[Pending]) -> impl Iterator<Item = journal::Entry<'_>> {
     w.iter().enumerate().flat_map(|(i, p)| {
         p.iter()
-            .map(move |(k, v)| (i as u8, k.as_slice(), v.as_deref()))
+            .map(move |(k, (v, _))| (i as u8, k.as_slice(), v.as_deref()))
     })
 }
 
@@ -214,8 +238,11 @@ fn entries(w: &[Pending]) -> impl Iterator<Item = journal::Entry<'_>> {
 /// lock's write side.
 fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> sled::Result<()> {
     let mut before: Vec<(u8, &[u8], Option<sled::IVec>)> = Vec::new();
-    for (i, k, _) in entries(w) {
-        before.push((i, k, trees.all[i as usize].get(k)?));
+    for (i, p) in w.iter().enumerate() {
+        for (k, (_, new)) in p {
+            let b = if *new { None } else { trees.all[i].get(k)? };
+            before.push((i as u8, k, b));
+        }
     }
     let mut undo = Vec::new();
     journal::encode(
