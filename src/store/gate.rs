@@ -14,7 +14,9 @@
 //! inside sled), and every sled flush we start or cause (a checkpoint, the drop of a
 //! database's handles at close) holds [`flush`] (exclusive): no transaction asks for
 //! sled's writer side while a flush holds its reader side. Neither is ever taken while
-//! the other is held on the same thread, nor twice.
+//! the other is held on the same thread, nor twice. The store's commits are not sled
+//! transactions (plain writes, `tx.rs`): only grants and the open's journal replay and
+//! rollback run sled transactions now.
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
