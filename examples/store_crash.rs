@@ -11,7 +11,8 @@
 //! printed records (complete lines only): every `E` and `R` id is in the message log, every
 //! `E` id never named by an `a` line is still in the outbox, every `A` id is out of the
 //! outbox and acked in the log, the outbox counter equals the outbox's length, and no id
-//! is logged twice. Prints one JSON object of counts; exits 1 naming what is wrong.
+//! is logged twice. Prints one JSON object of counts; exits 1 naming what is wrong. The
+//! store's log (what its open repaired) goes to stderr.
 
 use awp_node::identity::Identity;
 use awp_node::store::{Dir, LineBuilder, Store};
@@ -230,7 +231,16 @@ async fn main() {
                 std::process::exit(1);
             }
         }
-        ["check", dir, records] => match check(Path::new(dir), Path::new(records)) {
+        ["check", dir, records] => match {
+            // The open's repairs (a rolled-back commit, journal records applied) go to
+            // stderr, where `scripts/soak.py` counts them.
+            tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_max_level(tracing::Level::INFO)
+                .with_ansi(false)
+                .init();
+            check(Path::new(dir), Path::new(records))
+        } {
             Ok(counts) => println!("{counts}"),
             Err(problems) => {
                 let n = problems.len();

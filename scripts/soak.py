@@ -557,6 +557,7 @@ def store_soak(args, work, rng, state):
     check_s = []
     open_s = []
     during_open = 0
+    rollbacks = replays = 0
     while True:
         if args.cycles is not None and cycles >= args.cycles:
             break
@@ -598,6 +599,8 @@ def store_soak(args, work, rng, state):
             failures.append(f"cycle {cycles}: the check did not finish within 120 s")
             break
         check_s.append(time.monotonic() - t_check)
+        rollbacks += "rolled back the part of commit" in r.stderr
+        replays += "journal records (LSN" in r.stderr
         if r.returncode != 0:
             failures.append(f"cycle {cycles}: {(r.stdout + r.stderr).strip()[:600]}")
             break
@@ -613,6 +616,8 @@ def store_soak(args, work, rng, state):
     for what, xs in (("open after kill", open_s), ("reopen+check", check_s)):
         if xs:
             print(f"{what:<15} median {sorted(xs)[len(xs) // 2]:.2f} s, max {max(xs):.2f} s")
+    print(f"repairs         {rollbacks} opens rolled back a commit a kill cut short, "
+          f"{replays} applied journal records")
     print(f"store size      {size / 1048576:.1f} MiB on disk")
     print(f"failures        {len(failures)}")
     for f in failures:
