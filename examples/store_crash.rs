@@ -231,7 +231,7 @@ async fn main() {
                 std::process::exit(1);
             }
         }
-        ["check", dir, records] => match {
+        ["check", dir, records] => {
             // The open's repairs (a rolled-back commit, journal records applied) go to
             // stderr, where `scripts/soak.py` counts them.
             tracing_subscriber::fmt()
@@ -239,20 +239,20 @@ async fn main() {
                 .with_max_level(tracing::Level::INFO)
                 .with_ansi(false)
                 .init();
-            check(Path::new(dir), Path::new(records))
-        } {
-            Ok(counts) => println!("{counts}"),
-            Err(problems) => {
-                let n = problems.len();
-                for p in problems.iter().take(20) {
-                    println!("{p}");
+            match check(Path::new(dir), Path::new(records)) {
+                Ok(counts) => println!("{counts}"),
+                Err(problems) => {
+                    let n = problems.len();
+                    for p in problems.iter().take(20) {
+                        println!("{p}");
+                    }
+                    if n > 20 {
+                        println!("… {} more", n - 20);
+                    }
+                    std::process::exit(1);
                 }
-                if n > 20 {
-                    println!("… {} more", n - 20);
-                }
-                std::process::exit(1);
             }
-        },
+        }
         _ => usage(),
     }
 }
