@@ -29,8 +29,13 @@ const META_FORMAT: &[u8] = b"format";
 /// their length word, see `store/codec.rs`). A change an older build would misread bumps
 /// it; an older build that knows this key refuses a newer store
 /// ([`StoreError::NewerFormat`]) instead of misreading it. Stores created before the key
-/// existed are of this format and get the key when next opened.
-pub const STORE_FORMAT: u64 = 1;
+/// existed are of format 1 and get the key when next opened.
+///
+/// Format 2: commits are plain sled writes behind an undo record (tree `undo`, `tx.rs`)
+/// that only a format-2 build rolls back after a crash; a format-1 build would keep the
+/// part of a cut commit that reached sled. A format-1 store needs no conversion: the open
+/// records format 2 before anything commits.
+pub const STORE_FORMAT: u64 = 2;
 pub(super) const META_LOG_SEQ: &[u8] = b"log_seq";
 const META_USER_PREFIX: &[u8] = b"x/";
 /// Meta keys `intro/` ‖ introducer (32 raw bytes) ‖ introduced key (32 raw bytes) → empty:
@@ -41,9 +46,10 @@ const META_OUTBOX_B: &[u8] = b"outbox_b";
 
 /// Refuse a store of a format newer than [`STORE_FORMAT`] ([`StoreError::NewerFormat`]);
 /// record the format in one that has none (stores created before the key existed are of
-/// format 1; durable with the next flush, written again at the next open if lost). A
-/// format of 0 or below [`STORE_FORMAT`] is taken as is: the migration that a future format
-/// brings rewrites the number when it has converted the store.
+/// format 1) or an older one (1 → 2 needs no conversion, see [`STORE_FORMAT`]). The write
+/// precedes every commit in sled's log, so a crash image that holds any commit of this
+/// build holds it too; it is durable with the next flush (a checkpoint). A format of 0 is
+/// taken as is.
 fn check_format(meta: &sled::Tree, dir: &Path) -> Result<(), StoreError> {
     match meta.get(META_FORMAT).map_err(db_err)? {
         Some(v) => {
@@ -54,6 +60,10 @@ fn check_format(meta: &sled::Tree, dir: &Path) -> Result<(), StoreError> {
                     found,
                     supported: STORE_FORMAT,
                 });
+            }
+            if found == 1 {
+                meta.insert(META_FORMAT, &u64_be(STORE_FORMAT))
+                    .map_err(db_err)?;
             }
         }
         None => {
@@ -1714,6 +1724,22 @@ mod format_tests {
         drop(s);
         let s = Store::open(dir.path()).unwrap();
         assert_eq!(stored_format(&s), Some(STORE_FORMAT));
+    }
+
+    /// A store of format 1 (commits as sled transactions) is recorded as format 2 when
+    /// opened, so the build before the undo record refuses it from then on.
+    #[test]
+    fn a_format_1_store_becomes_format_2_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        s.trees.t(T::Meta).insert(META_FORMAT, &u64_be(1)).unwrap();
+        s.flush_blocking().unwrap();
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(stored_format(&s), Some(2));
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(stored_format(&s), Some(2));
     }
 
     #[test]

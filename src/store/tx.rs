@@ -70,6 +70,10 @@ pub(crate) struct Trees {
     pub visible: std::sync::RwLock<()>,
     /// Transactions committed through [`Tx::commit`] since open.
     pub commits: std::sync::atomic::AtomicU64,
+    /// A commit stopped midway and could not be put back (its put-back failed, or it
+    /// panicked): later commits are refused, since their undo records would take the
+    /// half-applied state for the state before them. Reopening the store repairs it.
+    pub cut: std::sync::atomic::AtomicBool,
     /// Where commits record their writes for the next flush (`journal.rs`); off until the
     /// store's open replaced it.
     pub journal: std::sync::Arc<Journal>,
@@ -85,6 +89,7 @@ impl Trees {
             all,
             visible: Default::default(),
             commits: Default::default(),
+            cut: Default::default(),
             journal: std::sync::Arc::new(Journal::off(1)),
         })
     }
@@ -188,12 +193,20 @@ impl<'a> Tx<'a> {
     /// reached sled comes with its undo record, whose LSN is the stored one plus one: the
     /// open rolls it back before it replays the journal (`journal::open`), which redoes the
     /// commit whole if a flush synced it. Errors: sled's; a failure midway puts the
-    /// before-images back (a failure of that too is logged, and the next open repairs it).
+    /// before-images back. When that fails too (or the commit panicked midway), this and
+    /// every later commit fail until the store is reopened, whose open rolls it back
+    /// ([`Trees`]' `cut`).
     pub(crate) fn commit(self) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
         if self.is_empty() {
             return Ok(());
         }
         let trees = self.trees;
+        if trees.cut.load(Ordering::Acquire) {
+            return Err(StoreError::Db(
+                "an earlier commit stopped midway and could not be undone; reopen the store (its open rolls that commit back)".into(),
+            ));
+        }
         let jr = std::sync::Arc::clone(&trees.journal);
         let mut j = jr.lock();
         let lsn = j.next_lsn;
@@ -208,7 +221,16 @@ impl<'a> Tx<'a> {
                 .visible
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            apply(trees, &self.w, lsn)
+            // Set unless `apply` returns with its writes whole or put back.
+            let armed = Armed(&trees.cut);
+            let r = apply(trees, &self.w, lsn);
+            let undone = !matches!(r, Err((_, false)));
+            if undone {
+                std::mem::forget(armed);
+            } else {
+                drop(armed);
+            }
+            r.map_err(|(e, _)| e)
         };
         trees
             .commits
@@ -234,13 +256,27 @@ fn entries(w: &[Pending]) -> impl Iterator<Item = journal::Entry<'_>> {
     })
 }
 
+/// Sets the flag it holds when dropped (see [`Tx::commit`]: a panic in `apply` drops it).
+struct Armed<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// Steps 1 to 3 of [`Tx::commit`]; the caller holds the journal's lock and the commit
-/// lock's write side.
-fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> sled::Result<()> {
+/// lock's write side. Errors: sled's, with whether nothing of the commit is left applied
+/// (`false`: writes remain that could not be put back).
+fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> Result<(), (sled::Error, bool)> {
     let mut before: Vec<(u8, &[u8], Option<sled::IVec>)> = Vec::new();
     for (i, p) in w.iter().enumerate() {
         for (k, (_, new)) in p {
-            let b = if *new { None } else { trees.all[i].get(k)? };
+            let b = if *new {
+                None
+            } else {
+                trees.all[i].get(k).map_err(|e| (e, true))?
+            };
             before.push((i as u8, k, b));
         }
     }
@@ -250,7 +286,10 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> sled::Result<()> {
         lsn,
         before.iter().map(|(i, k, v)| (*i, *k, v.as_deref())),
     );
-    trees.raw(T::Undo).insert(UNDO_KEY, undo)?;
+    trees
+        .raw(T::Undo)
+        .insert(UNDO_KEY, undo)
+        .map_err(|e| (e, true))?;
     let mut done = 0usize;
     let mut res = Ok(());
     for (i, k, v) in entries(w) {
@@ -266,7 +305,10 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> sled::Result<()> {
         done += 1;
         #[cfg(test)]
         if !hooks::after_write(done) {
-            return Err(sled::Error::Unsupported("cut short by a test".into()));
+            return Err((
+                sled::Error::Unsupported("cut short by a test".into()),
+                false,
+            ));
         }
     }
     if res.is_ok() {
@@ -285,12 +327,12 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> sled::Result<()> {
             };
             if let Err(e2) = r {
                 tracing::error!(
-                    "a store commit failed ({e}) and putting back its first writes failed too ({e2}); the next open rolls them back"
+                    "a store commit failed ({e}) and putting back its first writes failed too ({e2}); commits are refused until the store is reopened, whose open rolls them back"
                 );
-                break;
+                return Err((e, false));
             }
         }
-        return Err(e);
+        return Err((e, true));
     }
     Ok(())
 }
@@ -361,5 +403,40 @@ mod tests {
             let after = seen_rx.recv_timeout(Duration::from_secs(10)).unwrap();
             assert_eq!(after, (true, true));
         });
+    }
+
+    fn put(trees: &Trees, k: &[u8]) -> Result<(), StoreError> {
+        let mut tx = Tx::new(trees);
+        tx.put(T::Meta, k.to_vec(), b"1".to_vec());
+        tx.put(T::Log, k.to_vec(), b"1".to_vec());
+        tx.commit()
+    }
+
+    /// A commit left half applied (stopped after its first write with nothing put back,
+    /// or panicking there) makes every later commit fail: their undo records would take
+    /// the half-applied state for the state before them. A reopen repairs the store.
+    #[test]
+    fn a_commit_left_half_applied_refuses_later_commits() {
+        for panics in [false, true] {
+            let d = tempfile::TempDir::new().unwrap();
+            let s = crate::store::Store::open(d.path()).unwrap();
+            put(&s.trees, b"a").unwrap();
+            hooks::set_after_write(Some(Box::new(move |_| {
+                assert!(!panics, "a panic midway");
+                false
+            })));
+            let res =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| put(&s.trees, b"b")));
+            hooks::set_after_write(None);
+            assert_eq!(res.is_err(), panics);
+            let err = put(&s.trees, b"c").unwrap_err().to_string();
+            assert!(err.contains("reopen the store"), "{err}");
+            assert_eq!(s.trees.t(T::Log).get(b"c").unwrap(), None);
+            drop(s);
+            let s = crate::store::Store::open(d.path()).unwrap();
+            assert_eq!(s.trees.t(T::Log).get(b"b").unwrap(), None, "rolled back");
+            assert!(s.trees.t(T::Log).get(b"a").unwrap().is_some());
+            put(&s.trees, b"c").unwrap();
+        }
     }
 }
