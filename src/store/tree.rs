@@ -29,6 +29,7 @@ pub(crate) struct Tr<'a> {
 }
 
 impl<'a> Tr<'a> {
+    /// `tree` read through `lock` (the store's `Trees::visible`).
     pub(crate) fn new(tree: &'a sled::Tree, lock: &'a RwLock<()>) -> Tr<'a> {
         Tr { tree, lock }
     }

@@ -156,16 +156,9 @@ impl<'a> Tx<'a> {
 
     /// A key that was new stays new (it was absent before the commit, whatever comes after).
     fn write(&mut self, t: T, key: Vec<u8>, val: Option<Vec<u8>>, new: bool) {
-        match self.w[t as usize].entry(key) {
-            std::collections::btree_map::Entry::Occupied(mut e) => {
-                let w = e.get_mut();
-                w.0 = val;
-                w.1 |= new;
-            }
-            std::collections::btree_map::Entry::Vacant(e) => {
-                e.insert((val, new));
-            }
-        }
+        let w = self.w[t as usize].entry(key).or_insert((None, false));
+        w.0 = val;
+        w.1 |= new;
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -256,6 +249,14 @@ fn entries(w: &[Pending]) -> impl Iterator<Item = journal::Entry<'_>> {
     })
 }
 
+/// Write `val` at `key` in `t`, or remove `key` for `None`.
+fn set(t: &sled::Tree, key: &[u8], val: Option<&[u8]>) -> sled::Result<()> {
+    match val {
+        Some(v) => t.insert(key, v).map(|_| ()),
+        None => t.remove(key).map(|_| ()),
+    }
+}
+
 /// Sets the flag it holds when dropped (see [`Tx::commit`]: a panic in `apply` drops it).
 struct Armed<'a>(&'a std::sync::atomic::AtomicBool);
 
@@ -293,12 +294,7 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> Result<(), (sled::Error, boo
     let mut done = 0usize;
     let mut res = Ok(());
     for (i, k, v) in entries(w) {
-        let t = &trees.all[i as usize];
-        let r = match v {
-            Some(v) => t.insert(k, v),
-            None => t.remove(k),
-        };
-        if let Err(e) = r {
+        if let Err(e) = set(&trees.all[i as usize], k, v) {
             res = Err(e);
             break;
         }
@@ -320,12 +316,7 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> Result<(), (sled::Error, boo
     if let Err(e) = res {
         // Put back what was written, so that readers keep no part of the commit.
         for (i, k, v) in before.iter().take(done) {
-            let t = &trees.all[*i as usize];
-            let r = match v {
-                Some(v) => t.insert(k, v.clone()).map(|_| ()),
-                None => t.remove(k).map(|_| ()),
-            };
-            if let Err(e2) = r {
+            if let Err(e2) = set(&trees.all[*i as usize], k, v.as_deref()) {
                 tracing::error!(
                     "a store commit failed ({e}) and putting back its first writes failed too ({e2}); commits are refused until the store is reopened, whose open rolls them back"
                 );
