@@ -33,16 +33,34 @@ where
     }
     let mid = items.len() / 2;
     let (a, b) = items.split_at(mid);
+    match join("awp-half", || f(a), || f(b)) {
+        Some((first, second)) => Split::Halves { first, second, mid },
+        // No thread to be had: the same work on this one.
+        None => Split::Whole(f(items)),
+    }
+}
+
+/// `here` on the calling thread while `there` runs on a scoped thread named `name`; both
+/// have finished when this returns, and a panic in `there` is resumed here. `None` when no
+/// thread can be started: then neither ran, and the caller does that work some other way.
+pub fn join<A, B>(
+    name: &str,
+    here: impl FnOnce() -> A,
+    there: impl FnOnce() -> B + Send,
+) -> Option<(A, B)>
+where
+    B: Send,
+{
     std::thread::scope(|s| {
-        let Ok(other) = std::thread::Builder::new().spawn_scoped(s, || f(b)) else {
-            // No thread to be had: the same work on this one.
-            return Split::Whole(f(items));
-        };
-        let first = f(a);
-        let second = other
+        let other = std::thread::Builder::new()
+            .name(name.into())
+            .spawn_scoped(s, there)
+            .ok()?;
+        let a = here();
+        let b = other
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        Split::Halves { first, second, mid }
+        Some((a, b))
     })
 }
 

@@ -69,6 +69,12 @@ impl Group {
         self.st.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Callers waiting for a flush that another caller leads (tests).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.done.receiver_count()
+    }
+
     /// Number of database flushes run so far.
     pub(crate) fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)

@@ -343,6 +343,12 @@ impl Store {
         w.ids.next_at(crate::wire::time::now_ms()).to_string()
     }
 
+    /// Callers of [`Store::flush`] waiting for a flush another caller leads (tests).
+    #[cfg(test)]
+    pub(super) fn flush_waiters(&self) -> usize {
+        self.group.waiting()
+    }
+
     pub(super) fn guard(&self) -> &super::faults::Guard {
         &self.group.guard
     }

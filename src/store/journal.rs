@@ -28,7 +28,7 @@
 //! `tree u8 ‖ klen u32 ‖ key ‖ vlen u32 ‖ value`, `vlen` = `u32::MAX` for a removal (no
 //! value bytes). `tree` indexes [`super::tx::NAMES`].
 
-use super::tx::{db_err, Trees, NAMES, T, UNDO_KEY};
+use super::tx::{db_err, Trees, NAMES, T};
 use super::StoreError;
 use sled::Transactional;
 use std::collections::BTreeMap;
@@ -327,7 +327,10 @@ fn apply(trees: &Trees, rec: &Record<'_>) -> Result<(), StoreError> {
 }
 
 /// Apply `entries` as one sled transaction (later entries of a key win).
-fn transact<'a>(trees: &Trees, entries: impl Iterator<Item = Entry<'a>>) -> Result<(), StoreError> {
+pub(super) fn transact<'a>(
+    trees: &Trees,
+    entries: impl Iterator<Item = Entry<'a>>,
+) -> Result<(), StoreError> {
     let mut per: BTreeMap<u8, sled::Batch> = BTreeMap::new();
     for (t, k, v) in entries {
         let b = per.entry(t).or_default();
@@ -354,37 +357,13 @@ fn transact<'a>(trees: &Trees, entries: impl Iterator<Item = Entry<'a>>) -> Resu
     })
 }
 
-/// Roll back what reached sled of a commit that a crash cut short (see
-/// [`super::tx::Tx::commit`]): when the undo record's LSN is the stored one plus one, its
-/// before-images are written back and the record removed, in one sled transaction.
-/// Returns the LSN rolled back. An undo record that does not decode (sled keeps a value
-/// whole, so only damage does that) is copied to `quarantine`, logged and left alone.
-fn roll_back(trees: &Trees, stored: u64, quarantine: &Path) -> Result<Option<u64>, StoreError> {
-    let Some(u) = trees.raw(T::Undo).get(UNDO_KEY).map_err(db_err)? else {
-        return Ok(None);
-    };
-    let (recs, stop) = decode(&u);
-    let ([rec], None) = (recs.as_slice(), &stop) else {
-        let kept = keep(&u, quarantine, "undo")
-            .map(|p| format!("it was copied to {}", p.display()))
-            .unwrap_or_else(|e| format!("copying it to the quarantine failed: {e}"));
-        tracing::error!(
-            "the store's undo record is damaged ({} records, {stop:?}); a commit cut short by a crash cannot be rolled back; {kept}",
-            recs.len()
-        );
-        return Ok(None);
-    };
-    if rec.lsn != stored + 1 {
-        return Ok(None);
-    }
-    let clear = (T::Undo as u8, UNDO_KEY, None);
-    transact(trees, rec.entries.iter().copied().chain([clear]))?;
-    Ok(Some(rec.lsn))
-}
-
 /// Write `data` (a damaged journal's or undo record's bytes) into `quarantine` (mode
 /// 0700) as `<unix ms>-<name>`, mode 0600, synced with its directory. Returns its path.
-fn keep(data: &[u8], quarantine: &Path, name: &str) -> std::io::Result<std::path::PathBuf> {
+pub(super) fn keep(
+    data: &[u8],
+    quarantine: &Path,
+    name: &str,
+) -> std::io::Result<std::path::PathBuf> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -470,7 +449,7 @@ pub(crate) fn open(
         );
     }
     let stored = stored_lsn(trees)?;
-    let rolled_back = roll_back(trees, stored, quarantine)?;
+    let rolled_back = super::undo::roll_back(trees, stored, quarantine)?;
     if let Some(lsn) = rolled_back {
         tracing::warn!(
             "{}: rolled back the part of commit LSN {lsn} that reached the database before a crash (it was not flushed, so nothing of it was acked)",
@@ -545,7 +524,7 @@ pub(crate) fn open(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn rec(lsn: u64) -> Vec<u8> {
@@ -744,14 +723,14 @@ mod tests {
         encode(data, lsn, [(meta, key, val)].into_iter());
     }
 
-    fn put(s: &crate::store::Store, key: &[u8], v: &[u8]) {
+    pub(in crate::store) fn put(s: &crate::store::Store, key: &[u8], v: &[u8]) {
         let mut tx = super::super::tx::Tx::new(&s.trees);
         tx.put(super::super::tx::T::Meta, key.to_vec(), v.to_vec());
         tx.commit().unwrap();
     }
 
     /// A store whose first (checkpoint) flush is done: later flushes go to the journal.
-    fn opened(dir: &Path) -> crate::store::Store {
+    pub(in crate::store) fn opened(dir: &Path) -> crate::store::Store {
         let s = crate::store::Store::open(dir).unwrap();
         s.flush_blocking().unwrap();
         s
@@ -855,7 +834,7 @@ mod tests {
         assert_eq!(s.meta_get("b").unwrap().map(|v| v.len()), Some(big.len()));
     }
 
-    fn copy_dir(from: &Path, to: &Path) {
+    pub(in crate::store) fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for e in std::fs::read_dir(from).unwrap().flatten() {
             let p = e.path();
@@ -919,138 +898,5 @@ mod tests {
         assert_eq!(std::fs::metadata(dir.join(FILE)).unwrap().len(), 0);
         let s = crate::store::Store::open(&dir).unwrap();
         assert_eq!(s.meta_get("a").unwrap().as_deref(), Some(&b"1"[..]));
-    }
-
-    /// A crash image taken while a commit was cut short after its first write: the
-    /// database as sled would persist it (sled's own flush of what was written so far)
-    /// and the journal as its last sync left it (without the cut commit: never acked).
-    /// Returns the image's directory and the LSN of the last whole commit.
-    fn cut_commit(d: &Path) -> (std::path::PathBuf, u64) {
-        use super::super::tx::{hooks, Tx};
-        let dir = d.join("db");
-        let image = d.join("crashed").join("db");
-        let s = opened(&dir);
-        put(&s, b"x/a", b"1");
-        put(&s, b"x/b", b"1");
-        s.flush_blocking().unwrap();
-        let lsn = stored_lsn(&s.trees).unwrap();
-        hooks::set_after_write(Some(Box::new(|n| n < 1)));
-        let mut tx = Tx::new(&s.trees);
-        tx.put(T::Meta, b"x/a".to_vec(), b"2".to_vec());
-        tx.put(T::Meta, b"x/b".to_vec(), b"2".to_vec());
-        tx.put(T::Meta, b"x/c".to_vec(), b"2".to_vec());
-        let res = tx.commit();
-        hooks::set_after_write(None);
-        assert!(res.is_err());
-        // What the crash left in sled: the first write, not the others, not the LSN.
-        assert_eq!(s.meta_get("a").unwrap().as_deref(), Some(&b"2"[..]));
-        assert_eq!(s.meta_get("b").unwrap().as_deref(), Some(&b"1"[..]));
-        assert_eq!(stored_lsn(&s.trees).unwrap(), lsn);
-        s.db.flush().unwrap();
-        copy_dir(&dir, &image);
-        drop(s);
-        (image, lsn)
-    }
-
-    /// The part of a commit that reached sled before a crash, never acked, is rolled
-    /// back at the next open (without the undo record, `x/a` would stay "2" beside a
-    /// `x/b` of "1": half a commit).
-    #[test]
-    fn a_commit_cut_short_by_a_crash_is_rolled_back() {
-        let d = tempfile::TempDir::new().unwrap();
-        let (image, lsn) = cut_commit(d.path());
-        let s = crate::store::Store::open(&image).unwrap();
-        for k in ["a", "b"] {
-            assert_eq!(s.meta_get(k).unwrap().as_deref(), Some(&b"1"[..]), "{k}");
-        }
-        assert_eq!(s.meta_get("c").unwrap(), None);
-        assert_eq!(stored_lsn(&s.trees).unwrap(), lsn);
-        assert_eq!(s.trees.t(T::Undo).get(UNDO_KEY).unwrap(), None);
-        // The store goes on: the next commit takes the LSN the cut one had.
-        put(&s, b"x/d", b"1");
-        assert_eq!(stored_lsn(&s.trees).unwrap(), lsn + 1);
-        drop(s);
-        let s = crate::store::Store::open(&image).unwrap();
-        assert_eq!(s.meta_get("a").unwrap().as_deref(), Some(&b"1"[..]));
-        assert_eq!(s.meta_get("d").unwrap().as_deref(), Some(&b"1"[..]));
-    }
-
-    /// A commit cut short in sled whose journal record was synced (a crash of sled's
-    /// side after the flush) is rolled back, then redone whole from the journal.
-    #[test]
-    fn a_cut_commit_that_the_journal_holds_is_redone_whole() {
-        let d = tempfile::TempDir::new().unwrap();
-        let (image, lsn) = cut_commit(d.path());
-        let mut data = Vec::new();
-        let meta = T::Meta as u8;
-        encode(
-            &mut data,
-            lsn + 1,
-            [
-                (meta, &b"x/a"[..], Some(&b"2"[..])),
-                (meta, &b"x/b"[..], Some(&b"2"[..])),
-                (meta, &b"x/c"[..], Some(&b"2"[..])),
-            ]
-            .into_iter(),
-        );
-        std::fs::write(image.join(FILE), &data).unwrap();
-        let s = crate::store::Store::open(&image).unwrap();
-        for k in ["a", "b", "c"] {
-            assert_eq!(s.meta_get(k).unwrap().as_deref(), Some(&b"2"[..]), "{k}");
-        }
-        assert_eq!(stored_lsn(&s.trees).unwrap(), lsn + 1);
-    }
-
-    /// An undo record of a commit that completed (its LSN is the stored one) is left
-    /// alone: a reopen keeps what was committed.
-    #[test]
-    fn the_undo_record_of_a_whole_commit_changes_nothing() {
-        let d = tempfile::TempDir::new().unwrap();
-        let dir = d.path().join("db");
-        let s = opened(&dir);
-        put(&s, b"x/a", b"1");
-        put(&s, b"x/a", b"2");
-        let lsn = stored_lsn(&s.trees).unwrap();
-        let undo = s.trees.t(T::Undo).get(UNDO_KEY).unwrap().unwrap();
-        let (recs, stop) = decode(&undo);
-        assert_eq!(stop, None);
-        assert_eq!(recs.len(), 1);
-        assert_eq!(recs[0].lsn, lsn);
-        assert_eq!(
-            recs[0].entries,
-            vec![(T::Meta as u8, &b"x/a"[..], Some(&b"1"[..]))]
-        );
-        s.db.flush().unwrap();
-        let image = d.path().join("image").join("db");
-        copy_dir(&dir, &image);
-        drop(s);
-        let s = crate::store::Store::open(&image).unwrap();
-        assert_eq!(s.meta_get("a").unwrap().as_deref(), Some(&b"2"[..]));
-    }
-
-    /// A damaged undo record is copied to the quarantine and logged; the store opens.
-    #[test]
-    fn a_damaged_undo_record_is_kept_and_the_store_opens() {
-        let d = tempfile::TempDir::new().unwrap();
-        let dir = d.path().join("db");
-        {
-            let s = opened(&dir);
-            put(&s, b"x/a", b"1");
-            s.trees
-                .raw(T::Undo)
-                .insert(UNDO_KEY, &b"not a record"[..])
-                .unwrap();
-            s.meta_put("b", b"1").unwrap();
-            s.flush_blocking().unwrap();
-        }
-        let s = crate::store::Store::open(&dir).unwrap();
-        assert_eq!(s.meta_get("a").unwrap().as_deref(), Some(&b"1"[..]));
-        let kept: Vec<_> = std::fs::read_dir(d.path().join(super::super::files::QUARANTINE_DIR))
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with("-undo"))
-            .collect();
-        assert_eq!(kept.len(), 1);
-        assert_eq!(std::fs::read(kept[0].path()).unwrap(), b"not a record");
     }
 }

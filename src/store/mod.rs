@@ -58,6 +58,7 @@ mod tests;
 mod threads;
 mod tree;
 mod tx;
+mod undo;
 
 mod signing;
 pub use artifacts::{ArtTx, InboundHook, WsRecord, WsRole};

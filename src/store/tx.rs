@@ -178,7 +178,8 @@ impl<'a> Tx<'a> {
     /// 1. the undo record ([`T::Undo`], one key, so sled keeps it whole or not at all): the
     ///    LSN and every written key's value before this commit (absent: a removal),
     ///    encoded as a journal record;
-    /// 2. the writes, key by key;
+    /// 2. the writes, key by key (those of a commit of [`PARALLEL_MIN`] writes or more on
+    ///    two threads, whole trees each, as sled takes writes to distinct trees at once);
     /// 3. the LSN, in `meta` ([`META_JOURNAL_LSN`]).
     ///
     /// sled recovers a prefix of its log, so after a crash either the stored LSN is this
@@ -195,13 +196,16 @@ impl<'a> Tx<'a> {
             return Ok(());
         }
         let trees = self.trees;
+        let jr = std::sync::Arc::clone(&trees.journal);
+        let mut j = jr.lock();
+        // Checked under the journal's lock: a commit that waited on it behind one that
+        // stopped midway must not take that one's half-applied state for the state before
+        // it (it would reuse its LSN and replace its undo record).
         if trees.cut.load(Ordering::Acquire) {
             return Err(StoreError::Db(
                 "an earlier commit stopped midway and could not be undone; reopen the store (its open rolls that commit back)".into(),
             ));
         }
-        let jr = std::sync::Arc::clone(&trees.journal);
-        let mut j = jr.lock();
         let lsn = j.next_lsn;
         // Encoded aside and appended only once the writes applied: a failure (or a panic)
         // in between leaves no record behind.
@@ -291,22 +295,41 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> Result<(), (sled::Error, boo
         .raw(T::Undo)
         .insert(UNDO_KEY, undo)
         .map_err(|e| (e, true))?;
-    let mut done = 0usize;
-    let mut res = Ok(());
-    for (i, k, v) in entries(w) {
-        if let Err(e) = set(&trees.all[i as usize], k, v) {
-            res = Err(e);
-            break;
-        }
-        done += 1;
-        #[cfg(test)]
-        if !hooks::after_write(done) {
-            return Err((
-                sled::Error::Unsupported("cut short by a test".into()),
-                false,
-            ));
-        }
+    // The write set in order, as `before` is: a write's index is that of its before-image.
+    let all: Vec<journal::Entry<'_>> = entries(w).collect();
+    let (mine, theirs) = split(w);
+    // A large commit's trees are written in two parts at once (sled takes writes to
+    // distinct trees at once): one on a second thread, the other by the caller.
+    let ((done, res), (done2, res2)) = if theirs.is_empty() {
+        (write_all(trees, &all, &mine, true), (0, Ok(())))
+    } else {
+        let here = || write_all(trees, &all, &mine, true);
+        crate::par::join("awp-commit", here, || {
+            write_all(trees, &all, &theirs, false)
+        })
+        .unwrap_or_else(|| {
+            // No thread to be had: the caller writes both parts.
+            let a = here();
+            let b = if a.1.is_ok() {
+                write_all(trees, &all, &theirs, false)
+            } else {
+                (0, Ok(()))
+            };
+            (a, b)
+        })
+    };
+    let cut = |r: &Result<(), Stop>| matches!(r, Err(Stop::Cut));
+    if cut(&res) || cut(&res2) {
+        // The test seam's crash: the writes made stay, as a crash would leave them.
+        return Err((
+            sled::Error::Unsupported("cut short by a test".into()),
+            false,
+        ));
     }
+    let mut res = res.and(res2).map_err(|s| match s {
+        Stop::Db(e) => e,
+        Stop::Cut => unreachable!("handled above"),
+    });
     if res.is_ok() {
         res = trees
             .raw(T::Meta)
@@ -315,8 +338,9 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> Result<(), (sled::Error, boo
     }
     if let Err(e) = res {
         // Put back what was written, so that readers keep no part of the commit.
-        for (i, k, v) in before.iter().take(done) {
-            if let Err(e2) = set(&trees.all[*i as usize], k, v.as_deref()) {
+        for &at in mine[..done].iter().chain(&theirs[..done2]) {
+            let ((i, k, _), (_, _, b)) = (all[at], &before[at]);
+            if let Err(e2) = set(&trees.all[i as usize], k, b.as_deref()) {
                 tracing::error!(
                     "a store commit failed ({e}) and putting back its first writes failed too ({e2}); commits are refused until the store is reopened, whose open rolls them back"
                 );
@@ -328,7 +352,80 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> Result<(), (sled::Error, boo
     Ok(())
 }
 
-/// Test seams inside [`Tx::commit`] (this thread's commits only).
+/// Write set size from which a commit may write on two threads.
+const PARALLEL_MIN: usize = 256;
+
+/// Fewest writes each part of a two-thread commit gets (below it, a thread's start would
+/// cost about as much as the writes it takes over).
+const PART_MIN: usize = 64;
+
+/// The writes of a commit in two parts for [`apply`], as indexes into the write set (in
+/// its order: by tree, then key), each tree whole in one of them. The
+/// second part (for a second thread) takes trees largest first, each while the part stays
+/// within five eighths of the writes. It is empty (everything in the first) under
+/// [`PARALLEL_MIN`] writes, on one core, or when either part would hold fewer than
+/// [`PART_MIN`].
+fn split(w: &[Pending]) -> (Vec<usize>, Vec<usize>) {
+    let total: usize = w.iter().map(BTreeMap::len).sum();
+    let mut theirs_trees = vec![false; w.len()];
+    if total >= PARALLEL_MIN && crate::par::cores() >= 2 {
+        let mut order: Vec<usize> = (0..w.len()).filter(|&i| !w[i].is_empty()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(w[i].len()));
+        let mut n = 0;
+        for &i in &order {
+            if n + w[i].len() <= total / 2 + total / 8 {
+                n += w[i].len();
+                theirs_trees[i] = true;
+            }
+        }
+        if n < PART_MIN || total - n < PART_MIN {
+            theirs_trees.fill(false);
+        }
+    }
+    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    for (i, p) in w.iter().enumerate() {
+        let to = if theirs_trees[i] {
+            &mut theirs
+        } else {
+            &mut mine
+        };
+        to.extend(at..at + p.len());
+        at += p.len();
+    }
+    (mine, theirs)
+}
+
+/// Why [`write_all`] stopped.
+enum Stop {
+    Db(sled::Error),
+    /// The test seam stopped it (a crash in the middle of the commit).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Cut,
+}
+
+/// Write the writes of `all` that `part` names, in order; returns how many were made and
+/// why it stopped short. `hooked`: the test seam counts these writes (the caller's part).
+fn write_all(
+    trees: &Trees,
+    all: &[journal::Entry<'_>],
+    part: &[usize],
+    hooked: bool,
+) -> (usize, Result<(), Stop>) {
+    for (n, &at) in part.iter().enumerate() {
+        let (i, k, v) = all[at];
+        if let Err(e) = set(&trees.all[i as usize], k, v) {
+            return (n, Err(Stop::Db(e)));
+        }
+        #[cfg(test)]
+        if hooked && !hooks::after_write(n + 1) {
+            return (n + 1, Err(Stop::Cut));
+        }
+    }
+    let _ = hooked;
+    (part.len(), Ok(()))
+}
+
 #[cfg(test)]
 pub(crate) mod hooks {
     use std::cell::RefCell;
@@ -394,6 +491,113 @@ mod tests {
             let after = seen_rx.recv_timeout(Duration::from_secs(10)).unwrap();
             assert_eq!(after, (true, true));
         });
+    }
+
+    #[test]
+    fn a_large_commit_splits_into_whole_trees_and_a_small_one_does_not() {
+        let d = tempfile::TempDir::new().unwrap();
+        let s = crate::store::Store::open(d.path()).unwrap();
+        let mut tx = Tx::new(&s.trees);
+        for i in 0..10u32 {
+            tx.put(T::Log, i.to_be_bytes().to_vec(), b"v".to_vec());
+            tx.put(T::Received, i.to_be_bytes().to_vec(), b"v".to_vec());
+        }
+        let (mine, theirs) = split(&tx.w);
+        assert_eq!((mine.len(), theirs.len()), (20, 0));
+        for i in 10..200u32 {
+            tx.put(T::Log, i.to_be_bytes().to_vec(), b"v".to_vec());
+            tx.put(T::Received, i.to_be_bytes().to_vec(), b"v".to_vec());
+        }
+        tx.put(T::Meta, b"seq".to_vec(), b"v".to_vec());
+        let (mine, theirs) = split(&tx.w);
+        let all: Vec<journal::Entry<'_>> = entries(&tx.w).collect();
+        let trees = |p: &[usize]| {
+            let mut t: Vec<u8> = p.iter().map(|&at| all[at].0).collect();
+            t.dedup();
+            t
+        };
+        if crate::par::cores() < 2 {
+            assert!(theirs.is_empty());
+            return;
+        }
+        // One of the two large trees each side, every tree whole on one side, every write
+        // in exactly one part.
+        let mut every: Vec<usize> = mine.iter().chain(&theirs).copied().collect();
+        every.sort_unstable();
+        assert_eq!(every, (0..401).collect::<Vec<_>>());
+        assert!(mine.len() >= 200 && theirs.len() >= 200);
+        let (a, b) = (trees(&mine), trees(&theirs));
+        assert!(a.iter().all(|t| !b.contains(t)));
+        assert!(a.contains(&(T::Log as u8)) != b.contains(&(T::Log as u8)));
+        assert!(a.contains(&(T::Received as u8)) != b.contains(&(T::Received as u8)));
+        // Each part keeps the write set's order.
+        for p in [&mine, &theirs] {
+            assert!(p.windows(2).all(|w| w[0] < w[1]));
+        }
+        tx.commit().unwrap();
+        for i in 0..200u32 {
+            for t in [T::Log, T::Received] {
+                assert!(s.trees.t(t).get(i.to_be_bytes()).unwrap().is_some());
+            }
+        }
+    }
+
+    /// A part too small for a thread's start of its own: nothing is split.
+    #[test]
+    fn a_commit_with_one_large_tree_is_not_split() {
+        let d = tempfile::TempDir::new().unwrap();
+        let s = crate::store::Store::open(d.path()).unwrap();
+        let mut tx = Tx::new(&s.trees);
+        for i in 0..300u32 {
+            tx.del(T::Log, i.to_be_bytes().to_vec());
+        }
+        for i in 0..(PART_MIN as u32 - 1) {
+            tx.put(T::Meta, i.to_be_bytes().to_vec(), b"v".to_vec());
+        }
+        let (mine, theirs) = split(&tx.w);
+        assert_eq!((mine.len(), theirs.len()), (300 + PART_MIN - 1, 0));
+        tx.put(T::Meta, b"one more".to_vec(), b"v".to_vec());
+        let (mine, theirs) = split(&tx.w);
+        if crate::par::cores() >= 2 {
+            assert_eq!((mine.len(), theirs.len()), (300, PART_MIN));
+        }
+    }
+
+    /// A commit that waits on the journal's lock behind one that panics midway is refused
+    /// once it gets the lock: committing on the half-applied state would reuse that
+    /// commit's LSN and replace its undo record, and the open could no longer roll it back.
+    #[test]
+    fn a_commit_waiting_behind_one_that_stops_midway_is_refused() {
+        let d = tempfile::TempDir::new().unwrap();
+        let s = crate::store::Store::open(d.path()).unwrap();
+        put(&s.trees, b"a").unwrap();
+        let trees = &s.trees;
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let waiting = std::thread::scope(|sc| {
+            let other = sc.spawn(move || {
+                go_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+                put(trees, b"c")
+            });
+            hooks::set_after_write(Some(Box::new(move |_| {
+                go_tx.send(()).unwrap();
+                // The other commit reaches the journal's lock meanwhile (if it comes
+                // later, it is refused all the same).
+                std::thread::sleep(Duration::from_millis(100));
+                panic!("a panic midway");
+            })));
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| put(trees, b"b")));
+            hooks::set_after_write(None);
+            assert!(res.is_err());
+            other.join().unwrap()
+        });
+        assert!(waiting.is_err(), "{waiting:?}");
+        drop(s);
+        let s = crate::store::Store::open(d.path()).unwrap();
+        for t in [T::Meta, T::Log] {
+            assert_eq!(s.trees.t(t).get(b"b").unwrap(), None);
+            assert_eq!(s.trees.t(t).get(b"c").unwrap(), None);
+            assert!(s.trees.t(t).get(b"a").unwrap().is_some());
+        }
     }
 
     fn put(trees: &Trees, k: &[u8]) -> Result<(), StoreError> {
