@@ -69,7 +69,13 @@ async fn write(dir: &Path, tasks: usize) -> Result<(), String> {
             let mut round = 0u64;
             while started.elapsed() < WRITE_LIMIT {
                 round += 1;
-                let batch = 1 + (round % 8) as usize;
+                // Mostly small batches; every 16th is large enough that its commit writes
+                // on two threads (`Tx::commit`: 256 writes or more).
+                let batch = if round.is_multiple_of(16) {
+                    200
+                } else {
+                    1 + (round % 8) as usize
+                };
                 // Queue a batch for `to`.
                 let text =
                     |i: usize| format!("task {task} round {round} line {i} {}", "x".repeat(200));
