@@ -3,9 +3,9 @@
 //! sled's own flush is two device waits (it writes its log buffer and waits for
 //! `sync_file_range`, and the data file then needs a `sync_data` for the file size and the
 //! drive cache, see `group.rs`). Instead, every [`super::tx::Tx::commit`] also appends its
-//! write set, numbered by a log sequence number (LSN), to an in-memory buffer, in the same
-//! critical section as its sled transaction, which itself records the LSN in `meta`
-//! ([`META_JOURNAL_LSN`]). A flush appends the buffer to the file `journal` in the
+//! write set, numbered by a log sequence number (LSN), to an in-memory buffer, under the
+//! same lock ([`Journal::lock`]) as its writes to sled, the last of which records the LSN
+//! in `meta` ([`META_JOURNAL_LSN`]). A flush appends the buffer to the file `journal` in the
 //! database directory and syncs that file alone; sled writes its log in the background
 //! (its flusher thread) and at checkpoints.
 //!
@@ -217,8 +217,8 @@ impl Journal {
         }
     }
 
-    /// The commit side, held across a commit's sled transaction so that LSNs follow the
-    /// order in which transactions apply.
+    /// The commit side, held across a commit's writes to sled so that LSNs follow the
+    /// order in which commits apply.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }

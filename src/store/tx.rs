@@ -189,7 +189,7 @@ impl<'a> Tx<'a> {
     /// commit whole if a flush synced it. Errors: sled's; a failure midway puts the
     /// before-images back. When that fails too (or the commit panicked midway), this and
     /// every later commit fail until the store is reopened, whose open rolls it back
-    /// ([`Trees`]' `cut`).
+    /// ([`Trees`]' `cut`); until then readers see the part that was applied.
     pub(crate) fn commit(self) -> Result<(), StoreError> {
         use std::sync::atomic::Ordering;
         if self.is_empty() {
@@ -414,6 +414,15 @@ fn write_all(
 ) -> (usize, Result<(), Stop>) {
     for (n, &at) in part.iter().enumerate() {
         let (i, k, v) = all[at];
+        #[cfg(test)]
+        if hooked && hooks::fails(n + 1) {
+            return (
+                n,
+                Err(Stop::Db(sled::Error::Unsupported(
+                    "a test's sled error".into(),
+                ))),
+            );
+        }
         if let Err(e) = set(&trees.all[i as usize], k, v) {
             return (n, Err(Stop::Db(e)));
         }
@@ -434,10 +443,12 @@ pub(crate) mod hooks {
 
     thread_local! {
         static AFTER_WRITE: RefCell<Option<Hook>> = RefCell::new(None);
+        static FAIL_AT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     }
 
-    /// Run `f` after each write a commit applies, with the number applied so far (the
-    /// commit lock still held); `f` returning false ends the commit there as a crash
+    /// Run `f` after each write that a commit made on this thread applies (the caller's
+    /// part of a commit written on two threads), with the number of those writes so far
+    /// (the commit lock still held); `f` returning false ends the commit there as a crash
     /// would: nothing put back, the LSN not stored. `None` removes the hook.
     pub(crate) fn set_after_write(f: Option<Hook>) {
         AFTER_WRITE.with(|h| *h.borrow_mut() = f);
@@ -445,6 +456,17 @@ pub(crate) mod hooks {
 
     pub(super) fn after_write(n: usize) -> bool {
         AFTER_WRITE.with(|h| h.borrow_mut().as_mut().is_none_or(|f| f(n)))
+    }
+
+    /// Make write number `n` (from 1) of a commit made on this thread (its caller's part)
+    /// fail as a sled error would, before it is made; the commit then puts back what both
+    /// parts wrote. `None` removes it.
+    pub(crate) fn set_fail_at(n: Option<usize>) {
+        FAIL_AT.with(|f| f.set(n));
+    }
+
+    pub(super) fn fails(n: usize) -> bool {
+        FAIL_AT.with(|f| f.get() == Some(n))
     }
 }
 
@@ -598,6 +620,53 @@ mod tests {
             assert_eq!(s.trees.t(t).get(b"c").unwrap(), None);
             assert!(s.trees.t(t).get(b"a").unwrap().is_some());
         }
+    }
+
+    /// A sled error on the caller's side of a commit written on two threads, after its
+    /// first write, while the other thread wrote its whole part: the before-images of both
+    /// parts are put back (overwritten values and new keys alike), the store takes the
+    /// next commit, and a reopen finds the state before the failed commit.
+    #[test]
+    fn a_failed_write_on_one_side_puts_back_both_sides() {
+        let d = tempfile::TempDir::new().unwrap();
+        let s = crate::store::Store::open(d.path()).unwrap();
+        let key = |i: u32| format!("k{i:04}").into_bytes();
+        let mut tx = Tx::new(&s.trees);
+        for i in 0..300 {
+            tx.put(T::Log, key(i), b"1".to_vec());
+        }
+        tx.commit().unwrap();
+        let mut tx = Tx::new(&s.trees);
+        for i in 0..300 {
+            tx.put(T::Log, key(i), b"2".to_vec());
+            tx.put_new(T::Outbox, key(i), b"2".to_vec());
+        }
+        let two = !split(&tx.w).1.is_empty();
+        assert_eq!(two, crate::par::cores() >= 2);
+        hooks::set_fail_at(Some(2));
+        let res = tx.commit();
+        hooks::set_fail_at(None);
+        let err = res.unwrap_err().to_string();
+        assert!(err.contains("a test's sled error"), "{err}");
+        let check = |s: &crate::store::Store| {
+            for i in 0..300 {
+                let log = s.trees.t(T::Log).get(key(i)).unwrap();
+                assert_eq!(log.as_deref(), Some(&b"1"[..]), "log {i}");
+                assert_eq!(
+                    s.trees.t(T::Outbox).get(key(i)).unwrap(),
+                    None,
+                    "outbox {i}"
+                );
+            }
+        };
+        check(&s);
+        // Nothing is left half applied: the store goes on.
+        put(&s.trees, b"after").unwrap();
+        s.flush_blocking().unwrap();
+        drop(s);
+        let s = crate::store::Store::open(d.path()).unwrap();
+        check(&s);
+        assert!(s.trees.t(T::Log).get(b"after").unwrap().is_some());
     }
 
     fn put(trees: &Trees, k: &[u8]) -> Result<(), StoreError> {
