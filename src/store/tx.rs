@@ -274,29 +274,31 @@ impl Drop for Armed<'_> {
 /// lock's write side. Errors: sled's, with whether nothing of the commit is left applied
 /// (`false`: writes remain that could not be put back).
 fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> Result<(), (sled::Error, bool)> {
-    let mut before: Vec<(u8, &[u8], Option<sled::IVec>)> = Vec::new();
+    // The write set in order (by tree, then key), and each write's before-image at the
+    // same index (`None`: the key is absent; a `put_new` key is not read).
+    let all: Vec<journal::Entry<'_>> = entries(w).collect();
+    let mut before: Vec<Option<sled::IVec>> = Vec::with_capacity(all.len());
     for (i, p) in w.iter().enumerate() {
         for (k, (_, new)) in p {
-            let b = if *new {
+            before.push(if *new {
                 None
             } else {
                 trees.all[i].get(k).map_err(|e| (e, true))?
-            };
-            before.push((i as u8, k, b));
+            });
         }
     }
     let mut undo = Vec::new();
     journal::encode(
         &mut undo,
         lsn,
-        before.iter().map(|(i, k, v)| (*i, *k, v.as_deref())),
+        all.iter()
+            .zip(&before)
+            .map(|(&(i, k, _), b)| (i, k, b.as_deref())),
     );
     trees
         .raw(T::Undo)
         .insert(UNDO_KEY, undo)
         .map_err(|e| (e, true))?;
-    // The write set in order, as `before` is: a write's index is that of its before-image.
-    let all: Vec<journal::Entry<'_>> = entries(w).collect();
     let (mine, theirs) = split(w);
     // A large commit's trees are written in two parts at once (sled takes writes to
     // distinct trees at once): one on a second thread, the other by the caller.
@@ -318,18 +320,17 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> Result<(), (sled::Error, boo
             (a, b)
         })
     };
-    let cut = |r: &Result<(), Stop>| matches!(r, Err(Stop::Cut));
-    if cut(&res) || cut(&res2) {
-        // The test seam's crash: the writes made stay, as a crash would leave them.
-        return Err((
-            sled::Error::Unsupported("cut short by a test".into()),
-            false,
-        ));
-    }
-    let mut res = res.and(res2).map_err(|s| match s {
-        Stop::Db(e) => e,
-        Stop::Cut => unreachable!("handled above"),
-    });
+    let mut res = match (res, res2) {
+        (Err(Stop::Cut), _) | (_, Err(Stop::Cut)) => {
+            // The test seam's crash: the writes made stay, as a crash would leave them.
+            return Err((
+                sled::Error::Unsupported("cut short by a test".into()),
+                false,
+            ));
+        }
+        (Err(Stop::Db(e)), _) | (_, Err(Stop::Db(e))) => Err(e),
+        (Ok(()), Ok(())) => Ok(()),
+    };
     if res.is_ok() {
         res = trees
             .raw(T::Meta)
@@ -339,8 +340,8 @@ fn apply(trees: &Trees, w: &[Pending], lsn: u64) -> Result<(), (sled::Error, boo
     if let Err(e) = res {
         // Put back what was written, so that readers keep no part of the commit.
         for &at in mine[..done].iter().chain(&theirs[..done2]) {
-            let ((i, k, _), (_, _, b)) = (all[at], &before[at]);
-            if let Err(e2) = set(&trees.all[i as usize], k, b.as_deref()) {
+            let (i, k, _) = all[at];
+            if let Err(e2) = set(&trees.all[i as usize], k, before[at].as_deref()) {
                 tracing::error!(
                     "a store commit failed ({e}) and putting back its first writes failed too ({e2}); commits are refused until the store is reopened, whose open rolls them back"
                 );
@@ -471,7 +472,7 @@ pub(crate) mod hooks {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::time::Duration;
@@ -630,17 +631,7 @@ mod tests {
     fn a_failed_write_on_one_side_puts_back_both_sides() {
         let d = tempfile::TempDir::new().unwrap();
         let s = crate::store::Store::open(d.path()).unwrap();
-        let key = |i: u32| format!("k{i:04}").into_bytes();
-        let mut tx = Tx::new(&s.trees);
-        for i in 0..300 {
-            tx.put(T::Log, key(i), b"1".to_vec());
-        }
-        tx.commit().unwrap();
-        let mut tx = Tx::new(&s.trees);
-        for i in 0..300 {
-            tx.put(T::Log, key(i), b"2".to_vec());
-            tx.put_new(T::Outbox, key(i), b"2".to_vec());
-        }
+        let tx = two_tree_commit(&s.trees);
         let two = !split(&tx.w).1.is_empty();
         assert_eq!(two, crate::par::cores() >= 2);
         hooks::set_fail_at(Some(2));
@@ -667,6 +658,28 @@ mod tests {
         let s = crate::store::Store::open(d.path()).unwrap();
         check(&s);
         assert!(s.trees.t(T::Log).get(b"after").unwrap().is_some());
+    }
+
+    /// Key `i` of [`two_tree_commit`]'s trees.
+    pub(in crate::store) fn key(i: u32) -> Vec<u8> {
+        format!("k{i:04}").into_bytes()
+    }
+
+    /// Commit 300 `log` keys ([`key`]) of value "1", and return a commit, not made, large
+    /// enough to be written on two threads, one tree each: those keys set to "2" and 300
+    /// new `outbox` keys of value "2".
+    pub(in crate::store) fn two_tree_commit(trees: &Trees) -> Tx<'_> {
+        let mut tx = Tx::new(trees);
+        for i in 0..300 {
+            tx.put(T::Log, key(i), b"1".to_vec());
+        }
+        tx.commit().unwrap();
+        let mut tx = Tx::new(trees);
+        for i in 0..300 {
+            tx.put(T::Log, key(i), b"2".to_vec());
+            tx.put_new(T::Outbox, key(i), b"2".to_vec());
+        }
+        tx
     }
 
     fn put(trees: &Trees, k: &[u8]) -> Result<(), StoreError> {

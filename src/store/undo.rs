@@ -84,25 +84,16 @@ mod tests {
     /// and the open rolls every one of them back.
     #[test]
     fn a_commit_written_on_two_threads_and_cut_short_is_rolled_back() {
-        use super::super::tx::{hooks, Tx};
+        use super::super::tx::hooks;
+        use super::super::tx::tests::{key, two_tree_commit};
         let d = tempfile::TempDir::new().unwrap();
         let dir = d.path().join("db");
         let image = d.path().join("crashed").join("db");
         let s = opened(&dir);
-        let key = |i: u32| format!("k{i:04}").into_bytes();
-        let mut tx = Tx::new(&s.trees);
-        for i in 0..300 {
-            tx.put(T::Log, key(i), b"1".to_vec());
-        }
-        tx.commit().unwrap();
+        let tx = two_tree_commit(&s.trees);
         s.flush_blocking().unwrap();
         let lsn = stored_lsn(&s.trees).unwrap();
         hooks::set_after_write(Some(Box::new(|n| n < 1)));
-        let mut tx = Tx::new(&s.trees);
-        for i in 0..300 {
-            tx.put(T::Log, key(i), b"2".to_vec());
-            tx.put_new(T::Outbox, key(i), b"2".to_vec());
-        }
         let res = tx.commit();
         hooks::set_after_write(None);
         assert!(res.is_err());
