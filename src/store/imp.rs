@@ -35,7 +35,13 @@ const META_FORMAT: &[u8] = b"format";
 /// that only a format-2 build rolls back after a crash; a format-1 build would keep the
 /// part of a cut commit that reached sled. A format-1 store needs no conversion: the open
 /// records format 2 before anything commits.
-pub const STORE_FORMAT: u64 = 2;
+///
+/// Format 3: the dedup index keeps most lines in run records (tree `received_runs`, see
+/// `received.rs`), which a format-2 build does not read: it would take a replay of such a
+/// line for a new one. A format-2 (or 1) store needs no conversion: its single entries in
+/// `received` are one of the index's two forms, and the open records format 3 before
+/// anything commits.
+pub const STORE_FORMAT: u64 = 3;
 pub(super) const META_LOG_SEQ: &[u8] = b"log_seq";
 const META_USER_PREFIX: &[u8] = b"x/";
 /// Meta keys `intro/` ‖ introducer (32 raw bytes) ‖ introduced key (32 raw bytes) → empty:
@@ -46,7 +52,7 @@ const META_OUTBOX_B: &[u8] = b"outbox_b";
 
 /// Refuse a store of a format newer than [`STORE_FORMAT`] ([`StoreError::NewerFormat`]);
 /// record the format in one that has none (stores created before the key existed are of
-/// format 1) or an older one (1 → 2 needs no conversion, see [`STORE_FORMAT`]). The write
+/// format 1) or an older one (1 or 2 → 3 needs no conversion, see [`STORE_FORMAT`]). The write
 /// precedes every commit in sled's log, so a crash image that holds any commit of this
 /// build holds it too; it is durable with the next flush (a checkpoint). A format of 0 is
 /// taken as is.
@@ -61,7 +67,7 @@ fn check_format(meta: &sled::Tree, dir: &Path) -> Result<(), StoreError> {
                     supported: STORE_FORMAT,
                 });
             }
-            if found == 1 {
+            if found < STORE_FORMAT {
                 meta.insert(META_FORMAT, &u64_be(STORE_FORMAT))
                     .map_err(db_err)?;
             }
@@ -906,20 +912,30 @@ impl Store {
         // thread records by th, and the largest id per th for `seen`.
         let mut threads: HashMap<&str, ThreadRec> = HashMap::new();
         let mut seen: HashMap<&str, &str> = HashMap::new();
-        let received = self.trees.t(T::Received);
+        // The dedup index entries of the new lines above the peer's bound (strictly
+        // increasing ids): written as run records at the end (`received.rs`).
+        let mut run: Vec<(&[u8], u64)> = Vec::new();
         for (line, raw) in lines {
             let (Some(th), Some(id)) = (content_th(line), line.id()) else {
                 out.push(Received::New(0));
                 continue;
             };
             // Dedup: an id above the peer's bound is new without a disk read (see
-            // `DedupIndex`); one at or below it is looked up in `received`.
-            let above = match w.dedup.bound(received, peer)? {
+            // `DedupIndex`); one at or below it is looked up in the index on disk (this
+            // batch's own lines are in `batch_ids`).
+            let above = match w.dedup.bound(&self.trees, peer)? {
                 Some(max) => id.as_bytes() > max,
                 None => true,
             };
             if batch_ids.contains(id)
-                || (!above && tx.get(T::Received, &pkey(peer, id.as_bytes()))?.is_some())
+                || (!above
+                    && super::received::received_seq(
+                        self.trees.t(T::Received),
+                        self.trees.t(T::ReceivedRuns),
+                        peer,
+                        id.as_bytes(),
+                    )?
+                    .is_some())
             {
                 out.push(Received::Duplicate);
                 continue;
@@ -955,7 +971,11 @@ impl Store {
                 acked: true,
             };
             tx.put_new(T::Log, u64_be(seq), pack(&lrec, raw)?);
-            tx.put_new(T::Received, pkey(peer, id.as_bytes()), u64_be(seq).to_vec());
+            if above {
+                run.push((id.as_bytes(), seq));
+            } else {
+                tx.put_new(T::Received, pkey(peer, id.as_bytes()), u64_be(seq).to_vec());
+            }
             match seen.get_mut(th) {
                 Some(m) if id.as_bytes() <= m.as_bytes() => {}
                 Some(m) => *m = id,
@@ -982,6 +1002,9 @@ impl Store {
                 new_lines.push(line);
             }
             out.push(Received::New(seq));
+        }
+        for (first, rec) in super::received::encode_runs(&run) {
+            tx.put_new(T::ReceivedRuns, pkey(peer, first), rec);
         }
         for (th, id) in seen {
             raise_seen(&mut tx, peer, th, id, None)?;
@@ -1732,20 +1755,26 @@ mod format_tests {
         assert_eq!(stored_format(&s), Some(STORE_FORMAT));
     }
 
-    /// A store of format 1 (commits as sled transactions) is recorded as format 2 when
-    /// opened, so the build before the undo record refuses it from then on.
+    /// A store of format 1 (commits as sled transactions) or 2 (no dedup runs) is recorded
+    /// as format 3 when opened, so the builds before the undo record or the runs refuse it
+    /// from then on.
     #[test]
-    fn a_format_1_store_becomes_format_2_when_opened() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path()).unwrap();
-        s.trees.t(T::Meta).insert(META_FORMAT, &u64_be(1)).unwrap();
-        s.flush_blocking().unwrap();
-        drop(s);
-        let s = Store::open(dir.path()).unwrap();
-        assert_eq!(stored_format(&s), Some(2));
-        drop(s);
-        let s = Store::open(dir.path()).unwrap();
-        assert_eq!(stored_format(&s), Some(2));
+    fn an_older_store_becomes_format_3_when_opened() {
+        for old in [1, 2] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = Store::open(dir.path()).unwrap();
+            s.trees
+                .t(T::Meta)
+                .insert(META_FORMAT, &u64_be(old))
+                .unwrap();
+            s.flush_blocking().unwrap();
+            drop(s);
+            let s = Store::open(dir.path()).unwrap();
+            assert_eq!(stored_format(&s), Some(3), "from {old}");
+            drop(s);
+            let s = Store::open(dir.path()).unwrap();
+            assert_eq!(stored_format(&s), Some(3), "from {old}");
+        }
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! Durable state in sled. This module is the only code that names sled
 //! (dependency-notes: keep the database behind a narrow API).
 //!
-//! Trees: outbox, log (in/out, read marks), received (dedup index), seen, threads, peers,
-//! addresses, meta. Writes are not durable until [`Store::flush`]; callers ack or report
-//! "queued" only after it returns (protocol-notes §Threads, acks, resume).
+//! Trees: outbox, log (in/out, read marks), received and received_runs (dedup index),
+//! seen, threads, peers, addresses, meta. Writes are not durable until [`Store::flush`];
+//! callers ack or report "queued" only after it returns (protocol-notes §Threads, acks,
+//! resume).
 
 //!
 //! Layout (keys → values; records are `u32 header length ‖ header JSON ‖ line bytes`):
@@ -14,8 +15,11 @@
 //!   `log_acked`: seq → empty, an out entry the peer acknowledged (an ack writes this mark
 //!   instead of rewriting the entry; `acked` in the entry itself is from older stores and
 //!   error lines).
-//! - `received`: peer ‖ id → log seq (permanent dedup index, never pruned). A new line's
-//!   id above the largest received from its peer is known new from memory (`received.rs`).
+//! - The permanent dedup index (never pruned, see `received.rs`), in two forms:
+//!   `received_runs`: peer ‖ first id → run record, the ids and log seqs of one batch's
+//!   lines that each came above the largest id received from that peer (which is known
+//!   from memory); `received`: peer ‖ id → log seq, for a new line at or below it, and for
+//!   every line stored before store format 3.
 //! - `seen`: peer ‖ th → largest content id received (byte-string order).
 //! - `threads`: th ‖ peer → summary (see `threads.rs`; older stores keyed by th are re-keyed
 //!   on open). `peers`: peer → record. `addresses`: peer ‖ address → record.

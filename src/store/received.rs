@@ -1,24 +1,185 @@
-//! Looking up a received line by its sender and id (for telling a replay from a line that
+//! The permanent dedup index (protocol-notes §Threads: dedup is by (peer, id), forever) and
+//! looking up a received line by its sender and id (for telling a replay from a line that
 //! reuses an id with other content).
+//!
+//! The index has two forms, and a line is in exactly one of them:
+//! - **runs** (`received_runs`, store format 3): peer (32 raw bytes) ‖ first id → a run
+//!   record, the ids and log seqs of lines of one batch that were each above the peer's
+//!   bound when received ([`DedupIndex`]), in increasing id order, at most
+//!   [`RUN_BYTES_MAX`] bytes per record. Senders allocate ids from one increasing
+//!   generator, so nearly every new line goes here, and a batch of hundreds of lines costs
+//!   a few sled inserts instead of one each. Since a run only holds ids above every id
+//!   stored before it, runs never overlap: the only run that can hold an id is the one with
+//!   the largest first id at or below it.
+//! - **single entries** (`received`): peer ‖ id → log seq (u64 big-endian), for a new line
+//!   at or below the peer's bound (an id the sender allocated out of order), and for every
+//!   line stored by a build before format 3.
+//!
+//! Run record: entries `id length u16 BE ‖ id ‖ log seq u64 BE`, ids strictly increasing,
+//! the first equal to the key's id; decoded strictly ([`StoreError::Corrupt`] otherwise).
 
-use super::codec::{pkey, read_u64, unpack, LogRec, Payload};
-use super::tx::{db_err, T};
+use super::codec::{corrupt, pkey, read_u64, unpack, LogRec, Payload};
+use super::tree::Tr;
+use super::tx::{db_err, Trees, T};
 use super::{Store, StoreError};
 use crate::wire::PeerKey;
+
+/// The name of the run tree in errors.
+const RUNS: &str = "received_runs";
+
+/// The largest run record, in bytes (one entry at least, whatever its length). sled 0.34
+/// writes a leaf node (up to 16 entries) as one item of its log, and an item over a
+/// quarter of a segment (128 KiB with the default 512 KiB) goes to a blob file with a
+/// fsync of its own; 16 records of 4 KiB stay well under that. A run of 26-byte ULIDs
+/// holds 113 lines.
+pub(super) const RUN_BYTES_MAX: usize = 4096;
+
+/// Bytes of a run entry besides its id (length word and seq).
+const RUN_ENTRY_FIXED: usize = 2 + 8;
+
+/// Run records for `entries` ((id, log seq), ids strictly increasing and 1 to
+/// [`crate::wire::parse::MAX_ID_LEN`] bytes), split so that each is at most [`RUN_BYTES_MAX`]
+/// bytes: `(first id, record)` each, in order.
+pub(super) fn encode_runs<'a>(entries: &[(&'a [u8], u64)]) -> Vec<(&'a [u8], Vec<u8>)> {
+    let mut out: Vec<(&'a [u8], Vec<u8>)> = Vec::new();
+    for &(id, seq) in entries {
+        let need = RUN_ENTRY_FIXED + id.len();
+        match out.last_mut() {
+            Some((_, rec)) if rec.len() + need <= RUN_BYTES_MAX => {}
+            _ => out.push((
+                id,
+                Vec::with_capacity(RUN_BYTES_MAX.min(need * entries.len())),
+            )),
+        }
+        let Some((_, rec)) = out.last_mut() else {
+            continue;
+        };
+        // Ids are capped at MAX_ID_LEN (256) bytes by the parser; the length word holds it.
+        rec.extend_from_slice(&(id.len() as u16).to_be_bytes());
+        rec.extend_from_slice(id);
+        rec.extend_from_slice(&seq.to_be_bytes());
+    }
+    out
+}
+
+/// The entries of a run record, checked as they are read: a record that is empty,
+/// truncated, has an id of 0 or more than [`crate::wire::parse::MAX_ID_LEN`] bytes, or ids not
+/// strictly increasing yields [`StoreError::Corrupt`] (and nothing after it).
+struct RunEntries<'r> {
+    rest: &'r [u8],
+    prev: Option<&'r [u8]>,
+    failed: bool,
+}
+
+fn run_entries(rec: &[u8]) -> RunEntries<'_> {
+    RunEntries {
+        rest: rec,
+        prev: None,
+        failed: false,
+    }
+}
+
+impl<'r> RunEntries<'r> {
+    fn entry(&mut self) -> Result<(&'r [u8], u64), StoreError> {
+        let rest = self.rest;
+        let len = rest
+            .get(..2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+            .ok_or_else(|| corrupt(RUNS, "truncated length word"))?;
+        if len == 0 || len > crate::wire::parse::MAX_ID_LEN {
+            return Err(corrupt(RUNS, format!("id of {len} bytes")));
+        }
+        let id = rest
+            .get(2..2 + len)
+            .ok_or_else(|| corrupt(RUNS, "truncated id"))?;
+        let seq = rest
+            .get(2 + len..RUN_ENTRY_FIXED + len)
+            .ok_or_else(|| corrupt(RUNS, "truncated seq"))?;
+        if self.prev.is_some_and(|p| p >= id) {
+            return Err(corrupt(RUNS, "ids not increasing"));
+        }
+        self.rest = &rest[RUN_ENTRY_FIXED + len..];
+        self.prev = Some(id);
+        Ok((id, read_u64(RUNS, seq)?))
+    }
+}
+
+impl<'r> Iterator for RunEntries<'r> {
+    type Item = Result<(&'r [u8], u64), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || (self.rest.is_empty() && self.prev.is_some()) {
+            return None;
+        }
+        if self.rest.is_empty() {
+            self.failed = true;
+            return Some(Err(corrupt(RUNS, "empty run record")));
+        }
+        let r = self.entry();
+        self.failed = r.is_err();
+        Some(r)
+    }
+}
+
+/// The log seq of `id` in the run record `rec` (None: not in it).
+fn run_find(rec: &[u8], id: &[u8]) -> Result<Option<u64>, StoreError> {
+    for e in run_entries(rec) {
+        let (have, seq) = e?;
+        match have.cmp(id) {
+            std::cmp::Ordering::Less => {}
+            std::cmp::Ordering::Equal => return Ok(Some(seq)),
+            std::cmp::Ordering::Greater => return Ok(None),
+        }
+    }
+    Ok(None)
+}
+
+/// The largest id of the run record `rec` (its last entry).
+fn run_last(rec: &[u8]) -> Result<&[u8], StoreError> {
+    let mut last = None;
+    for e in run_entries(rec) {
+        last = Some(e?.0);
+    }
+    last.ok_or_else(|| corrupt(RUNS, "empty run record"))
+}
+
+/// The log seq of the content line `id` from `peer` in the dedup index, in either form
+/// (see the module doc), or None when it was never received. Two point reads at most:
+/// the single entry, and the run with the largest first id at or below `id`.
+pub(super) fn received_seq(
+    single: Tr<'_>,
+    runs: Tr<'_>,
+    peer: &PeerKey,
+    id: &[u8],
+) -> Result<Option<u64>, StoreError> {
+    let k = pkey(peer, id);
+    if let Some(v) = single.get(&k).map_err(db_err)? {
+        return Ok(Some(read_u64("received", &v)?));
+    }
+    let Some(kv) = runs.range(..=k).next_back() else {
+        return Ok(None);
+    };
+    let (rk, rec) = kv.map_err(db_err)?;
+    if rk.len() <= 32 || rk[..32] != peer.as_bytes()[..] {
+        // The nearest run below is another peer's: none of this peer's starts at or below.
+        return Ok(None);
+    }
+    run_find(&rec, id)
+}
 
 impl Store {
     /// The bytes (as received, without `\n`) of the content line `id` from `peer` that is
     /// on record, or None when no such line was received or its log entry was pruned.
     pub fn received_line(&self, peer: &PeerKey, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(seq) = self
-            .trees
-            .t(T::Received)
-            .get(pkey(peer, id.as_bytes()))
-            .map_err(db_err)?
+        let Some(seq) = received_seq(
+            self.trees.t(T::Received),
+            self.trees.t(T::ReceivedRuns),
+            peer,
+            id.as_bytes(),
+        )?
         else {
             return Ok(None);
         };
-        let seq = read_u64("received", &seq)?;
         let Some(v) = self
             .trees
             .t(T::Log)
@@ -32,44 +193,62 @@ impl Store {
     }
 }
 
+/// The largest id from `peer` in the dedup index (either form), None when there is none:
+/// one reverse seek in each tree.
+fn stored_max(trees: &Trees, peer: &PeerKey) -> Result<Option<Vec<u8>>, StoreError> {
+    let single = trees
+        .t(T::Received)
+        .scan_prefix(peer.as_bytes())
+        .keys()
+        .next_back()
+        .transpose()
+        .map_err(db_err)?
+        .map(|k| k[32..].to_vec());
+    let run = match trees
+        .t(T::ReceivedRuns)
+        .scan_prefix(peer.as_bytes())
+        .next_back()
+    {
+        Some(kv) => Some(run_last(&kv.map_err(db_err)?.1)?.to_vec()),
+        None => None,
+    };
+    Ok(single.max(run))
+}
+
 /// Peers whose largest received id the dedup index keeps in memory. Past this many, one
 /// entry is dropped for each new one (it is reloaded from disk when that peer sends again).
 pub(super) const DEDUP_PEERS: usize = 4096;
 
-/// The in-memory side of the permanent dedup index (`received`, protocol-notes §Threads):
-/// per peer, an upper bound of the ids received from it (byte order), so that a line whose
-/// id is above it is known new without a read of the `received` tree. Senders allocate ids
-/// from one increasing generator, so every new line takes this path; a replay (id at or
-/// below the bound) is checked on disk as before.
+/// The in-memory side of the permanent dedup index (protocol-notes §Threads): per peer,
+/// an upper bound of the ids received from it (byte order), so that a line whose id is
+/// above it is known new without a disk read, and goes into a run (module doc). Senders
+/// allocate ids from one increasing generator, so every new line takes this path; a
+/// replay (id at or below the bound) is looked up on disk ([`received_seq`]).
 ///
-/// Invariant: an entry is never below the largest id of that peer in `received` (it is
-/// raised before the lines are committed, so a failed commit leaves it too high, which
-/// only costs a disk read). Entries are loaded on first use with one reverse seek of the
-/// peer's key range (so opening a store reads nothing) and at most [`DEDUP_PEERS`] are kept.
+/// Invariant: an entry is never below the largest id of that peer in the index on disk
+/// (it is raised before the lines are committed, so a failed commit leaves it too high,
+/// which only costs a disk read and a single entry). Runs rely on it: a run's ids are
+/// above every id stored before it, so runs never overlap. Entries are loaded on first use
+/// with one reverse seek of the peer's key range in each form (so opening a store reads
+/// nothing) and at most [`DEDUP_PEERS`] are kept.
 #[derive(Default)]
 pub(super) struct DedupIndex {
     max: std::collections::HashMap<PeerKey, Vec<u8>>,
 }
 
 impl DedupIndex {
-    /// The bound for `peer` (None: nothing received from it), loaded from `received` when
-    /// not in memory.
+    /// The bound for `peer` (None: nothing received from it), loaded from the index on
+    /// disk (both forms) when not in memory.
     pub(super) fn bound(
         &mut self,
-        received: super::tree::Tr<'_>,
+        trees: &Trees,
         peer: &PeerKey,
     ) -> Result<Option<&[u8]>, StoreError> {
         if !self.max.contains_key(peer) {
-            let last = received
-                .scan_prefix(peer.as_bytes())
-                .keys()
-                .next_back()
-                .transpose()
-                .map_err(db_err)?;
-            let Some(k) = last else {
+            let Some(max) = stored_max(trees, peer)? else {
                 return Ok(None);
             };
-            self.insert(*peer, k[32..].to_vec());
+            self.insert(*peer, max);
         }
         Ok(self.max.get(peer).map(Vec::as_slice))
     }
@@ -102,6 +281,8 @@ impl DedupIndex {
 mod tests {
     use super::*;
     use crate::identity::Identity;
+    use crate::store::Received;
+    use crate::wire::{Line, Msg, Part, TextPart};
 
     fn key(n: u32) -> PeerKey {
         let mut seed = [0u8; 32];
@@ -109,38 +290,294 @@ mod tests {
         Identity::from_seed(&seed).key()
     }
 
+    /// A ULID-shaped id (26 bytes) that sorts by `n`.
+    fn uid(n: u32) -> String {
+        format!("01J{n:023}")
+    }
+
+    fn in_msg(id: &str) -> (Line, Vec<u8>) {
+        let l = Line::Msg(Msg {
+            id: id.into(),
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            th: "T".into(),
+            re: None,
+            subject: None,
+            parts: vec![Part::Text(TextPart { text: "hi".into() })],
+        });
+        let raw = l.encode();
+        (l, raw)
+    }
+
+    /// Receive the msgs `ids` from `p` in one batch.
+    fn receive(s: &Store, p: &PeerKey, ids: &[String]) -> Vec<Received> {
+        let lines: Vec<(Line, Vec<u8>)> = ids.iter().map(|i| in_msg(i)).collect();
+        let refs: Vec<(&Line, &[u8])> = lines.iter().map(|(l, r)| (l, r.as_slice())).collect();
+        s.receive_batch(p, &refs).unwrap()
+    }
+
+    /// Entries of tree `t` (its length).
+    fn count(s: &Store, t: T) -> usize {
+        s.trees.t(t).iter().count()
+    }
+
+    fn open() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        (dir, s)
+    }
+
+    #[test]
+    fn runs_are_split_at_the_record_cap_and_hold_every_entry() {
+        let ids: Vec<String> = (0..300).map(|n| uid(2 * n)).collect();
+        let entries: Vec<(&[u8], u64)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id.as_bytes(), 1000 + i as u64))
+            .collect();
+        let runs = encode_runs(&entries);
+        // 36 bytes per entry: 113 to a record.
+        assert_eq!(runs.len(), 3);
+        let mut at = 0;
+        for (first, rec) in &runs {
+            assert!(rec.len() <= RUN_BYTES_MAX, "{}", rec.len());
+            assert_eq!(*first, entries[at].0, "keyed by its first id");
+            for e in run_entries(rec) {
+                let (id, seq) = e.unwrap();
+                assert_eq!((id, seq), entries[at]);
+                at += 1;
+            }
+            assert_eq!(run_last(rec).unwrap(), entries[at - 1].0);
+        }
+        assert_eq!(at, entries.len());
+        let (_, rec) = &runs[1];
+        assert_eq!(run_find(rec, entries[200].0).unwrap(), Some(1200));
+        // Ids between two entries, before the first and after the last are not in it.
+        for n in [401, 2 * 113 - 2, 2 * 226 + 1] {
+            assert_eq!(run_find(rec, uid(n).as_bytes()).unwrap(), None, "{n}");
+        }
+        // The longest id fits a record of its own.
+        let long = vec![b'z'; crate::wire::parse::MAX_ID_LEN];
+        let runs = encode_runs(&[(&long[..], 7)]);
+        assert_eq!(runs.len(), 1);
+        assert_eq!(run_find(&runs[0].1, &long).unwrap(), Some(7));
+    }
+
+    #[test]
+    fn a_run_record_that_does_not_decode_is_refused() {
+        let entry = |id: &[u8], seq: u64| {
+            let mut v = (id.len() as u16).to_be_bytes().to_vec();
+            v.extend_from_slice(id);
+            v.extend_from_slice(&seq.to_be_bytes());
+            v
+        };
+        let good = entry(b"01A", 1);
+        let long = vec![b'a'; crate::wire::parse::MAX_ID_LEN + 1];
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (Vec::new(), "empty run record"),
+            ([good.clone(), vec![0]].concat(), "truncated length word"),
+            (entry(b"", 1), "id of 0 bytes"),
+            (entry(&long, 1), "id of 257 bytes"),
+            (good[..4].to_vec(), "truncated id"),
+            (good[..good.len() - 1].to_vec(), "truncated seq"),
+            (
+                [good.clone(), entry(b"01A", 2)].concat(),
+                "ids not increasing",
+            ),
+            (
+                [good.clone(), entry(b"00Z", 2)].concat(),
+                "ids not increasing",
+            ),
+        ];
+        for (rec, why) in cases {
+            // Looked up past the damage, so the whole record is read.
+            match run_find(&rec, b"zz") {
+                Err(StoreError::Corrupt { tree, detail }) => {
+                    assert_eq!(tree, RUNS);
+                    assert_eq!(detail, why, "{rec:?}");
+                }
+                other => panic!("{why}: {other:?}"),
+            }
+            assert!(run_last(&rec).is_err(), "{why}");
+        }
+        assert_eq!(run_find(&good, b"01A").unwrap(), Some(1));
+    }
+
+    #[test]
+    fn a_batch_of_new_lines_is_indexed_in_a_few_runs_and_replays_are_duplicates() {
+        let (_d, s) = open();
+        let p = key(1);
+        let ids: Vec<String> = (0..300).map(|n| uid(10 + 2 * n)).collect();
+        let got = receive(&s, &p, &ids);
+        assert!(got.iter().all(|r| matches!(r, Received::New(_))), "{got:?}");
+        assert_eq!(count(&s, T::ReceivedRuns), 3);
+        assert_eq!(count(&s, T::Received), 0, "no single entry");
+        // Each replayed line is found in its run, alone or in a batch.
+        let again = receive(&s, &p, &ids);
+        assert!(again.iter().all(|r| *r == Received::Duplicate), "{again:?}");
+        for i in [0, 112, 113, 150, 299] {
+            assert_eq!(receive(&s, &p, &ids[i..=i]), vec![Received::Duplicate]);
+            let raw = in_msg(&ids[i]).1;
+            assert_eq!(s.received_line(&p, &ids[i]).unwrap(), Some(raw));
+        }
+        // Another peer's identical ids are its own.
+        let q = key(2);
+        let got = receive(&s, &q, &ids[..5]);
+        assert!(got.iter().all(|r| matches!(r, Received::New(_))), "{got:?}");
+        assert_eq!(s.received_line(&q, &ids[200]).unwrap(), None);
+    }
+
+    #[test]
+    fn a_line_below_the_bound_gets_a_single_entry_and_everything_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = key(1);
+        let run: Vec<String> = (0..20).map(|n| uid(100 + 2 * n)).collect();
+        {
+            let s = Store::open(dir.path()).unwrap();
+            receive(&s, &p, &run);
+            // Inside the run's span, before it, after it (then below the new bound): new
+            // lines the run must not claim.
+            let late = vec![uid(105), uid(50), uid(500), uid(499)];
+            for id in &late {
+                assert!(
+                    matches!(
+                        receive(&s, &p, std::slice::from_ref(id))[..],
+                        [Received::New(_)]
+                    ),
+                    "{id}"
+                );
+            }
+            assert_eq!(count(&s, T::Received), 3, "105, 50 and 499 are single");
+            assert_eq!(count(&s, T::ReceivedRuns), 2, "the first run and 500's");
+            for id in run.iter().chain(&late) {
+                assert_eq!(
+                    receive(&s, &p, std::slice::from_ref(id)),
+                    vec![Received::Duplicate]
+                );
+            }
+            s.flush_blocking().unwrap();
+        }
+        let s = Store::open(dir.path()).unwrap();
+        let mut idx = DedupIndex::default();
+        assert_eq!(idx.bound(&s.trees, &p).unwrap(), Some(uid(500).as_bytes()));
+        let all: Vec<String> = run
+            .iter()
+            .cloned()
+            .chain([uid(105), uid(50), uid(499)])
+            .collect();
+        assert!(receive(&s, &p, &all)
+            .iter()
+            .all(|r| *r == Received::Duplicate));
+        assert!(matches!(
+            receive(&s, &p, &[uid(501)])[..],
+            [Received::New(_)]
+        ));
+        assert!(matches!(
+            receive(&s, &p, &[uid(107)])[..],
+            [Received::New(_)]
+        ));
+    }
+
+    #[test]
+    fn the_single_entries_of_a_format_2_store_still_count() {
+        let (_d, s) = open();
+        let p = key(1);
+        // What a format-2 build stored: one entry per line in `received`.
+        for (i, n) in [10u32, 12, 14].iter().enumerate() {
+            s.trees
+                .raw(T::Received)
+                .insert(pkey(&p, uid(*n).as_bytes()), &(i as u64 + 1).to_be_bytes())
+                .unwrap();
+        }
+        let old: Vec<String> = [10, 12, 14].iter().map(|n| uid(*n)).collect();
+        assert!(receive(&s, &p, &old)
+            .iter()
+            .all(|r| *r == Received::Duplicate));
+        // A new line above them starts the first run.
+        assert!(matches!(
+            receive(&s, &p, &[uid(16)])[..],
+            [Received::New(_)]
+        ));
+        assert!(matches!(
+            receive(&s, &p, &[uid(11)])[..],
+            [Received::New(_)]
+        ));
+        assert_eq!((count(&s, T::Received), count(&s, T::ReceivedRuns)), (4, 1));
+    }
+
+    #[test]
+    fn the_nearest_run_of_another_peer_is_not_searched() {
+        let (_d, s) = open();
+        let (a, b) = (key(1), key(2));
+        let (low, high) = if a.as_bytes() < b.as_bytes() {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        // `low`'s run is the nearest key at or below any key of `high`.
+        receive(&s, &low, &[uid(1), uid(2)]);
+        let single = s.trees.t(T::Received);
+        let runs = s.trees.t(T::ReceivedRuns);
+        assert_eq!(
+            received_seq(single, runs, &high, uid(2).as_bytes()).unwrap(),
+            None
+        );
+        assert!(received_seq(single, runs, &low, uid(2).as_bytes())
+            .unwrap()
+            .is_some());
+    }
+
     #[test]
     fn dedup_bound_is_the_largest_stored_id_and_survives_eviction() {
-        let dir = tempfile::TempDir::new().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
-        let received = db.open_tree("received").unwrap();
+        let (_d, s) = open();
         let (p, q) = (key(1), key(2));
         for id in ["01B", "01A", "01C"] {
-            received.insert(pkey(&p, id.as_bytes()), &[0u8; 8]).unwrap();
+            s.trees
+                .raw(T::Received)
+                .insert(pkey(&p, id.as_bytes()), &[0u8; 8])
+                .unwrap();
         }
-        // q's key range sorts after p's: the reverse seek must stay inside p's prefix.
-        received.insert(pkey(&q, b"01Z"), &[0u8; 8]).unwrap();
-        let lock = std::sync::RwLock::new(());
-        let received = super::super::tree::Tr::new(&received, &lock);
+        // q's key range sorts after p's or before: the reverse seek must stay inside p's
+        // prefix in both trees.
+        s.trees
+            .raw(T::Received)
+            .insert(pkey(&q, b"01Z"), &[0u8; 8])
+            .unwrap();
+        for (first, rec) in encode_runs(&[(b"01Y", 1), (b"01Z", 2)]) {
+            s.trees
+                .raw(T::ReceivedRuns)
+                .insert(pkey(&q, first), rec)
+                .unwrap();
+        }
         let mut idx = DedupIndex::default();
-        assert_eq!(idx.bound(received, &p).unwrap(), Some(&b"01C"[..]));
-        assert_eq!(idx.bound(received, &key(3)).unwrap(), None);
+        assert_eq!(idx.bound(&s.trees, &p).unwrap(), Some(&b"01C"[..]));
+        assert_eq!(idx.bound(&s.trees, &key(3)).unwrap(), None);
         idx.raise(&p, b"01B");
         assert_eq!(
-            idx.bound(received, &p).unwrap(),
+            idx.bound(&s.trees, &p).unwrap(),
             Some(&b"01C"[..]),
             "never lowered"
         );
         idx.raise(&p, b"01D");
-        assert_eq!(idx.bound(received, &p).unwrap(), Some(&b"01D"[..]));
+        assert_eq!(idx.bound(&s.trees, &p).unwrap(), Some(&b"01D"[..]));
+        // A run above the single entries: the bound is its last id, not its key.
+        for (first, rec) in encode_runs(&[(b"01E", 3), (b"01F", 4)]) {
+            s.trees
+                .raw(T::ReceivedRuns)
+                .insert(pkey(&p, first), rec)
+                .unwrap();
+        }
+        assert_eq!(
+            DedupIndex::default().bound(&s.trees, &p).unwrap(),
+            Some(&b"01F"[..])
+        );
         // More peers than the index keeps: p's entry is dropped at some point and reloaded
-        // from disk (01C: the raise to 01D was never committed), never forgotten as empty.
+        // from disk (01F: the raise to 01D was never committed), never forgotten as empty.
         for n in 10..10 + DEDUP_PEERS as u32 + 2 {
             idx.raise(&key(n), b"01A");
         }
         assert!(idx.max.len() <= DEDUP_PEERS);
-        let b = idx.bound(received, &p).unwrap().unwrap().to_vec();
-        assert!(b == b"01C" || b == b"01D", "{b:?}");
+        let b = idx.bound(&s.trees, &p).unwrap().unwrap().to_vec();
+        assert!(b == b"01F" || b == b"01D", "{b:?}");
         assert!(idx.max.len() <= DEDUP_PEERS);
     }
 }

@@ -34,12 +34,14 @@ pub(crate) enum T {
     LogAcked,
     /// The undo record of the last commit (one key, [`UNDO_KEY`]; see [`Tx::commit`]).
     Undo,
+    /// The dedup index's runs (store format 3, see `received.rs`).
+    ReceivedRuns,
 }
 
 /// The one key of [`T::Undo`].
 pub(crate) const UNDO_KEY: &[u8] = b"undo";
 
-pub(crate) const NAMES: [&str; 21] = [
+pub(crate) const NAMES: [&str; 22] = [
     "outbox",
     "log",
     "received",
@@ -61,6 +63,7 @@ pub(crate) const NAMES: [&str; 21] = [
     "art_snap",
     "log_acked",
     "undo",
+    "received_runs",
 ];
 
 pub(crate) struct Trees {
