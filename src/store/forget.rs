@@ -36,7 +36,7 @@ impl Store {
     /// their count) and its `seen` entries, in ONE transaction. Not durable until
     /// [`Store::flush`].
     ///
-    /// Kept: the dedup index (`received`), so that lines it sent before are still
+    /// Kept: the dedup index (`received` and `received_runs`), so that lines it sent before are still
     /// recognised as duplicates when it replays them (dedup is permanent, protocol-notes
     /// §Threads); blob records and files; grants (revoke them with `awp revoke`).
     pub fn forget_peer(&self, peer: &PeerKey) -> Result<Forgotten, StoreError> {

@@ -67,7 +67,7 @@ fn check_format(meta: &sled::Tree, dir: &Path) -> Result<(), StoreError> {
                     supported: STORE_FORMAT,
                 });
             }
-            if found < STORE_FORMAT {
+            if (1..STORE_FORMAT).contains(&found) {
                 meta.insert(META_FORMAT, &u64_be(STORE_FORMAT))
                     .map_err(db_err)?;
             }
@@ -971,7 +971,9 @@ impl Store {
                 acked: true,
             };
             tx.put_new(T::Log, u64_be(seq), pack(&lrec, raw)?);
-            if above {
+            // A run entry holds an id of 1 to the wire's cap of bytes; any other id (only
+            // from a caller inside the process: the parser refuses it) is a single entry.
+            if above && !id.is_empty() && id.len() <= crate::wire::parse::MAX_ID_LEN {
                 run.push((id.as_bytes(), seq));
             } else {
                 tx.put_new(T::Received, pkey(peer, id.as_bytes()), u64_be(seq).to_vec());
@@ -1431,8 +1433,8 @@ impl Store {
     /// than [`RETENTION_MS`] at `now_ms` (protocol-notes: the outbox keeps lines 7 days).
     /// Returns outbox lines plus log entries removed.
     ///
-    /// The dedup index (`received`) and `seen` are kept forever: dedup is permanent per the
-    /// protocol, and an entry is a few dozen bytes, so a replay of a very old line is still
+    /// The dedup index (`received`, `received_runs`) and `seen` are kept forever: dedup is
+    /// permanent per the protocol, and an entry is a few dozen bytes, so a replay of a very old line is still
     /// recognised as a duplicate. Threads and peers are kept too.
     pub fn prune(&self, now_ms: u64) -> Result<usize, StoreError> {
         let cutoff = now_ms.saturating_sub(RETENTION_MS);

@@ -505,6 +505,39 @@ mod tests {
     }
 
     #[test]
+    fn an_id_a_run_cannot_hold_is_a_single_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = key(1);
+        // Over the wire's cap: only a caller inside the process can store it.
+        let long = format!("{}{}", uid(9), "x".repeat(crate::wire::parse::MAX_ID_LEN));
+        {
+            let s = Store::open(dir.path()).unwrap();
+            receive(&s, &p, &[uid(1)]);
+            assert!(matches!(
+                receive(&s, &p, std::slice::from_ref(&long))[..],
+                [Received::New(_)]
+            ));
+            assert_eq!((count(&s, T::Received), count(&s, T::ReceivedRuns)), (1, 1));
+            assert_eq!(
+                receive(&s, &p, std::slice::from_ref(&long)),
+                vec![Received::Duplicate]
+            );
+            s.flush_blocking().unwrap();
+        }
+        // The bound is reloaded from it, and the peer's next lines are stored as ever.
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            receive(&s, &p, &[long, uid(1)]),
+            vec![Received::Duplicate; 2]
+        );
+        assert!(matches!(
+            receive(&s, &p, &[uid(10)])[..],
+            [Received::New(_)]
+        ));
+        assert_eq!(receive(&s, &p, &[uid(10)]), vec![Received::Duplicate]);
+    }
+
+    #[test]
     fn the_nearest_run_of_another_peer_is_not_searched() {
         let (_d, s) = open();
         let (a, b) = (key(1), key(2));
