@@ -10,8 +10,8 @@
 //! `store_crash check DIR RECORDS`: open the store (it must open) and check it against the
 //! printed records (complete lines only): every `E` and `R` id is in the message log, every
 //! `E` id never named by an `a` line is still in the outbox, every `A` id is out of the
-//! outbox and acked in the log, the outbox counter equals the outbox's length, and no id
-//! is logged twice. Prints one JSON object of counts; exits 1 naming what is wrong. The
+//! outbox and acked in the log, the outbox counter equals the outbox's length, no id
+//! is logged twice, and every received line in the log is in the dedup index. Prints one JSON object of counts; exits 1 naming what is wrong. The
 //! store's log (what its open repaired) goes to stderr.
 
 use awp_node::identity::Identity;
@@ -200,6 +200,17 @@ fn check(dir: &Path, records: &Path) -> Result<serde_json::Value, Vec<String>> {
     for id in &received {
         if !in_log.contains(id) {
             problems.push(format!("received {id} (flushed) is not in the log"));
+        }
+    }
+    // The dedup index commits with the log: every inbound entry that survived (flushed or
+    // not) is found in it, so a replay of that line would be a duplicate.
+    for id in &in_log {
+        match store.received_line(&from, id) {
+            Ok(Some(_)) => {}
+            Ok(None) => problems.push(format!(
+                "received {id} is logged but not in the dedup index"
+            )),
+            Err(e) => problems.push(format!("the dedup index for {id}: {e}")),
         }
     }
     if outbox_len != outbox.len() as u64 {
