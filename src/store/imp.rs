@@ -153,6 +153,11 @@ pub(super) struct Writer {
 }
 
 impl Writer {
+    /// Forget the in-memory dedup bounds, as an eviction of every peer would.
+    #[cfg(test)]
+    pub(super) fn forget_dedup_bounds(&mut self) {
+        self.dedup = Default::default();
+    }
     pub(super) fn ids_clone(&self) -> IdGen {
         self.ids.clone()
     }

@@ -613,4 +613,205 @@ mod tests {
         assert!(b == b"01F" || b == b"01D", "{b:?}");
         assert!(idx.max.len() <= DEDUP_PEERS);
     }
+
+    /// A small xorshift generator: the model test below is the same on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+        /// 1 to 5 bytes over four letters: many ids are prefixes of others.
+        fn id(&mut self) -> String {
+            let len = 1 + self.below(5) as usize;
+            (0..len).map(|_| self.letter()).collect()
+        }
+        fn letter(&mut self) -> char {
+            b"01AB"[self.below(4) as usize] as char
+        }
+    }
+
+    fn msg_in(id: &str, th: &str) -> (Line, Vec<u8>) {
+        let (mut l, _) = in_msg(id);
+        if let Line::Msg(m) = &mut l {
+            m.th = th.into();
+        }
+        let raw = l.encode();
+        (l, raw)
+    }
+
+    /// Batches from four peers against a set model of what each sent: ids at random (in
+    /// and out of order), replays of stored ids, increasing ids (the runs' case), a
+    /// thread cap that refuses some lines, commits that fail partway, reopens and
+    /// forgotten bounds. Every result and every lookup is the model's.
+    #[test]
+    fn the_dedup_index_answers_as_a_set_of_what_each_peer_sent() {
+        use std::collections::{BTreeSet, HashMap, HashSet};
+        const THREADS: u64 = 6;
+        for seed in 1..=12u64 {
+            let dir = tempfile::tempdir().unwrap();
+            let mut s = Store::open(dir.path()).unwrap();
+            s.set_max_threads_per_peer(THREADS);
+            let mut r = Rng(seed * 7919 + 1);
+            let peers: Vec<PeerKey> = (0..4).map(key).collect();
+            let mut sent: HashMap<PeerKey, BTreeSet<String>> = HashMap::new();
+            let mut threads: HashMap<PeerKey, HashSet<String>> = HashMap::new();
+            for round in 0..200 {
+                let p = peers[r.below(4) as usize];
+                let have = sent.entry(p).or_default().clone();
+                let mode = r.below(4);
+                let mut ids: Vec<String> = Vec::new();
+                for _ in 0..1 + r.below(40) {
+                    let id = match mode {
+                        0 => r.id(),
+                        1 if !have.is_empty() => {
+                            let at = r.below(have.len() as u64) as usize;
+                            have.iter().nth(at).cloned().unwrap_or_default()
+                        }
+                        _ => {
+                            // Above the last one: the last id with a letter or more added.
+                            let base = ids.last().or(have.last()).cloned().unwrap_or_default();
+                            let mut x = base.clone();
+                            x.push(r.letter());
+                            if r.below(3) == 0 {
+                                x = format!("{base}{}", r.id());
+                            }
+                            if x.len() > 60 {
+                                x = r.id();
+                            }
+                            x
+                        }
+                    };
+                    ids.push(id);
+                }
+                let ths: Vec<String> = ids.iter().map(|_| format!("t{}", r.below(8))).collect();
+                let lines: Vec<(Line, Vec<u8>)> =
+                    ids.iter().zip(&ths).map(|(i, t)| msg_in(i, t)).collect();
+                let refs: Vec<(&Line, &[u8])> =
+                    lines.iter().map(|(l, r)| (l, r.as_slice())).collect();
+                let fail = r.below(10) == 0;
+                if fail {
+                    crate::store::tx::hooks::set_fail_at(Some(1 + r.below(5) as usize));
+                }
+                let got = s.receive_batch(&p, &refs);
+                crate::store::tx::hooks::set_fail_at(None);
+                // The model: None a duplicate, Some(true) new, Some(false) refused.
+                let mut now = have.clone();
+                let mut now_ths = threads.get(&p).cloned().unwrap_or_default();
+                let mut want = Vec::new();
+                for (id, th) in ids.iter().zip(&ths) {
+                    if now.contains(id) {
+                        want.push(None);
+                    } else if !now_ths.contains(th) && now_ths.len() as u64 >= THREADS {
+                        want.push(Some(false));
+                    } else {
+                        now_ths.insert(th.clone());
+                        now.insert(id.clone());
+                        want.push(Some(true));
+                    }
+                }
+                let ctx = format!("seed {seed} round {round} ids {ids:?}");
+                match got {
+                    Err(e) => assert!(fail, "{ctx}: {e}"),
+                    Ok(got) => {
+                        let got: Vec<Option<bool>> = got
+                            .iter()
+                            .map(|x| match x {
+                                Received::Duplicate => None,
+                                Received::New(_) => Some(true),
+                                Received::TooManyThreads => Some(false),
+                            })
+                            .collect();
+                        assert_eq!(got, want, "{ctx}");
+                        sent.insert(p, now);
+                        threads.insert(p, now_ths);
+                    }
+                }
+                match r.below(30) {
+                    0 => {
+                        s.flush_blocking().unwrap();
+                        drop(s);
+                        s = Store::open(dir.path()).unwrap();
+                        s.set_max_threads_per_peer(THREADS);
+                    }
+                    1 => s.writer().forget_dedup_bounds(),
+                    _ => {}
+                }
+                if round % 25 == 0 {
+                    let (single, runs) = (s.trees.t(T::Received), s.trees.t(T::ReceivedRuns));
+                    for q in &peers {
+                        let model = sent.get(q).cloned().unwrap_or_default();
+                        for _ in 0..50 {
+                            let id = r.id();
+                            let found = received_seq(single, runs, q, id.as_bytes()).unwrap();
+                            assert_eq!(found.is_some(), model.contains(&id), "{ctx}: {id}");
+                        }
+                        for id in &model {
+                            let found = received_seq(single, runs, q, id.as_bytes()).unwrap();
+                            assert!(found.is_some(), "{ctx}: {id}");
+                        }
+                    }
+                }
+            }
+            assert!(
+                count(&s, T::ReceivedRuns) > 16,
+                "runs span more than one leaf"
+            );
+        }
+    }
+
+    /// A commit with run and single entries cut after each of its writes (as a crash
+    /// would) and the crash image reopened: what was flushed before is still a duplicate,
+    /// what the cut commit held is new again, then a duplicate once stored.
+    #[test]
+    fn a_cut_commit_of_runs_and_single_entries_rolls_back_whole() {
+        use crate::store::tx::hooks;
+        for k in 1..40usize {
+            let d = tempfile::tempdir().unwrap();
+            let dir = d.path().join("db");
+            let image = d.path().join("crashed").join("db");
+            let p = key(1);
+            let s = Store::open(&dir).unwrap();
+            let first: Vec<String> = (0..150).map(|n| uid(10 + 2 * n)).collect();
+            receive(&s, &p, &first);
+            let low: Vec<String> = (0..5).map(|n| uid(11 + 2 * n)).collect();
+            receive(&s, &p, &low);
+            s.flush_blocking().unwrap();
+            // 150 lines above the bound (two runs) and 5 below it (single entries).
+            let second: Vec<String> = (0..150)
+                .map(|n| uid(1000 + 2 * n))
+                .chain((0..5).map(|n| uid(21 + 2 * n)))
+                .collect();
+            hooks::set_after_write(Some(Box::new(move |n| n < k)));
+            let lines: Vec<(Line, Vec<u8>)> = second.iter().map(|i| in_msg(i)).collect();
+            let refs: Vec<(&Line, &[u8])> = lines.iter().map(|(l, r)| (l, r.as_slice())).collect();
+            let cut = s.receive_batch(&p, &refs).is_err();
+            hooks::set_after_write(None);
+            s.db.flush().unwrap();
+            crate::store::journal::tests::copy_dir(&dir, &image);
+            drop(s);
+            let s = Store::open(&image).unwrap();
+            let before: Vec<String> = first.iter().chain(&low).cloned().collect();
+            let got = receive(&s, &p, &before);
+            assert!(
+                got.iter().all(|r| *r == Received::Duplicate),
+                "k {k}: {got:?}"
+            );
+            let got = receive(&s, &p, &second);
+            if cut {
+                assert!(
+                    got.iter().all(|r| matches!(r, Received::New(_))),
+                    "k {k}: {got:?}"
+                );
+            }
+            let got = receive(&s, &p, &second);
+            assert!(
+                got.iter().all(|r| *r == Received::Duplicate),
+                "k {k}: {got:?}"
+            );
+        }
+    }
 }
