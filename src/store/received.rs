@@ -315,6 +315,16 @@ mod tests {
         s.receive_batch(p, &refs).unwrap()
     }
 
+    /// Whether the one msg `id` from `p` is stored as new.
+    fn is_new(s: &Store, p: &PeerKey, id: String) -> bool {
+        matches!(receive(s, p, &[id])[..], [Received::New(_)])
+    }
+
+    /// Whether every msg of `ids` from `p`, received in one batch, is a duplicate.
+    fn all_duplicates(s: &Store, p: &PeerKey, ids: &[String]) -> bool {
+        receive(s, p, ids).iter().all(|r| *r == Received::Duplicate)
+    }
+
     /// Entries of tree `t` (its length).
     fn count(s: &Store, t: T) -> usize {
         s.trees.t(t).iter().count()
@@ -438,21 +448,12 @@ mod tests {
             // lines the run must not claim.
             let late = vec![uid(105), uid(50), uid(500), uid(499)];
             for id in &late {
-                assert!(
-                    matches!(
-                        receive(&s, &p, std::slice::from_ref(id))[..],
-                        [Received::New(_)]
-                    ),
-                    "{id}"
-                );
+                assert!(is_new(&s, &p, id.clone()), "{id}");
             }
             assert_eq!(count(&s, T::Received), 3, "105, 50 and 499 are single");
             assert_eq!(count(&s, T::ReceivedRuns), 2, "the first run and 500's");
             for id in run.iter().chain(&late) {
-                assert_eq!(
-                    receive(&s, &p, std::slice::from_ref(id)),
-                    vec![Received::Duplicate]
-                );
+                assert!(all_duplicates(&s, &p, std::slice::from_ref(id)), "{id}");
             }
             s.flush_blocking().unwrap();
         }
@@ -464,17 +465,9 @@ mod tests {
             .cloned()
             .chain([uid(105), uid(50), uid(499)])
             .collect();
-        assert!(receive(&s, &p, &all)
-            .iter()
-            .all(|r| *r == Received::Duplicate));
-        assert!(matches!(
-            receive(&s, &p, &[uid(501)])[..],
-            [Received::New(_)]
-        ));
-        assert!(matches!(
-            receive(&s, &p, &[uid(107)])[..],
-            [Received::New(_)]
-        ));
+        assert!(all_duplicates(&s, &p, &all));
+        assert!(is_new(&s, &p, uid(501)));
+        assert!(is_new(&s, &p, uid(107)));
     }
 
     #[test]
@@ -489,18 +482,10 @@ mod tests {
                 .unwrap();
         }
         let old: Vec<String> = [10, 12, 14].iter().map(|n| uid(*n)).collect();
-        assert!(receive(&s, &p, &old)
-            .iter()
-            .all(|r| *r == Received::Duplicate));
+        assert!(all_duplicates(&s, &p, &old));
         // A new line above them starts the first run.
-        assert!(matches!(
-            receive(&s, &p, &[uid(16)])[..],
-            [Received::New(_)]
-        ));
-        assert!(matches!(
-            receive(&s, &p, &[uid(11)])[..],
-            [Received::New(_)]
-        ));
+        assert!(is_new(&s, &p, uid(16)));
+        assert!(is_new(&s, &p, uid(11)));
         assert_eq!((count(&s, T::Received), count(&s, T::ReceivedRuns)), (4, 1));
     }
 
@@ -513,15 +498,9 @@ mod tests {
         {
             let s = Store::open(dir.path()).unwrap();
             receive(&s, &p, &[uid(1)]);
-            assert!(matches!(
-                receive(&s, &p, std::slice::from_ref(&long))[..],
-                [Received::New(_)]
-            ));
+            assert!(is_new(&s, &p, long.clone()));
             assert_eq!((count(&s, T::Received), count(&s, T::ReceivedRuns)), (1, 1));
-            assert_eq!(
-                receive(&s, &p, std::slice::from_ref(&long)),
-                vec![Received::Duplicate]
-            );
+            assert!(all_duplicates(&s, &p, std::slice::from_ref(&long)));
             s.flush_blocking().unwrap();
         }
         // The bound is reloaded from it, and the peer's next lines are stored as ever.
@@ -530,10 +509,7 @@ mod tests {
             receive(&s, &p, &[long, uid(1)]),
             vec![Received::Duplicate; 2]
         );
-        assert!(matches!(
-            receive(&s, &p, &[uid(10)])[..],
-            [Received::New(_)]
-        ));
+        assert!(is_new(&s, &p, uid(10)));
         assert_eq!(receive(&s, &p, &[uid(10)]), vec![Received::Duplicate]);
     }
 
