@@ -1,13 +1,15 @@
 //! CPU cost of the durable receive path without the network (for `valgrind --tool=callgrind`
 //! or `perf stat`): parse N msg lines of about 200 bytes from one peer, store them with
 //! `Store::receive_batch` in batches of B lines, flush once per batch (group commit), and
-//! encode one ack per line, the way a connection does. Prints one JSON object
-//! `{n, batch, secs, per_sec, flushes}`.
+//! encode one ack per line, the way a connection does. Then the same lines again, as a
+//! peer's resume replays them after a lost connection: every one a duplicate, found in
+//! the dedup index. Prints one JSON object `{n, batch, secs, per_sec, flushes,
+//! replay_secs, replay_per_sec}`.
 //!
 //! Usage: `recv_profile DIR [N [B]]` (DIR must not exist; default N = 20000, B = 4096).
 
-use awp_node::store::Store;
-use awp_node::wire::{self, ids::IdGen, Line, Part, TextPart};
+use awp_node::store::{Received, Store};
+use awp_node::wire::{self, ids::IdGen, Line, Part, PeerKey, TextPart};
 use std::time::Instant;
 
 fn main() {
@@ -41,6 +43,22 @@ fn main() {
         })
         .collect();
     let t0 = Instant::now();
+    receive_all(&store, &peer, &raw, b, &ts, false);
+    let secs = t0.elapsed().as_secs_f64();
+    let flushes = store.flush_count();
+    let t1 = Instant::now();
+    receive_all(&store, &peer, &raw, b, &ts, true);
+    let replay_secs = t1.elapsed().as_secs_f64();
+    println!(
+        "{{\"n\":{n},\"batch\":{b},\"secs\":{secs:.3},\"per_sec\":{:.0},\"flushes\":{flushes},\"replay_secs\":{replay_secs:.3},\"replay_per_sec\":{:.0}}}",
+        n as f64 / secs,
+        n as f64 / replay_secs,
+    );
+}
+
+/// Store `raw` from `peer` in batches of `b` lines, flushing once per batch and encoding
+/// one ack per line; with `replay`, every line must come back a duplicate.
+fn receive_all(store: &Store, peer: &PeerKey, raw: &[Vec<u8>], b: usize, ts: &str, replay: bool) {
     let mut acks = Vec::new();
     for chunk in raw.chunks(b) {
         let lines: Vec<Line> = chunk
@@ -48,13 +66,19 @@ fn main() {
             .map(|r| wire::parse_line(r).expect("parse"))
             .collect();
         let refs: Vec<(&Line, &[u8])> = lines.iter().zip(chunk).map(|(l, r)| (l, &r[..])).collect();
-        let res = store.receive_batch(&peer, &refs).expect("receive");
+        let res = store.receive_batch(peer, &refs).expect("receive");
+        if replay {
+            assert!(
+                res.iter().all(|r| *r == Received::Duplicate),
+                "a replayed line was not a duplicate"
+            );
+        }
         store.flush_blocking().expect("flush");
         acks.clear();
         for (_, l) in res.iter().zip(&lines) {
             let ack = Line::Ack(wire::Ack {
                 id: store.next_control_id(),
-                ts: ts.clone(),
+                ts: ts.to_string(),
                 th: l.th().unwrap_or_default().to_string(),
                 re: l.id().unwrap_or_default().to_string(),
             });
@@ -62,10 +86,4 @@ fn main() {
             acks.push(b'\n');
         }
     }
-    let secs = t0.elapsed().as_secs_f64();
-    println!(
-        "{{\"n\":{n},\"batch\":{b},\"secs\":{secs:.3},\"per_sec\":{:.0},\"flushes\":{}}}",
-        n as f64 / secs,
-        store.flush_count()
-    );
 }

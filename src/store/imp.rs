@@ -920,6 +920,8 @@ impl Store {
         // The dedup index entries of the new lines above the peer's bound (strictly
         // increasing ids): written as run records at the end (`received.rs`).
         let mut run: Vec<(&[u8], u64)> = Vec::new();
+        // Replays in id order look up the same run one after another.
+        let mut run_cache = super::received::RunCache::default();
         for (line, raw) in lines {
             let (Some(th), Some(id)) = (content_th(line), line.id()) else {
                 out.push(Received::New(0));
@@ -934,11 +936,12 @@ impl Store {
             };
             if batch_ids.contains(id)
                 || (!above
-                    && super::received::received_seq(
+                    && super::received::received_seq_cached(
                         self.trees.t(T::Received),
                         self.trees.t(T::ReceivedRuns),
                         peer,
                         id.as_bytes(),
+                        &mut run_cache,
                     )?
                     .is_some())
             {

@@ -152,9 +152,55 @@ pub(super) fn received_seq(
     peer: &PeerKey,
     id: &[u8],
 ) -> Result<Option<u64>, StoreError> {
+    received_seq_cached(single, runs, peer, id, &mut RunCache::default())
+}
+
+/// The last run record a lookup read, for the lookups after it in the same operation: a
+/// resume replays lines in id order, so most of its lookups land in the run the one
+/// before read. Valid only while no commit lands (runs are added by commits, never
+/// changed, and removed only by a rollback); the receive path keeps one per batch, under
+/// the writer lock.
+#[derive(Default)]
+pub(super) struct RunCache {
+    /// The run's peer, first and last id, and record; None before the first seek.
+    run: Option<(PeerKey, Vec<u8>, Vec<u8>, sled::IVec)>,
+}
+
+impl RunCache {
+    /// The cached record when it spans `id` (from `peer`): then no other run can hold it.
+    fn spanning(&self, peer: &PeerKey, id: &[u8]) -> Option<&[u8]> {
+        match &self.run {
+            Some((p, first, last, rec)) if p == peer && first[..] <= *id && id <= &last[..] => {
+                Some(rec)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// [`received_seq`] with a [`RunCache`]: an id inside the cached run's span is looked up
+/// in it without a seek (and, when not there, only as a single entry).
+pub(super) fn received_seq_cached(
+    single: Tr<'_>,
+    runs: Tr<'_>,
+    peer: &PeerKey,
+    id: &[u8],
+    cache: &mut RunCache,
+) -> Result<Option<u64>, StoreError> {
+    let spanned = match cache.spanning(peer, id) {
+        Some(rec) => match run_find(rec, id)? {
+            Some(seq) => return Ok(Some(seq)),
+            None => true,
+        },
+        None => false,
+    };
     let k = pkey(peer, id);
     if let Some(v) = single.get(&k).map_err(db_err)? {
         return Ok(Some(read_u64("received", &v)?));
+    }
+    if spanned {
+        // The only run that could hold it does not.
+        return Ok(None);
     }
     let Some(kv) = runs.range(..=k).next_back() else {
         return Ok(None);
@@ -164,7 +210,10 @@ pub(super) fn received_seq(
         // The nearest run below is another peer's: none of this peer's starts at or below.
         return Ok(None);
     }
-    run_find(&rec, id)
+    let found = run_find(&rec, id)?;
+    let last = run_last(&rec)?.to_vec();
+    cache.run = Some((*peer, rk[32..].to_vec(), last, rec));
+    Ok(found)
 }
 
 impl Store {
@@ -511,6 +560,51 @@ mod tests {
         );
         assert!(is_new(&s, &p, uid(10)));
         assert_eq!(receive(&s, &p, &[uid(10)]), vec![Received::Duplicate]);
+    }
+
+    #[test]
+    fn a_lookup_inside_the_cached_run_still_finds_single_entries_and_misses() {
+        let (_d, s) = open();
+        let (p, q) = (key(1), key(2));
+        let run: Vec<String> = (0..20).map(|n| uid(100 + 2 * n)).collect();
+        receive(&s, &p, &run);
+        receive(&s, &q, &run);
+        assert!(
+            is_new(&s, &p, uid(105)),
+            "a single entry inside the run's span"
+        );
+        let (single, runs) = (s.trees.t(T::Received), s.trees.t(T::ReceivedRuns));
+        let mut cache = RunCache::default();
+        let look = |cache: &mut RunCache, peer: &PeerKey, n: u32| {
+            received_seq_cached(single, runs, peer, uid(n).as_bytes(), cache).unwrap()
+        };
+        let first = look(&mut cache, &p, 100).expect("in the run");
+        assert!(cache.spanning(&p, uid(120).as_bytes()).is_some());
+        assert_eq!(
+            look(&mut cache, &p, 102),
+            Some(first + 1),
+            "from the cached run"
+        );
+        assert!(
+            look(&mut cache, &p, 105).is_some(),
+            "the single entry, inside the span"
+        );
+        assert_eq!(
+            look(&mut cache, &p, 107),
+            None,
+            "inside the span, in neither form"
+        );
+        // Another peer's lookup of the same id is not answered from p's run.
+        assert!(cache.spanning(&q, uid(102).as_bytes()).is_none());
+        assert!(look(&mut cache, &q, 102).is_some());
+        assert_eq!(look(&mut cache, &q, 105), None);
+        assert_eq!(look(&mut cache, &p, 99), None, "below the span");
+        assert_eq!(
+            look(&mut cache, &p, 139),
+            None,
+            "past its last id, past every run"
+        );
+        assert!(look(&mut cache, &p, 138).is_some());
     }
 
     #[test]
