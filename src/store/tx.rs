@@ -524,16 +524,16 @@ pub(super) mod tests {
         let d = tempfile::TempDir::new().unwrap();
         let s = crate::store::Store::open(d.path()).unwrap();
         let mut tx = Tx::new(&s.trees);
-        for i in 0..10u32 {
-            tx.put(T::Log, i.to_be_bytes().to_vec(), b"v".to_vec());
-            tx.put(T::Received, i.to_be_bytes().to_vec(), b"v".to_vec());
-        }
+        let put_both = |tx: &mut Tx<'_>, keys: std::ops::Range<u32>| {
+            for i in keys {
+                tx.put(T::Log, i.to_be_bytes().to_vec(), b"v".to_vec());
+                tx.put(T::Received, i.to_be_bytes().to_vec(), b"v".to_vec());
+            }
+        };
+        put_both(&mut tx, 0..10);
         let (mine, theirs) = split(&tx.w);
         assert_eq!((mine.len(), theirs.len()), (20, 0));
-        for i in 10..200u32 {
-            tx.put(T::Log, i.to_be_bytes().to_vec(), b"v".to_vec());
-            tx.put(T::Received, i.to_be_bytes().to_vec(), b"v".to_vec());
-        }
+        put_both(&mut tx, 10..200);
         tx.put(T::Meta, b"seq".to_vec(), b"v".to_vec());
         let (mine, theirs) = split(&tx.w);
         let all: Vec<journal::Entry<'_>> = entries(&tx.w).collect();
