@@ -557,7 +557,7 @@ def store_soak(args, work, rng, state):
     check_s = []
     open_s = []
     during_open = 0
-    rollbacks = replays = 0
+    rollbacks = replays = torn = 0
     while True:
         if args.cycles is not None and cycles >= args.cycles:
             break
@@ -601,6 +601,11 @@ def store_soak(args, work, rng, state):
         check_s.append(time.monotonic() - t_check)
         rollbacks += "rolled back the part of commit" in r.stderr
         replays += "journal records (LSN" in r.stderr
+        torn += "not completely written" in r.stderr
+        if "the journal is damaged" in r.stderr:
+            # A kill stops writes; it cannot damage a record inside the journal.
+            failures.append(f"cycle {cycles}: the open took the journal for damaged: {r.stderr.strip()[:600]}")
+            break
         if r.returncode != 0:
             failures.append(f"cycle {cycles}: {(r.stdout + r.stderr).strip()[:600]}")
             break
@@ -617,7 +622,7 @@ def store_soak(args, work, rng, state):
         if xs:
             print(f"{what:<15} median {sorted(xs)[len(xs) // 2]:.2f} s, max {max(xs):.2f} s")
     print(f"repairs         {rollbacks} opens rolled back a commit a kill cut short, "
-          f"{replays} applied journal records")
+          f"{replays} applied journal records, {torn} ended in a record cut short")
     print(f"store size      {size / 1048576:.1f} MiB on disk")
     print(f"failures        {len(failures)}")
     for f in failures:

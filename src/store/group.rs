@@ -5,7 +5,7 @@
 //! (the leader); otherwise it waits for the running one to finish and then either finds its
 //! target done (another caller led it) or leads it. At most one flush runs at a time, so
 //! callers arriving during a flush are all served by the next single flush. What a flush
-//! does is the journal's (`journal.rs`): append the commits' records and sync that file,
+//! does is the journal's (`journal.rs`): write the commits' records and sync that file,
 //! or a checkpoint through sled.
 
 use super::faults::Guard;

@@ -5,9 +5,9 @@
 //! drive cache, see `group.rs`). Instead, every [`super::tx::Tx::commit`] also appends its
 //! write set, numbered by a log sequence number (LSN), to an in-memory buffer, under the
 //! same lock ([`Journal::lock`]) as its writes to sled, the last of which records the LSN
-//! in `meta` ([`META_JOURNAL_LSN`]). A flush appends the buffer to the file `journal` in the
-//! database directory and syncs that file alone; sled writes its log in the background
-//! (its flusher thread) and at checkpoints.
+//! in `meta` ([`META_JOURNAL_LSN`]). A flush writes the buffer after the records in the
+//! file `journal` in the database directory and syncs that file alone; sled writes its log
+//! in the background (its flusher thread) and at checkpoints.
 //!
 //! **Checkpoints.** A full flush (sled's flush and the data file's `sync_data`) makes every
 //! commit so far durable in sled itself; the journal is then emptied. It runs instead of
@@ -15,6 +15,16 @@
 //! outside [`super::tx::Tx`] ([`Journal::needs_full`]: grants, `meta_put`), and for the
 //! rest of the process once a write or sync of the journal failed (the journal is then
 //! broken and no longer written; sled's flushes carry durability as before).
+//!
+//! **Zero-filled tail.** Records are written in place over zeros that an earlier write put
+//! there ([`GROW`] bytes at a time), not appended: a sync after an append must also commit
+//! the file's new size (a second device write on ext4), a sync after an overwrite of
+//! blocks already written need not. Measured on this project's 2-core VM (ext4), 300-byte
+//! writes: append + `fdatasync` p50 ≈ 160 µs, overwrite + `fdatasync` ≈ 110 µs. So the
+//! file is longer than its records: zeros from a record boundary to the end end them, and
+//! a record that fails its CRC with only zeros after it is a torn last record (a crash
+//! during a flush), as a short one is. A checkpoint still empties the file (length 0),
+//! so a store closed cleanly leaves an empty journal as before.
 //!
 //! **Open.** Records with an LSN above the stored one are applied in order, each as a sled
 //! transaction that also stores its LSN, up to the first record that is torn, fails its
@@ -50,6 +60,10 @@ pub(crate) const JOURNAL_MAX: u64 = 16 * 1024 * 1024;
 
 /// Bytes of a record's header: length, CRC, LSN.
 const HEADER: usize = 16;
+
+/// The zero-filled tail grows by this much (bytes) when the next records would not fit
+/// with a header's worth of zeros after them: 1 MiB.
+pub(crate) const GROW: u64 = 1024 * 1024;
 
 /// The value length that marks a removal.
 const REMOVED: u32 = u32::MAX;
@@ -100,6 +114,11 @@ pub(crate) fn encode<'a>(buf: &mut Vec<u8>, lsn: u64, entries: impl Iterator<Ite
     buf[start + 8..start + 16].copy_from_slice(&lsn.to_le_bytes());
 }
 
+/// Whether every byte of `b` is zero (true when empty).
+fn zeros(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
+}
+
 fn le_u32(b: &[u8]) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
@@ -110,6 +129,10 @@ pub(crate) fn decode(data: &[u8]) -> (Vec<Record<'_>>, Option<Stop>) {
     let mut out = Vec::new();
     let mut at = 0;
     while at < data.len() {
+        if zeros(&data[at..]) {
+            // The zero-filled tail (module doc): the records end here.
+            return (out, None);
+        }
         let Some(h) = data.get(at..at + HEADER) else {
             return (out, Some(Stop::Torn { at }));
         };
@@ -123,7 +146,18 @@ pub(crate) fn decode(data: &[u8]) -> (Vec<Record<'_>>, Option<Stop>) {
         hs.update(lsn_bytes);
         hs.update(payload);
         if hs.finalize() != crc {
-            return (out, Some(Stop::Crc { at }));
+            // Only zeros after it: the last record of a flush that a crash cut, some of
+            // its pages not on disk (written over the zero-filled tail, so not short).
+            let end = at + HEADER + len;
+            let torn = data.len() > end && zeros(&data[end..]);
+            return (
+                out,
+                Some(if torn {
+                    Stop::Torn { at }
+                } else {
+                    Stop::Crc { at }
+                }),
+            );
         }
         let entries = match entries(payload) {
             Ok(e) => e,
@@ -187,10 +221,47 @@ pub(crate) struct Pending {
     pub buf: Vec<u8>,
 }
 
-/// Flush-side state: the file (`None` when the journal is off) and its length.
+/// Flush-side state: the file (`None` when the journal is off), the length of its
+/// records, and the file's length (records, then zeros: the module doc).
 struct FileState {
     file: Option<File>,
     len: u64,
+    zeroed: u64,
+}
+
+impl FileState {
+    /// Write `buf` at the end of the records, first extending the zero-filled tail when
+    /// `buf` and a header's worth of zeros after it would not fit (up to [`JOURNAL_MAX`]).
+    /// The caller syncs. Errors: the write's.
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = self.file.as_ref() else {
+            return Err(std::io::Error::other("the journal has no file"));
+        };
+        let end = self.len + buf.len() as u64;
+        if end + HEADER as u64 > self.zeroed && self.zeroed < JOURNAL_MAX {
+            let to = (end + HEADER as u64)
+                .div_ceil(GROW)
+                .saturating_mul(GROW)
+                .min(JOURNAL_MAX);
+            let fill = vec![0u8; (to - self.zeroed) as usize];
+            f.write_all_at(&fill, self.zeroed)?;
+            self.zeroed = to;
+        }
+        f.write_all_at(buf, self.len)?;
+        self.len = end;
+        Ok(())
+    }
+
+    /// Empty the file (length 0, no zero-filled tail). Errors: the truncation's.
+    fn empty(&mut self) -> std::io::Result<()> {
+        if let Some(f) = self.file.as_ref() {
+            f.set_len(0)?;
+        }
+        self.len = 0;
+        self.zeroed = 0;
+        Ok(())
+    }
 }
 
 /// The journal of one store (see the module doc).
@@ -211,7 +282,11 @@ impl Journal {
                 next_lsn,
                 buf: Vec::new(),
             }),
-            file: Mutex::new(FileState { file: None, len: 0 }),
+            file: Mutex::new(FileState {
+                file: None,
+                len: 0,
+                zeroed: 0,
+            }),
             needs_full: AtomicBool::new(false),
             broken: AtomicBool::new(true),
         }
@@ -254,7 +329,7 @@ impl Journal {
         self.lock().buf.clear();
     }
 
-    /// Make every commit so far durable: the journal's records appended and synced, or a
+    /// Make every commit so far durable: the journal's records written and synced, or a
     /// checkpoint (see the module doc). Only the flush leader calls this, one at a time.
     /// Errors: the failed step, as text (the flush fails for every caller sharing it).
     pub(crate) fn flush(&self, db: &sled::Db, data_file: Option<&File>) -> Result<(), String> {
@@ -267,13 +342,11 @@ impl Journal {
             || fs.len + buf.len() as u64 > JOURNAL_MAX;
         if !full && !buf.is_empty() {
             // A recording journal always has its file; without one, a checkpoint.
-            match fs.file.as_mut().map(|f| f.write_all(&buf)) {
-                Some(Ok(())) => fs.len += buf.len() as u64,
-                Some(Err(e)) => {
-                    self.break_off("a write", &e);
-                    full = true;
-                }
-                None => full = true,
+            if fs.file.is_none() {
+                full = true;
+            } else if let Err(e) = fs.write(&buf) {
+                self.break_off("a write", &e);
+                full = true;
             }
         }
         if full {
@@ -282,11 +355,9 @@ impl Journal {
                 self.needs_full();
                 return res;
             }
-            if fs.len > 0 && self.recording() {
-                let r = fs.file.as_ref().map(|f| f.set_len(0));
-                match r {
-                    Some(Err(e)) => self.break_off("emptying", &e),
-                    _ => fs.len = 0,
+            if fs.zeroed.max(fs.len) > 0 && self.recording() {
+                if let Err(e) = fs.empty() {
+                    self.break_off("emptying", &e);
                 }
             }
             return Ok(());
@@ -415,7 +486,8 @@ pub(crate) fn open(
     let path = dir.join(FILE);
     let existed = path.exists();
     let mut opts = std::fs::OpenOptions::new();
-    opts.read(true).append(true).create(true);
+    // Not append: records are written over the zero-filled tail (module doc).
+    opts.read(true).write(true).create(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -517,6 +589,7 @@ pub(crate) fn open(
         file: Mutex::new(FileState {
             file: Some(file),
             len: 0,
+            zeroed: 0,
         }),
         needs_full: AtomicBool::new(false),
         broken: AtomicBool::new(false),
@@ -570,6 +643,61 @@ pub(super) mod tests {
             assert_eq!(recs.len(), 1, "cut at {cut}");
             assert_eq!(stop, Some(Stop::Torn { at: one.len() }), "cut at {cut}");
         }
+    }
+
+    /// The zero-filled tail after the records ends them cleanly, whatever its length.
+    #[test]
+    fn zeros_after_the_records_end_them() {
+        let mut data = rec(1);
+        data.extend(rec(2));
+        for tail in [1, HEADER - 1, HEADER, 4096] {
+            let mut d = data.clone();
+            d.resize(data.len() + tail, 0);
+            let (recs, stop) = decode(&d);
+            assert_eq!((recs.len(), stop), (2, None), "tail of {tail}");
+        }
+        assert_eq!(decode(&[0u8; 64]), (vec![], None));
+    }
+
+    /// A record written over the zero-filled tail whose last pages did not reach the disk
+    /// (zeros inside it, zeros after it): torn, like a short one, not damaged.
+    #[test]
+    fn a_record_cut_inside_the_zero_tail_is_torn() {
+        let one = rec(1);
+        let two = rec(2);
+        // (Cuts that leave out only zero bytes of the record leave it whole.)
+        for keep in (HEADER..two.len()).filter(|&k| !zeros(&two[k..])) {
+            let mut data = one.clone();
+            data.extend_from_slice(&two[..keep]);
+            data.resize(one.len() + two.len() + 100, 0);
+            let (recs, stop) = decode(&data);
+            assert_eq!(recs.len(), 1, "kept {keep}");
+            assert_eq!(stop, Some(Stop::Torn { at: one.len() }), "kept {keep}");
+        }
+    }
+
+    /// Zeros inside the records with more written after them are damage, not the tail:
+    /// a zeroed header, or a record that fails its CRC with a record after it.
+    #[test]
+    fn zeros_with_records_after_them_are_damage() {
+        let one = rec(1);
+        let mut data = one.clone();
+        data.extend_from_slice(&[0u8; HEADER]);
+        data.extend(rec(2));
+        let (recs, stop) = decode(&data);
+        assert_eq!(recs.len(), 1);
+        assert_eq!(stop, Some(Stop::Crc { at: one.len() }));
+        let mut data = one.clone();
+        let mut two = rec(2);
+        let n = two.len();
+        two[n - 1] = 0;
+        two[n - 2] ^= 0xff;
+        data.extend(two);
+        data.extend(rec(3));
+        data.resize(data.len() + 64, 0);
+        let (recs, stop) = decode(&data);
+        assert_eq!(recs.len(), 1);
+        assert_eq!(stop, Some(Stop::Crc { at: one.len() }));
     }
 
     #[test]
@@ -882,6 +1010,71 @@ pub(super) mod tests {
         // The model holds: without the journal, the same copy has none of them.
         let s = crate::store::Store::open(&bare).unwrap();
         assert!(acked.iter().all(|k| s.meta_get(k).unwrap().is_none()));
+    }
+
+    /// Flushes write their records over the zero-filled tail: the file's length moves in
+    /// steps of GROW, not with every flush; a checkpoint empties it. A torn last record (a
+    /// crash during a flush) is not taken for damage: nothing is quarantined, and the
+    /// records before it are applied (the power-loss model of the test above).
+    #[test]
+    fn flushes_write_over_the_zero_filled_tail() {
+        let d = tempfile::TempDir::new().unwrap();
+        let dir = d.path().join("db");
+        let lost = d.path().join("after-power-loss").join("db");
+        let s = opened(&dir);
+        let file_len = |dir: &Path| std::fs::metadata(dir.join(FILE)).unwrap().len();
+        assert_eq!(file_len(&dir), 0);
+        for i in 0..20 {
+            put(&s, format!("x/k{i}").as_bytes(), b"v");
+            s.flush_blocking().unwrap();
+            assert_eq!(file_len(&dir), GROW, "flush {i}");
+        }
+        let (lsns, stop) = decode_file(&dir);
+        assert_eq!((lsns.len(), stop), (20, None));
+        s.meta_put("checkpoint", b"1").unwrap();
+        s.flush_blocking().unwrap();
+        assert_eq!(file_len(&dir), 0, "a checkpoint empties the file");
+        copy_dir(&dir, &lost);
+        for i in 0..3 {
+            put(&s, format!("x/after{i}").as_bytes(), b"v");
+            s.flush_blocking().unwrap();
+        }
+        let small = decode_file(&dir).0.len();
+        assert_eq!(small, 3);
+        // Past the first step: the tail grows by another.
+        put(&s, b"x/big", &vec![1u8; GROW as usize]);
+        s.flush_blocking().unwrap();
+        assert_eq!(file_len(&dir), 2 * GROW);
+        let mut data = std::fs::read(dir.join(FILE)).unwrap();
+        let (recs, stop) = decode(&data);
+        assert_eq!((recs.len(), stop), (4, None));
+        // The crash image: the big record's second half never reached the disk.
+        let big_at: usize = recs[..3]
+            .iter()
+            .map(|r| {
+                HEADER
+                    + r.entries
+                        .iter()
+                        .map(|(_, k, v)| 9 + k.len() + v.map_or(0, <[u8]>::len))
+                        .sum::<usize>()
+            })
+            .sum();
+        assert_eq!(decode(&data[big_at..]).0[0].lsn, recs[3].lsn);
+        data[big_at + HEADER + (GROW as usize) / 2..].fill(0);
+        assert_eq!(decode(&data).1, Some(Stop::Torn { at: big_at }));
+        std::fs::write(lost.join(FILE), &data).unwrap();
+        let s = crate::store::Store::open(&lost).unwrap();
+        for i in 0..3 {
+            let v = s.meta_get(&format!("after{i}")).unwrap();
+            assert_eq!(v.as_deref(), Some(&b"v"[..]), "after{i}");
+        }
+        assert!(s.meta_get("big").unwrap().is_none(), "the torn record");
+        let quarantine = lost
+            .parent()
+            .unwrap()
+            .join(super::super::files::QUARANTINE_DIR);
+        assert!(!quarantine.exists(), "a torn record is not damage");
+        assert_eq!(file_len(&lost), 0);
     }
 
     /// A store closed cleanly checkpoints and leaves an empty journal; what it held is in
