@@ -24,7 +24,8 @@ pub enum ReadError {
     Io(#[from] std::io::Error),
 }
 
-/// First buffer size; grows by doubling up to `MAX_LINE + 1`.
+/// First buffer size; grows by doubling up to `MAX_LINE + 1` (after a longer line, a new
+/// buffer starts at that line's size: `LineReader::last_len`).
 const INITIAL_BUFFER: usize = 8 * 1024;
 /// Hard cap on buffered bytes: one maximal line and its newline.
 const BUFFER_CAP: usize = MAX_LINE + 1;
@@ -43,6 +44,12 @@ pub struct LineReader {
     scanned: usize,
     /// The reader returned end of file.
     eof: bool,
+    /// Length of the last line taken, with its `\n`. After a line longer than
+    /// [`INITIAL_BUFFER`], the next is expected to be as long (a blob's chunk lines come
+    /// in one size): a new buffer is taken at that size instead of doubling from the
+    /// initial one, and a read stops where the next line would end. A line that matches
+    /// then fills its buffer exactly and becomes the line without a copy.
+    last_len: usize,
 }
 
 impl LineReader {
@@ -55,6 +62,7 @@ impl LineReader {
             end: 0,
             scanned: 0,
             eof: false,
+            last_len: 0,
         }
     }
 
@@ -98,7 +106,11 @@ impl LineReader {
             self.make_room();
             // Into the spare capacity, unzeroed (`BufMut` for `Vec` advances its length),
             // never past the window nor the cap.
-            let room = self.buf.capacity().min(BUFFER_CAP) - self.end;
+            let mut room = self.buf.capacity().min(BUFFER_CAP) - self.end;
+            let expect = self.start + self.last_len;
+            if self.last_len > INITIAL_BUFFER && self.end < expect {
+                room = room.min(expect - self.end);
+            }
             let mut into = bytes::BufMut::limit(&mut self.buf, room);
             match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut self.reader), cx, &mut into)
             {
@@ -135,6 +147,7 @@ impl LineReader {
                     return Err(ReadError::TooLarge);
                 }
                 self.scanned = 0;
+                self.last_len = len + 1;
                 if self.start == 0 && nl + 1 == self.end && 2 * nl >= self.buf.capacity() {
                     // The line is all the buffer holds and fills at least half of it: the
                     // buffer itself becomes the line (no copy of a large chunk line; the
@@ -180,7 +193,12 @@ impl LineReader {
                 return;
             }
         }
-        let grown = (self.buf.capacity() * 2).clamp(INITIAL_BUFFER, BUFFER_CAP);
+        let grown = if self.buf.capacity() == 0 && self.last_len > INITIAL_BUFFER {
+            self.last_len
+        } else {
+            self.buf.capacity() * 2
+        };
+        let grown = grown.clamp(INITIAL_BUFFER, BUFFER_CAP);
         self.buf.reserve_exact(grown - self.end);
     }
 }
@@ -230,6 +248,35 @@ mod tests {
         assert_eq!(got.len(), MAX_LINE);
         assert!(got.iter().all(|&b| b == b'a'));
         assert_eq!(r.read_line().await.unwrap().unwrap(), b"next");
+        assert!(r.read_line().await.unwrap().is_none());
+    }
+
+    /// Lines of one large size (a blob's chunks) arriving all at once: after the first two
+    /// each gets a buffer of exactly its size and becomes the line (the `Vec` returned is
+    /// that buffer: capacity = line + `\n`), so none is copied. A longer and a shorter
+    /// line after them, and small ones, still come out whole.
+    #[tokio::test]
+    async fn lines_of_one_large_size_are_not_copied() {
+        const L: usize = 100_000;
+        let line = |c: u8, n: usize| {
+            let mut l = vec![c; n];
+            l.push(b'\n');
+            l
+        };
+        let sizes = [L, L, L, L, L, 3 * L / 2, L / 2, 10, L, L];
+        let stream: Vec<u8> = sizes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &n)| line(b'a' + i as u8, n))
+            .collect();
+        let mut r = chunked(vec![stream]);
+        for (i, &n) in sizes.iter().enumerate() {
+            let got = r.read_line().await.unwrap().unwrap();
+            assert_eq!(got, line(b'a' + i as u8, n)[..n], "line {i}");
+            if (2..5).contains(&i) {
+                assert_eq!(got.capacity(), L + 1, "line {i} became its buffer");
+            }
+        }
         assert!(r.read_line().await.unwrap().is_none());
     }
 
