@@ -661,6 +661,10 @@ enum Landed {
 /// ([`Session::prewrite_blobs`]); the blob records and the commit's other lines are stored
 /// after that fsync ([`landed`]), then flushed.
 fn commit_and_flush(inner: &Inner, session: &mut Session) -> Flight {
+    // A commit of a few lines is what a peer waiting on each ack sends: its flush runs
+    // on this thread ([`crate::store::Store::flush_inline`]); larger batches leave the
+    // worker to read the next lines meanwhile.
+    let inline = session.pending_lines() <= INLINE_FLUSH_LINES;
     match session.commit_start() {
         Some(job) => Flight::Sync(Box::pin(async move {
             match tokio::task::spawn_blocking(move || job.run()).await {
@@ -668,13 +672,21 @@ fn commit_and_flush(inner: &Inner, session: &mut Session) -> Flight {
                 Err(e) => Err(BlobError::SyncTask(e.to_string())),
             }
         })),
-        None => Flight::Flush(store_flush(inner)),
+        None => Flight::Flush(store_flush(inner, inline)),
     }
 }
 
-fn store_flush(inner: &Inner) -> Flush {
+/// Commits of at most this many lines flush inline (see [`commit_and_flush`]).
+const INLINE_FLUSH_LINES: usize = 4;
+
+fn store_flush(inner: &Inner, inline: bool) -> Flush {
     let store = inner.store.clone();
-    Box::pin(async move { store.flush().await })
+    Box::pin(async move {
+        match inline {
+            true => store.flush_inline().await,
+            false => store.flush().await,
+        }
+    })
 }
 
 /// Act on a finished flight stage: after the blob fsync, record and store the commit
@@ -684,7 +696,7 @@ fn landed(inner: &Inner, session: &mut Session, res: Landed) -> Option<Flight> {
     match res {
         Landed::Synced(r) => {
             session.commit_synced(r);
-            Some(Flight::Flush(store_flush(inner)))
+            Some(Flight::Flush(store_flush(inner, false)))
         }
         Landed::Flushed(r) => {
             flushed(session, r);

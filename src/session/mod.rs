@@ -388,6 +388,11 @@ impl Session {
         self.pending_bytes
     }
 
+    /// Number of received lines waiting for [`Session::commit`].
+    pub fn pending_lines(&self) -> usize {
+        self.pending_rx.len()
+    }
+
     /// Whether the driver should stop reading for now: the control queue and the lines
     /// held for the running flush are over [`CONTROL_HIGH_WATER`], or admission is
     /// pending ([`Phase::Admission`]).

@@ -119,7 +119,12 @@ impl Group {
         lead.run();
     }
 
-    pub(crate) async fn flush(self: &Arc<Self>) -> Result<(), StoreError> {
+    /// `inline`: a flush this caller leads runs on its own thread
+    /// ([`tokio::task::block_in_place`], on a multi-thread runtime only) instead of the
+    /// blocking pool, saving the two thread hand-offs around it (about 35 µs of a 0.4 ms
+    /// round trip here) at the cost of moving this worker's other tasks to another thread
+    /// for the fsync's duration: for small, latency-bound commits.
+    pub(crate) async fn flush(self: &Arc<Self>, inline: bool) -> Result<(), StoreError> {
         let target = self.target();
         loop {
             match self.step(target) {
@@ -133,7 +138,14 @@ impl Group {
                         gen,
                         done: false,
                     };
-                    let _ = tokio::task::spawn_blocking(move || lead.run()).await;
+                    let multi = tokio::runtime::Handle::try_current().is_ok_and(|h| {
+                        h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+                    });
+                    if inline && multi {
+                        tokio::task::block_in_place(move || lead.run());
+                    } else {
+                        let _ = tokio::task::spawn_blocking(move || lead.run()).await;
+                    }
                 }
                 Step::Wait(seen) => {
                     let mut rx = self.done.subscribe();

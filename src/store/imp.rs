@@ -382,7 +382,16 @@ impl Store {
     /// a caller returns only after a flush that started after its call completed. The flush
     /// runs on the blocking pool.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        self.group.flush().await
+        self.group.flush(false).await
+    }
+
+    /// [`Store::flush`] for a small, latency-bound commit (a few lines that a peer waits
+    /// on): a flush this caller leads runs on the caller's thread
+    /// (`tokio::task::block_in_place` on a multi-thread runtime; elsewhere as
+    /// [`Store::flush`]), without the blocking pool's two thread hand-offs. Same group
+    /// commit, same errors.
+    pub async fn flush_inline(&self) -> Result<(), StoreError> {
+        self.group.flush(true).await
     }
 
     /// [`Store::flush`] for synchronous contexts (same group commit; blocks the thread).
