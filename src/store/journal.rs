@@ -22,9 +22,13 @@
 //! blocks already written need not. Measured on this project's 2-core VM (ext4), 300-byte
 //! writes: append + `fdatasync` p50 ≈ 160 µs, overwrite + `fdatasync` ≈ 110 µs. So the
 //! file is longer than its records: zeros from a record boundary to the end end them, and
-//! a record that fails its CRC with only zeros after it is a torn last record (a crash
-//! during a flush), as a short one is. A checkpoint still empties the file (length 0),
-//! so a store closed cleanly leaves an empty journal as before.
+//! a record that fails its CRC with only zeros after it is a torn last record (a kill
+//! during a flush stops its write between pages), as a short one is. A power loss can
+//! also leave a hole (a lost page before a kept one): that still reads as damage, as it
+//! did when appending; either way only the unsynced last flush is involved. Flushes stop
+//! a header's worth of bytes short of [`JOURNAL_MAX`], so zeros always follow the
+//! records. A checkpoint still empties the file (length 0), so a store closed cleanly
+//! leaves an empty journal as before.
 //!
 //! **Open.** Records with an LSN above the stored one are applied in order, each as a sled
 //! transaction that also stores its LSN, up to the first record that is torn, fails its
@@ -339,7 +343,8 @@ impl Journal {
         // so the file never holds more than JOURNAL_MAX bytes.
         let mut full = self.needs_full.swap(false, Ordering::AcqRel)
             || !self.recording()
-            || fs.len + buf.len() as u64 > JOURNAL_MAX;
+            // A header's worth of zeros must follow the records (the torn-record rule).
+            || fs.len + buf.len() as u64 + HEADER as u64 > JOURNAL_MAX;
         if !full && !buf.is_empty() {
             // A recording journal always has its file; without one, a checkpoint.
             if fs.file.is_none() {
