@@ -1,13 +1,22 @@
 //! Work split in two halves run at once: on the calling thread and on one scoped thread,
 //! when there is enough of it and the process may use two cores. Used where one task
 //! holds a batch whose items are independent (signature checks of a read, the line
-//! lookups of a replay batch; issues 10 and 13).
+//! lookups of a replay batch; issues 10 and 13), and the runtime check of the code that
+//! moves work off or onto the connection's thread (`block_in_place`, a spawned write).
 
 /// Cores this process may use, read once per process (`available_parallelism` reads the
 /// cgroup files, about twenty system calls, on every call).
 pub fn cores() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Whether the calling thread runs inside a multi-thread tokio runtime: the one kind where
+/// `tokio::task::block_in_place` is allowed and a spawned task can run beside the caller.
+/// `false` outside any runtime and on a current-thread runtime (the library's tests).
+pub fn on_multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// What [`halves`] ran.
@@ -67,6 +76,23 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_multi_thread_runtime_counts() {
+        assert!(!on_multi_thread_runtime(), "outside any runtime");
+        let current = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(!current.block_on(async { on_multi_thread_runtime() }));
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        assert!(multi.block_on(async { on_multi_thread_runtime() }));
+        // A task spawned on one of its workers sees the same runtime.
+        let task = multi.spawn(async { on_multi_thread_runtime() });
+        assert!(multi.block_on(task).unwrap());
+    }
 
     #[test]
     fn halves_cover_every_item_once_in_order() {

@@ -138,10 +138,7 @@ impl Group {
                         gen,
                         done: false,
                     };
-                    let multi = tokio::runtime::Handle::try_current().is_ok_and(|h| {
-                        h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-                    });
-                    if inline && multi {
+                    if inline && crate::par::on_multi_thread_runtime() {
                         tokio::task::block_in_place(move || lead.run());
                     } else {
                         let _ = tokio::task::spawn_blocking(move || lead.run()).await;

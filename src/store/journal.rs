@@ -967,6 +967,51 @@ pub(super) mod tests {
         assert_eq!(s.meta_get("b").unwrap().map(|v| v.len()), Some(big.len()));
     }
 
+    /// Where the records of `data` end: each header's length walked from the start until
+    /// a zero header or the end of the data.
+    fn records_end(data: &[u8]) -> usize {
+        let mut at = 0;
+        while let Some(h) = data.get(at..at + HEADER).filter(|h| !zeros(h)) {
+            at += HEADER + le_u32(h) as usize;
+        }
+        at
+    }
+
+    /// A flush whose records would end less than a header's worth of bytes before
+    /// JOURNAL_MAX is a checkpoint (a kill's torn record there would have no zeros after
+    /// it and would read as damage); one that leaves exactly a header's worth is written.
+    #[test]
+    fn a_header_of_zeros_always_follows_the_records() {
+        for (gap, written) in [(HEADER, true), (HEADER - 1, false), (1, false), (0, false)] {
+            let d = tempfile::TempDir::new().unwrap();
+            let dir = d.path().join("db");
+            let s = opened(&dir);
+            put(&s, b"x/a", &vec![7u8; (JOURNAL_MAX / 2) as usize]);
+            s.flush_blocking().unwrap();
+            let first = records_end(&std::fs::read(dir.join(FILE)).unwrap());
+            assert!(first > (JOURNAL_MAX / 2) as usize, "{first}");
+            // A one-entry record: header, tree byte, key and value lengths, key, value.
+            let key = b"x/b";
+            let val = JOURNAL_MAX as usize - gap - first - (HEADER + 9 + key.len());
+            put(&s, key, &vec![7u8; val]);
+            s.flush_blocking().unwrap();
+            let data = std::fs::read(dir.join(FILE)).unwrap();
+            if written {
+                let end = records_end(&data);
+                assert_eq!(end as u64, JOURNAL_MAX - gap as u64, "the record's size");
+                assert_eq!(data.len() as u64, JOURNAL_MAX);
+                assert!(zeros(&data[end..]));
+                let (recs, stop) = decode(&data);
+                assert_eq!((recs.len(), stop), (2, None));
+            } else {
+                assert!(data.is_empty(), "gap {gap}: a checkpoint, not a record");
+            }
+            drop(s);
+            let s = crate::store::Store::open(&dir).unwrap();
+            assert_eq!(s.meta_get("b").unwrap().map(|v| v.len()), Some(val));
+        }
+    }
+
     pub(in crate::store) fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for e in std::fs::read_dir(from).unwrap().flatten() {

@@ -223,9 +223,7 @@ pub(super) fn start_write(mut writer: net::BoxWriter, buf: Vec<u8>) -> Write {
         .await;
         (writer, res)
     };
-    let multi = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi && big {
+    if big && crate::par::on_multi_thread_runtime() {
         let mut task = AbortOnDrop(tokio::spawn(write));
         return Box::pin(async move {
             match (&mut task.0).await {
