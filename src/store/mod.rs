@@ -56,6 +56,8 @@ mod grants;
 mod group;
 mod imp;
 mod journal;
+mod outbox;
+mod peers;
 mod received;
 #[cfg(test)]
 mod tests;
