@@ -16,7 +16,7 @@
 //! - Each chunk is written at the recorded offset: the partial file is cut to it (once
 //!   per batch) and the data written ([`BlobReceiver::take_chunk`]); at the end of the
 //!   batch each file written is fsynced once, and only then the new offset recorded,
-//!   together with seen[th] = the last chunk id, in one store transaction per blob
+//!   together with `seen[th]` = the last chunk id, in one store transaction per blob
 //!   ([`BlobReceiver::sync`]). A replay after a crash therefore starts at the recorded
 //!   offset and never duplicates bytes.
 //! - A driver may run those fsyncs off its own thread: [`BlobReceiver::begin_sync`] hands

@@ -1,4 +1,4 @@
-//! The `awp` command line: argument grammar ([`args`]), human output ([`format`]), the
+//! The `awp` command line: argument grammar ([`args`]), human output ([`format`](mod@format)), the
 //! client commands ([`commands`]) and the foreground node ([`foreground`]).
 //!
 //! [`run`] returns the process exit code (see [`Exit`]); every failure is reported as one

@@ -200,13 +200,13 @@ fn leave_tls(
     Ok(records.io)
 }
 
-/// [`leave_tls`] for the dialing or joining end.
+/// `leave_tls` for the dialing or joining end.
 pub fn to_raw_client(s: OuterClient) -> std::io::Result<TcpStream> {
     let (records, conn) = s.into_inner();
     leave_tls(records, conn.into())
 }
 
-/// [`leave_tls`] for the relay's end.
+/// `leave_tls` for the relay's end.
 pub fn to_raw_server(s: OuterServer) -> std::io::Result<TcpStream> {
     let (records, conn) = s.into_inner();
     leave_tls(records, conn.into())

@@ -51,9 +51,9 @@ pub fn jittered(base: Duration) -> Duration {
 /// How the dialer paces itself. Tests shorten these; the defaults are the protocol's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DialTiming {
-    /// First backoff step (default [`BACKOFF_MIN`], 1 s).
+    /// First backoff step (default `BACKOFF_MIN`, 1 s).
     pub backoff_min: Duration,
-    /// Backoff cap (default [`BACKOFF_MAX`], 60 s).
+    /// Backoff cap (default `BACKOFF_MAX`, 60 s).
     pub backoff_max: Duration,
     /// Grace before dialing an address known only from hello.addr (default 15 s).
     pub hello_grace: Duration,

@@ -67,7 +67,7 @@ pub(super) enum SigCheck {
 /// ([`crate::blob::fast::parse_chunk`]), others strictly; with `signer`, lines of signed
 /// kinds also get their signature checks, verified together ([`sig::verify_batch`]). The
 /// first line whose signature fails is marked refused; the lines after it are left
-/// unchecked ([`SigCheck::Ready`]): the session closes at the refused one.
+/// unchecked (`SigCheck::Ready`): the session closes at the refused one.
 ///
 /// Never panics on any input; each line is bounded by the reader's line cap.
 pub fn preparse(lines: Vec<Vec<u8>>, signer: Option<&PeerKey>) -> Vec<PreParsed> {

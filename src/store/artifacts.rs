@@ -317,7 +317,7 @@ impl<'a, 't> ArtTx<'a, 't> {
     }
 
     /// Replace the snapshot of `th` (`{seq, state}`; stored with `format` =
-    /// [`SNAPSHOT_FORMAT`]).
+    /// `SNAPSHOT_FORMAT`).
     pub fn put_snapshot(&mut self, th: &str, snap: &Value) -> Result<(), StoreError> {
         let mut snap = snap.clone();
         if let Some(o) = snap.as_object_mut() {
@@ -355,7 +355,7 @@ impl<'a, 't> ArtTx<'a, 't> {
 
     /// The snapshot of `th` decoded straight into `S` (as [`ArtTx::snapshot`], without the
     /// intermediate JSON value): `(seq, state, bytes)`; None when there is none or it
-    /// predates [`SNAPSHOT_FORMAT`]. A current snapshot whose state does not decode is
+    /// predates `SNAPSHOT_FORMAT`. A current snapshot whose state does not decode is
     /// corrupt (`art_snap`).
     pub fn snapshot_state<S: for<'de> Deserialize<'de>>(
         &self,
@@ -383,7 +383,7 @@ impl<'a, 't> ArtTx<'a, 't> {
         Ok(Some((snap.seq, snap.state, v.len())))
     }
 
-    /// The snapshot of `th`; None when there is none or it predates [`SNAPSHOT_FORMAT`]
+    /// The snapshot of `th`; None when there is none or it predates `SNAPSHOT_FORMAT`
     /// (then the state is rebuilt from the log).
     pub fn snapshot(&self, th: &str) -> Result<Option<Value>, StoreError> {
         match self.tx.get(T::ArtSnap, &thk(th))? {

@@ -237,7 +237,7 @@ impl Store {
     }
 
     /// Record `state` for inbound blob `blob_ref` from `peer` and, when `seen` is
-    /// `(th, id)`, raise seen[peer][th] to `id` (byte order) — ONE transaction, so the
+    /// `(th, id)`, raise `seen[peer][th]` to `id` (byte order) — ONE transaction, so the
     /// offset of a chunk and the fact that the chunk was received become durable together
     /// (protocol-notes §Blobs: a replay after a crash never duplicates bytes). Not durable
     /// until [`Store::flush`].

@@ -413,7 +413,7 @@ impl Store {
     }
 
     /// Store an inbound content line (msg, state, mirror, private, threaded chunk/introduce)
-    /// from `peer`: dedup by (peer, id) permanently; when new, log it, raise seen[peer][th]
+    /// from `peer`: dedup by (peer, id) permanently; when new, log it, raise `seen[peer][th]`
     /// and update the thread — one transaction. See [`Store::receive_batch`] for the rules.
     pub fn receive(&self, peer: &PeerKey, line: &Line, raw: &[u8]) -> Result<Received, StoreError> {
         let mut r = self.receive_batch(peer, &[(line, raw)])?;
@@ -428,7 +428,7 @@ impl Store {
     ///   a (peer, id) seen before — in an earlier call or earlier in this batch — is
     ///   [`Received::Duplicate`] and changes nothing. A new one gets a log entry (dir In;
     ///   unread, except chunks, which are stored read and not counted as unread since the
-    ///   naming msg is what a reader reads), seen[peer][th] = max(old, id) by byte order, and
+    ///   naming msg is what a reader reads), `seen[peer][th]` = max(old, id) by byte order, and
     ///   a thread upsert (peer and since when new; subject from the first msg that has one;
     ///   `theirs`/`their_note` from a state; updated; unread). Returns [`Received::New`]
     ///   with the log seq (always ≥ 1).

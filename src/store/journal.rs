@@ -180,7 +180,7 @@ pub(crate) fn decode(data: &[u8]) -> (Vec<Record<'_>>, Option<Stop>) {
 
 /// The LSNs of the well-formed records at the start of a journal file's bytes `data`, and
 /// why reading stopped before the end (`None`: every byte was read), as text. For the
-/// fuzz target and diagnostics; the store itself reads with [`decode`]. Never panics.
+/// fuzz target and diagnostics; the store itself reads with `decode`. Never panics.
 pub fn journal_lsns(data: &[u8]) -> (Vec<u64>, Option<String>) {
     let (recs, stop) = decode(data);
     (

@@ -263,7 +263,7 @@ impl Store {
     /// (which is enqueue order). Fewer than `limit` only when no more are queued.
     ///
     /// Most lines are stored once, in their out log entry, so each record costs a second
-    /// lookup; from [`PARALLEL_RESOLVE`] records up (a replay's batches) those lookups run
+    /// lookup; from `PARALLEL_RESOLVE` records up (a replay's batches) those lookups run
     /// on two threads, each over half of the records (a resume after a restart reads
     /// sled's pages from disk, and that was most of a replay's time; issue 10).
     pub fn outbox_after(
@@ -352,7 +352,7 @@ impl Store {
         self.adjust_count(tx, peer, -(lines.len() as i64))
     }
 
-    /// On the peer's resume: drop lines with id <= seen[th] for each listed thread (ids
+    /// On the peer's resume: drop lines with id <= `seen[th]` for each listed thread (ids
     /// compared as byte strings) and mark their out log entries acked. Threads not listed are
     /// untouched. Returns how many were dropped. One transaction.
     pub fn drop_seen(
