@@ -479,9 +479,17 @@ fn resolve_outbox(
     raw: &[(sled::IVec, sled::IVec)],
 ) -> Result<Vec<OutboxEntry>, StoreError> {
     let one = |part: &[(sled::IVec, sled::IVec)]| -> Result<Vec<OutboxEntry>, StoreError> {
+        let recs = part
+            .iter()
+            .map(|(k, v)| unpack::<OutRec>("outbox", v).map(|(rec, line)| (k, rec, line)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let log = LogRun::read(
+            trees,
+            recs.iter().filter_map(|(_, r, _)| r.log_len.map(|_| r.seq)),
+        )?;
         let mut out = Vec::with_capacity(part.len());
-        for (k, v) in part {
-            if let Some(e) = outbox_entry(trees, k, v)? {
+        for (k, rec, line) in recs {
+            if let Some(e) = outbox_entry(trees, &log, k, rec, line)? {
                 out.push(e);
             }
         }
@@ -504,15 +512,20 @@ fn resolve_outbox(
 /// missing because the record left the outbox after the caller read it (a prune or forget
 /// removes both in one transaction while a scan runs without the writer lock); a missing
 /// entry of a record still queued, or one of another length, is [`StoreError::Corrupt`].
-fn outbox_entry(trees: &Trees, k: &[u8], v: &[u8]) -> Result<Option<OutboxEntry>, StoreError> {
+fn outbox_entry(
+    trees: &Trees,
+    log: &LogRun,
+    k: &[u8],
+    rec: OutRec,
+    line: Payload<'_>,
+) -> Result<Option<OutboxEntry>, StoreError> {
     let id = k
         .get(32..)
         .ok_or_else(|| corrupt("outbox", "key shorter than a peer key"))?;
-    let (rec, line): (OutRec, Payload) = unpack("outbox", v)?;
     let line = match rec.log_len {
         None => line.get("outbox")?.into_owned(),
         Some(len) => {
-            let Some(lv) = trees.t(T::Log).get(u64_be(rec.seq)).map_err(db_err)? else {
+            let Some(lv) = log.get(trees, rec.seq)? else {
                 if !trees.t(T::Outbox).contains_key(k).map_err(db_err)? {
                     return Ok(None);
                 }
@@ -539,4 +552,56 @@ fn outbox_entry(trees: &Trees, k: &[u8], v: &[u8]) -> Result<Option<OutboxEntry>
         line,
         seq: rec.seq,
     }))
+}
+
+/// Out log entries read ahead for one batch of outbox records: when the seqs of its lines
+/// stored once span at most [`LogRun::DENSE`] times their number (a peer's queued lines are
+/// logged in order, with other peers' lines between them), one range scan of the log
+/// from the first to the last reads them all, where a lookup per line walks the tree
+/// from its root each time. Other batches read nothing ahead.
+pub(super) struct LogRun {
+    /// `(seq, value)` in seq order, as the scan found them.
+    entries: Vec<(u64, sled::IVec)>,
+}
+
+impl LogRun {
+    /// How many log entries a scan may read per line it needs.
+    const DENSE: u64 = 2;
+
+    /// Read ahead the log entries `seqs` (in any order) when they are dense. Errors: sled's.
+    pub(super) fn read(
+        trees: &Trees,
+        seqs: impl Iterator<Item = u64>,
+    ) -> Result<LogRun, StoreError> {
+        let (mut n, mut lo, mut hi) = (0u64, u64::MAX, 0u64);
+        for s in seqs {
+            n += 1;
+            lo = lo.min(s);
+            hi = hi.max(s);
+        }
+        let mut entries = Vec::new();
+        if n > 1 && hi - lo < n.saturating_mul(Self::DENSE) {
+            entries.reserve(n as usize);
+            for kv in trees.t(T::Log).range(u64_be(lo)..=u64_be(hi)) {
+                let (k, v) = kv.map_err(db_err)?;
+                entries.push((read_u64("log", &k)?, v));
+            }
+        }
+        Ok(LogRun { entries })
+    }
+
+    /// How many log entries the scan read (0: none, lookups only).
+    #[cfg(test)]
+    pub(super) fn read_ahead(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The log entry `seq`: from the scan when it read it, else looked up (an entry the
+    /// scan did not cover, or one written after it).
+    fn get(&self, trees: &Trees, seq: u64) -> Result<Option<sled::IVec>, StoreError> {
+        match self.entries.binary_search_by_key(&seq, |(s, _)| *s) {
+            Ok(i) => Ok(Some(self.entries[i].1.clone())),
+            Err(_) => trees.t(T::Log).get(u64_be(seq)).map_err(db_err),
+        }
+    }
 }

@@ -1737,3 +1737,48 @@ fn an_outbox_line_whose_log_entry_changed_is_reported() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
 }
+
+/// A replay batch reads its lines' log entries with one range scan when their seqs are
+/// dense (at most twice as many entries as lines between the first and the last) and
+/// looks each one up otherwise; either way every line is its log entry's, in queue order.
+#[test]
+fn outbox_lines_resolve_from_a_dense_scan_or_from_lookups() {
+    // (other peers' lines logged after each of a's, whether the scan reads ahead)
+    for (between, scans) in [(0, true), (1, true), (2, false)] {
+        let (_d, s) = open();
+        let a = key(1);
+        let mut ids = Vec::new();
+        for i in 0..40u8 {
+            ids.push(send(&s, &a, "t1"));
+            for j in 0..between {
+                send(&s, &key(10 + j), "t2");
+            }
+            if i == 0 {
+                // A line of another peer between a's first two: still in the scan's range.
+                send(&s, &key(9), "t3");
+            }
+        }
+        let batch = s.outbox_after(&a, None, usize::MAX).unwrap();
+        assert_eq!(batch.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), ids);
+        let log: BTreeMap<u64, Vec<u8>> = s
+            .log(0, None, false, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.seq, e.line))
+            .collect();
+        for e in &batch {
+            assert_eq!(log.get(&e.seq), Some(&e.line), "between {between}");
+        }
+        let run = super::outbox::LogRun::read(&s.trees, batch.iter().map(|e| e.seq)).unwrap();
+        let span = (batch.last().unwrap().seq - batch[0].seq + 1) as usize;
+        if scans {
+            assert_eq!(
+                run.read_ahead(),
+                span,
+                "between {between}: one scan of the span"
+            );
+        } else {
+            assert_eq!(run.read_ahead(), 0, "between {between}: lookups only");
+        }
+    }
+}
