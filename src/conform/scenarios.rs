@@ -388,7 +388,7 @@ pub(crate) async fn chunk(p: &mut Peer<'_>) -> Vec<Check> {
     checks
 }
 
-/// The grant object of the grant scenario: {iss: us, sub: peer, caps [exec], exp now+1h
+/// The grant object of the grant scenario: {iss: us, sub: peer, caps `[exec]`, exp now+1h
 /// (whole seconds), nonce 16 random bytes, sig over its canonical JSON without sig}.
 pub(crate) fn grant_object(p: &Peer<'_>, sub: &str) -> Map<String, Value> {
     let exp = time::OffsetDateTime::now_utc() + time::Duration::hours(1);

@@ -52,7 +52,7 @@ pub(super) async fn read_files(
 /// pool. Each outcome is recorded, then published ([`pending::finish`]) on that thread, so
 /// a stream waiting for it never depends on an async task being polled (a session may
 /// wait on the runtime's only thread): a SHA-256 goes into the blob's record
-/// ([`crate::store::Store::set_blob_out_sha256`]); a failure (the file changed or could
+/// ([`crate::store::Store::set_blob_out_digests`]); a failure (the file changed or could
 /// not be read) stops the blob as the stream would ([`crate::store::Store::stop_changed_blob`]:
 /// its queued lines leave the outbox and an `err blob_refused` is stored in its thread).
 /// A task of its own then announces the refusals and flushes, so all of it also happens

@@ -569,7 +569,7 @@ impl Session {
     }
 
     /// [`Session::handle_line_owned`] for a line parsed off the session's thread
-    /// ([`preparse`]). Its parse is used when it was made in the mode this session would
+    /// ([`preparse()`]). Its parse is used when it was made in the mode this session would
     /// use now (signature checks under this peer's key exactly when the session is open
     /// with a peer that announced `signed-lines`); otherwise the bytes are parsed again.
     pub fn handle_preparsed(&mut self, line: PreParsed, now: Instant) {

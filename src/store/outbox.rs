@@ -263,9 +263,10 @@ impl Store {
     /// (which is enqueue order). Fewer than `limit` only when no more are queued.
     ///
     /// Most lines are stored once, in their out log entry, so each record costs a second
-    /// lookup; from `PARALLEL_RESOLVE` records up (a replay's batches) those lookups run
-    /// on two threads, each over half of the records (a resume after a restart reads
-    /// sled's pages from disk, and that was most of a replay's time; issue 10).
+    /// read: one range scan of the log when the batch's entries are dense (`LogRun`), a
+    /// lookup each otherwise; from `PARALLEL_RESOLVE` records up (a replay's batches) that
+    /// work runs on two threads, each over half of the records (a resume after a restart
+    /// reads sled's pages from disk, and that was most of a replay's time; issue 10).
     pub fn outbox_after(
         &self,
         peer: &PeerKey,
@@ -481,15 +482,21 @@ fn resolve_outbox(
     let one = |part: &[(sled::IVec, sled::IVec)]| -> Result<Vec<OutboxEntry>, StoreError> {
         let recs = part
             .iter()
-            .map(|(k, v)| unpack::<OutRec>("outbox", v).map(|(rec, line)| (k, rec, line)))
+            .map(|(k, v)| {
+                let id = k
+                    .get(32..)
+                    .ok_or_else(|| corrupt("outbox", "key shorter than a peer key"))?;
+                unpack::<OutRec>("outbox", v).map(|(rec, line)| (&k[..], id, rec, line))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let log = LogRun::read(
             trees,
-            recs.iter().filter_map(|(_, r, _)| r.log_len.map(|_| r.seq)),
+            recs.iter()
+                .filter_map(|(_, _, r, _)| r.log_len.map(|_| r.seq)),
         )?;
         let mut out = Vec::with_capacity(part.len());
-        for (k, rec, line) in recs {
-            if let Some(e) = outbox_entry(trees, &log, k, rec, line)? {
+        for (k, id, rec, line) in recs {
+            if let Some(e) = outbox_entry(trees, &log, k, id, rec, line)? {
                 out.push(e);
             }
         }
@@ -505,8 +512,9 @@ fn resolve_outbox(
     }
 }
 
-/// An outbox record as an entry, with its line: its own payload, or (a line stored once,
-/// [`OutRec::log_len`]) the payload of its out log entry. The key's peer part is not
+/// An outbox record (key `k`, the key's id part `id`, the record's header and payload) as
+/// an entry, with its line: its own payload, or (a line stored once, [`OutRec::log_len`])
+/// the payload of its out log entry, from `log` when the batch read it ahead. The key's peer part is not
 /// decoded: callers scan one peer's prefix, and decoding a key (an Ed25519 point
 /// decompression) per line was most of the cost of a resume replay. None when the log entry is
 /// missing because the record left the outbox after the caller read it (a prune or forget
@@ -516,12 +524,10 @@ fn outbox_entry(
     trees: &Trees,
     log: &LogRun,
     k: &[u8],
+    id: &[u8],
     rec: OutRec,
     line: Payload<'_>,
 ) -> Result<Option<OutboxEntry>, StoreError> {
-    let id = k
-        .get(32..)
-        .ok_or_else(|| corrupt("outbox", "key shorter than a peer key"))?;
     let line = match rec.log_len {
         None => line.get("outbox")?.into_owned(),
         Some(len) => {
@@ -555,49 +561,71 @@ fn outbox_entry(
 }
 
 /// Out log entries read ahead for one batch of outbox records: when the seqs of its lines
-/// stored once span at most [`LogRun::DENSE`] times their number (a peer's queued lines are
-/// logged in order, with other peers' lines between them), one range scan of the log
-/// from the first to the last reads them all, where a lookup per line walks the tree
-/// from its root each time. Other batches read nothing ahead.
+/// stored once span fewer than [`LogRun::DENSE`] times their number (a peer's queued lines
+/// are logged in order, with other peers' lines between them), one range scan of the log
+/// from the first to the last reads them, where a lookup per line walks the tree from
+/// its root each time. Only the wanted entries are kept; the scan stops once the others
+/// it passed over add up to [`LogRun::SKIP_MAX`] bytes (large lines of other peers), and
+/// what it did not reach is looked up. Other batches read nothing ahead.
 pub(super) struct LogRun {
-    /// `(seq, value)` in seq order, as the scan found them.
+    /// `(seq, value)` of wanted entries, in seq order, as the scan found them.
     entries: Vec<(u64, sled::IVec)>,
 }
 
 impl LogRun {
-    /// How many log entries a scan may read per line it needs.
+    /// How many log entries a scan may pass per line it needs.
     const DENSE: u64 = 2;
+    /// Bytes of entries not wanted that a scan may pass over before it stops.
+    const SKIP_MAX: usize = 1024 * 1024;
 
-    /// Read ahead the log entries `seqs` (in any order) when they are dense. Errors: sled's.
+    /// Read ahead the log entries `seqs` (in any order) when they are dense. Errors: sled's,
+    /// or a log key that is not 8 bytes ([`StoreError::Corrupt`]).
     pub(super) fn read(
         trees: &Trees,
         seqs: impl Iterator<Item = u64>,
     ) -> Result<LogRun, StoreError> {
-        let (mut n, mut lo, mut hi) = (0u64, u64::MAX, 0u64);
-        for s in seqs {
-            n += 1;
-            lo = lo.min(s);
-            hi = hi.max(s);
-        }
+        let mut want: Vec<u64> = seqs.collect();
+        want.sort_unstable();
+        want.dedup();
         let mut entries = Vec::new();
-        if n > 1 && hi - lo < n.saturating_mul(Self::DENSE) {
-            entries.reserve(n as usize);
-            for kv in trees.t(T::Log).range(u64_be(lo)..=u64_be(hi)) {
-                let (k, v) = kv.map_err(db_err)?;
-                entries.push((read_u64("log", &k)?, v));
+        let (Some(&lo), Some(&hi)) = (want.first(), want.last()) else {
+            return Ok(LogRun { entries });
+        };
+        let n = want.len() as u64;
+        if n < 2 || hi - lo >= n.saturating_mul(Self::DENSE) {
+            return Ok(LogRun { entries });
+        }
+        entries.reserve(want.len());
+        let mut next = want.iter().copied().peekable();
+        let mut skipped = 0usize;
+        for kv in trees.t(T::Log).range(u64_be(lo)..=u64_be(hi)) {
+            let (k, v) = kv.map_err(db_err)?;
+            let seq = read_u64("log", &k)?;
+            // Wanted seqs the scan has passed were not in the log: looked up later.
+            while next.next_if(|&w| w < seq).is_some() {}
+            if next.next_if_eq(&seq).is_some() {
+                entries.push((seq, v));
+            } else {
+                skipped += v.len();
+                if skipped >= Self::SKIP_MAX {
+                    break;
+                }
+            }
+            if next.peek().is_none() {
+                break;
             }
         }
         Ok(LogRun { entries })
     }
 
-    /// How many log entries the scan read (0: none, lookups only).
+    /// How many log entries the scan kept (0: none, lookups only).
     #[cfg(test)]
     pub(super) fn read_ahead(&self) -> usize {
         self.entries.len()
     }
 
-    /// The log entry `seq`: from the scan when it read it, else looked up (an entry the
-    /// scan did not cover, or one written after it).
+    /// The log entry `seq`: from the scan when it kept it, else looked up (an entry the
+    /// scan did not reach, or one written after it).
     fn get(&self, trees: &Trees, seq: u64) -> Result<Option<sled::IVec>, StoreError> {
         match self.entries.binary_search_by_key(&seq, |(s, _)| *s) {
             Ok(i) => Ok(Some(self.entries[i].1.clone())),

@@ -1771,14 +1771,48 @@ fn outbox_lines_resolve_from_a_dense_scan_or_from_lookups() {
         }
         let run = super::outbox::LogRun::read(&s.trees, batch.iter().map(|e| e.seq)).unwrap();
         let span = (batch.last().unwrap().seq - batch[0].seq + 1) as usize;
+        assert!(span > batch.len() || between == 0);
         if scans {
-            assert_eq!(
-                run.read_ahead(),
-                span,
-                "between {between}: one scan of the span"
-            );
+            // Only a's entries are kept from the span.
+            assert_eq!(run.read_ahead(), batch.len(), "between {between}: one scan");
         } else {
             assert_eq!(run.read_ahead(), 0, "between {between}: lookups only");
         }
     }
+}
+
+/// A dense batch's scan keeps only the entries it wants and stops once the other peers'
+/// entries it passed over reach a bound in bytes (their lines may be 1 MiB each): the
+/// lines it did not reach are looked up, and every line is still its log entry's.
+#[test]
+fn a_dense_scan_stops_after_a_bound_of_other_peers_bytes() {
+    let (_d, s) = open();
+    let (a, big_peer) = (key(1), key(10));
+    // Letters from a xorshift generator: large after compression too.
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let big: String = (0..400_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (b'a' + (x % 26) as u8) as char
+        })
+        .collect();
+    let b = |id: &str, ts: &str| msg("t2", None, &big, id, ts);
+    for _ in 0..20 {
+        send(&s, &a, "t1");
+        s.enqueue(&big_peer, &[&b]).unwrap();
+    }
+    let batch = s.outbox_after(&a, None, usize::MAX).unwrap();
+    assert_eq!(batch.len(), 20);
+    for e in &batch {
+        assert_eq!(s.log(e.seq - 1, None, false, 1).unwrap()[0].line, e.line);
+    }
+    let run = super::outbox::LogRun::read(&s.trees, batch.iter().map(|e| e.seq)).unwrap();
+    // Dense (one big line between two of a's), but the scan stopped early.
+    assert!(
+        run.read_ahead() > 0 && run.read_ahead() < batch.len(),
+        "kept {}",
+        run.read_ahead()
+    );
 }
