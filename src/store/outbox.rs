@@ -182,18 +182,7 @@ impl Store {
         peer: &PeerKey,
         delta: i64,
     ) -> Result<(), StoreError> {
-        let k = peer.as_bytes().to_vec();
-        let cur = match tx.get(T::OutboxN, &k)? {
-            Some(v) => read_u64("outbox_n", &v)?,
-            None => 0,
-        };
-        let new = (cur as i64).saturating_add(delta).max(0) as u64;
-        if new == 0 {
-            tx.del(T::OutboxN, k);
-        } else {
-            tx.put(T::OutboxN, k, u64_be(new).to_vec());
-        }
-        Ok(())
+        adjust_counter(tx, T::OutboxN, "outbox_n", peer, delta)
     }
 
     /// Add `delta` to the bytes queued for `peer` (the `outbox_b` counter, floored at 0).
@@ -206,18 +195,7 @@ impl Store {
         if delta == 0 {
             return Ok(());
         }
-        let k = peer.as_bytes().to_vec();
-        let cur = match tx.get(T::OutboxB, &k)? {
-            Some(v) => read_u64("outbox_b", &v)?,
-            None => 0,
-        };
-        let new = (cur as i64).saturating_add(delta).max(0) as u64;
-        if new == 0 {
-            tx.del(T::OutboxB, k);
-        } else {
-            tx.put(T::OutboxB, k, u64_be(new).to_vec());
-        }
-        Ok(())
+        adjust_counter(tx, T::OutboxB, "outbox_b", peer, delta)
     }
 
     /// What is queued for `peer`: (lines, bytes of their stored records). O(1): both are
@@ -467,6 +445,29 @@ impl Store {
         }
         Ok(found)
     }
+}
+
+/// Add `delta` to `peer`'s u64 counter in `tree` (named `name` in errors), floored at 0;
+/// a counter of 0 is removed. Errors: a stored value that is not 8 bytes, or sled's.
+fn adjust_counter(
+    tx: &mut Tx<'_>,
+    tree: T,
+    name: &'static str,
+    peer: &PeerKey,
+    delta: i64,
+) -> Result<(), StoreError> {
+    let k = peer.as_bytes().to_vec();
+    let cur = match tx.get(tree, &k)? {
+        Some(v) => read_u64(name, &v)?,
+        None => 0,
+    };
+    let new = (cur as i64).saturating_add(delta).max(0) as u64;
+    if new == 0 {
+        tx.del(tree, k);
+    } else {
+        tx.put(tree, k, u64_be(new).to_vec());
+    }
+    Ok(())
 }
 
 /// Outbox records from which [`Store::outbox_after`] resolves their lines on two threads.

@@ -52,6 +52,15 @@ fn chunk(th: Option<&str>, n: u64, id: &str, ts: &str) -> Line {
 }
 
 /// Enqueue one msg in `th`; returns its id.
+/// Every log entry's line by seq.
+fn log_lines(s: &Store) -> BTreeMap<u64, Vec<u8>> {
+    s.log(0, None, false, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.seq, e.line))
+        .collect()
+}
+
 fn send(s: &Store, p: &PeerKey, th: &str) -> String {
     let b = |id: &str, ts: &str| msg(th, Some("subj"), "hi", id, ts);
     s.enqueue(p, &[&b]).expect("enqueue")[0].id.clone()
@@ -160,12 +169,7 @@ fn outbox_batches_resolved_on_two_threads_keep_order_and_limit() {
     let queued = s.enqueue(&a, &refs).unwrap();
     // Another peer's lines interleave in the log; they are not a's.
     send(&s, &b, "t2");
-    let log: BTreeMap<u64, Vec<u8>> = s
-        .log(0, None, false, usize::MAX)
-        .unwrap()
-        .into_iter()
-        .map(|e| (e.seq, e.line))
-        .collect();
+    let log = log_lines(&s);
     let mut got = Vec::new();
     let mut cursor: Option<String> = None;
     for want in [300usize, 300, 300] {
@@ -1760,12 +1764,7 @@ fn outbox_lines_resolve_from_a_dense_scan_or_from_lookups() {
         }
         let batch = s.outbox_after(&a, None, usize::MAX).unwrap();
         assert_eq!(batch.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), ids);
-        let log: BTreeMap<u64, Vec<u8>> = s
-            .log(0, None, false, usize::MAX)
-            .unwrap()
-            .into_iter()
-            .map(|e| (e.seq, e.line))
-            .collect();
+        let log = log_lines(&s);
         for e in &batch {
             assert_eq!(log.get(&e.seq), Some(&e.line), "between {between}");
         }
