@@ -640,6 +640,14 @@ fn every_verb_accepts_a_hyphen_leading_peer() {
     }
 }
 
+/// The whole grammar passes clap's own checks (conflicting names, bad defaults, groups)
+/// in every subcommand, not only in those a test happens to parse.
+#[test]
+fn the_command_grammar_passes_clap_checks() {
+    use clap::CommandFactory;
+    Cli::command().debug_assert();
+}
+
 /// Usability #12b: the rule as a property of the grammar, so a new verb cannot miss it:
 /// every argument that names a peer (a value name with PEER, or ids peer/to/aud) accepts
 /// values that start with `-`.
