@@ -290,6 +290,15 @@ impl Store {
         Ok(out)
     }
 
+    /// Whether line `id` is queued for `peer` (in its outbox: not yet acked, pruned or
+    /// dropped). One key lookup. Errors: sled's.
+    pub fn is_queued(&self, peer: &PeerKey, id: &str) -> Result<bool, StoreError> {
+        self.trees
+            .t(T::Outbox)
+            .contains_key(pkey(peer, id.as_bytes()))
+            .map_err(db_err)
+    }
+
     /// Number of queued lines for `peer` (a counter kept with the outbox; O(1)).
     pub fn outbox_len(&self, peer: &PeerKey) -> Result<u64, StoreError> {
         match self
