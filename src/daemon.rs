@@ -519,7 +519,14 @@ fn log_tail(path: &Path, offset: u64) -> String {
         .collect();
     let picked = match lines.iter().position(|l| l.contains("panicked at")) {
         Some(i) => &lines[i..(i + 2).min(lines.len())],
-        None => &lines[lines.len().saturating_sub(5)..],
+        None => {
+            // The node's own last word (`awp: why; hint`, what `main` prints before it
+            // exits) says why it stopped: the warnings logged before it do not.
+            if let Some(own) = lines.iter().rev().find_map(|l| l.strip_prefix("awp: ")) {
+                return own.to_string();
+            }
+            &lines[lines.len().saturating_sub(5)..]
+        }
     };
     picked.join(" | ")
 }
@@ -658,6 +665,26 @@ mod tests {
         assert_eq!(
             log_tail(&p, 4),
             "thread 'main' panicked at src/x.rs:1:1: | boom"
+        );
+    }
+
+    /// A node that refused to start said why on its last line (`awp: …`): that line alone,
+    /// without the warnings logged before it.
+    #[test]
+    fn log_tail_is_the_nodes_own_error_line_when_it_wrote_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("node.log");
+        std::fs::write(
+            &p,
+            "2026 WARN home has mode 755\n2026 WARN identity has mode 644\n\
+             awp: the node could not start: listen on tls:127.0.0.1:1: Address already in use; \
+             run `awp doctor` to check the home /h (and check --listen)\n",
+        )
+        .unwrap();
+        assert_eq!(
+            log_tail(&p, 0),
+            "the node could not start: listen on tls:127.0.0.1:1: Address already in use; \
+             run `awp doctor` to check the home /h (and check --listen)"
         );
     }
 }

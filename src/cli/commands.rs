@@ -122,14 +122,18 @@ impl Ctx {
     /// Start the node in the background unless it answers (`awp up` only).
     async fn ensure_node(&self, args: &StartArgs) -> Result<Running, Failure> {
         daemon::ensure_running(&self.home, args).await.map_err(|e| {
-            Failure::new(
-                Exit::Failed,
-                e.to_string(),
+            let why = e.to_string();
+            let log = self.home.join(daemon::LOG_FILE);
+            // The node's own error may carry its hint already.
+            let hint = if why.contains("awp doctor") {
+                format!("the log is {}", log.display())
+            } else {
                 format!(
                     "run `awp doctor` to check the home; the log is {}",
-                    self.home.join(daemon::LOG_FILE).display()
-                ),
-            )
+                    log.display()
+                )
+            };
+            Failure::new(Exit::Failed, why, hint)
         })
     }
 
