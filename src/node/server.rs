@@ -816,7 +816,7 @@ async fn queue(
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                     // Fall back to the store: acked lines leave the outbox.
-                    if !inner.store.is_queued(&key, &want).unwrap_or(true) && !acked {
+                    if !inner.store.outbox_has(&key, &want).unwrap_or(true) && !acked {
                         acked = true;
                         if !request {
                             break;

@@ -577,14 +577,6 @@ impl Store {
         Ok(out)
     }
 
-    /// Whether line `id` is still queued for `peer`.
-    pub fn outbox_has(&self, peer: &PeerKey, id: &str) -> Result<bool, StoreError> {
-        self.trees
-            .t(T::Outbox)
-            .contains_key(pkey(peer, id.as_bytes()))
-            .map_err(db_err)
-    }
-
     /// How many of `ids` (the chunk ids of one blob, in queue order) have left the outbox
     /// for `peer` — retired by the peer's ack or resume, or dropped. Chunks of a blob leave
     /// as a prefix (resume drops ids up to `seen`, a cumulative ack drops all of them), so

@@ -292,7 +292,7 @@ impl Store {
 
     /// Whether line `id` is queued for `peer` (in its outbox: not yet acked, pruned or
     /// dropped). One key lookup. Errors: sled's.
-    pub fn is_queued(&self, peer: &PeerKey, id: &str) -> Result<bool, StoreError> {
+    pub fn outbox_has(&self, peer: &PeerKey, id: &str) -> Result<bool, StoreError> {
         self.trees
             .t(T::Outbox)
             .contains_key(pkey(peer, id.as_bytes()))

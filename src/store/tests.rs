@@ -1816,18 +1816,18 @@ fn a_dense_scan_stops_after_a_bound_of_other_peers_bytes() {
     );
 }
 
-/// `is_queued` answers for one line without reading the outbox: true once queued, false
+/// `outbox_has` answers for one line without reading the outbox: true once queued, false
 /// after its ack, for another peer, and for an id never queued.
 #[test]
-fn is_queued_follows_a_line_from_queue_to_ack() {
+fn outbox_has_follows_a_line_from_queue_to_ack() {
     let (_d, s) = open();
     let (a, b) = (key(1), key(2));
     let id = send(&s, &a, "t1");
     let other = send(&s, &a, "t1");
-    assert!(s.is_queued(&a, &id).unwrap());
-    assert!(!s.is_queued(&b, &id).unwrap(), "another peer's outbox");
-    assert!(!s.is_queued(&a, "01NEVERQUEUED").unwrap());
+    assert!(s.outbox_has(&a, &id).unwrap());
+    assert!(!s.outbox_has(&b, &id).unwrap(), "another peer's outbox");
+    assert!(!s.outbox_has(&a, "01NEVERQUEUED").unwrap());
     assert!(s.ack(&a, "t1", &id).unwrap());
-    assert!(!s.is_queued(&a, &id).unwrap(), "acked");
-    assert!(s.is_queued(&a, &other).unwrap());
+    assert!(!s.outbox_has(&a, &id).unwrap(), "acked");
+    assert!(s.outbox_has(&a, &other).unwrap());
 }
